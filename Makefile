@@ -1,0 +1,39 @@
+# The two commands: `make run` (the search) and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# Where datasets live; trainable/search read the same variable.
+export HPSEARCH_DATA ?= $(HOME)/.cache/hpsearch
+# Offline copies of MNIST's four raw files, used when present (see README, "Data").
+MNIST_RAW ?= ../shared/data/MNIST/raw
+
+.PHONY: run test install data bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+# Copy the raw files into the data root if they are at hand and not there yet;
+# torchvision checks their md5 and unpacks them, so no network is needed.
+data:
+	@if [ -d "$(MNIST_RAW)" ] && [ ! -e "$(HPSEARCH_DATA)/MNIST/raw/train-images-idx3-ubyte.gz" ] \
+	    && [ ! -e "$(HPSEARCH_DATA)/MNIST/raw/train-images-idx3-ubyte" ]; then \
+	  mkdir -p "$(HPSEARCH_DATA)/MNIST/raw" && cp "$(MNIST_RAW)"/*.gz "$(HPSEARCH_DATA)/MNIST/raw/"; \
+	  echo "copied MNIST raw files from $(MNIST_RAW) to $(HPSEARCH_DATA)/MNIST/raw"; fi
+
+run: install data
+	$(PY) -m search --space spaces/mnist.yaml
+
+test: install
+	$(PY) -m pytest
+
+bench: install data
+	$(PY) bench/epoch.py
+	$(PY) bench/search.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

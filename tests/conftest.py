@@ -1,0 +1,43 @@
+"""Shared fixtures: a writable copy of the MNIST raw files, the arrays loaded once, a local Ray."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# ../shared beside the clone holds the four raw MNIST files (read-only; we copy them)
+SHARED_RAW = Path(os.environ.get("HPSEARCH_SHARED", REPO.parent / "shared")) / "data" / "MNIST" / "raw"
+
+
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory) -> Path:
+    """A data root holding MNIST/raw/*.gz; torchvision verifies their md5 and unpacks them."""
+    if not SHARED_RAW.is_dir():
+        pytest.fail(f"MNIST raw files not found in {SHARED_RAW} (set HPSEARCH_SHARED to the shared folder)")
+    root = tmp_path_factory.mktemp("data")
+    shutil.copytree(SHARED_RAW, root / "MNIST" / "raw")
+    for f in (root / "MNIST" / "raw").iterdir():
+        f.chmod(0o644)  # the shared copies are read-only; unpacking writes beside them
+    return root
+
+
+@pytest.fixture(scope="session")
+def mnist_train(data_root):
+    """MNIST's 60,000 training images as uint8 arrays, loaded once per session."""
+    from trainable.data import load_dataset
+
+    return load_dataset("mnist", data_root, train=True)
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray for the tests that run searches in-process; shut down at the end."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,72 @@
+"""`python -m trainable`: one training run from flags or a YAML file, one line per epoch.
+
+The debugging path before a search: same code, same seed, same numbers as a trial.
+`python -m trainable --config runs/<name>/best.yaml` re-runs a search's best trial.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from trainable.config import FIELDS, TrialConfig
+from trainable.data import default_data_root, load_dataset, split
+from trainable.device import get_default_device
+from trainable.errors import ConfigError, DataError
+from trainable.loop import build_run, train_and_evaluate
+from trainable.yaml_file import parse_value, read_yaml_mapping
+
+# best.yaml keeps the trial's outcome beside its config; it is read, not trained on
+INFORMATIONAL_KEYS = ("result",)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainable",
+        description="Train the MLP once. Precedence: defaults < --config file < flags.")
+    parser.add_argument("--config", help="YAML file of trial config fields (a search's best.yaml works)")
+    parser.add_argument("--data-root", help="dataset folder (default: $HPSEARCH_DATA or ~/.cache/hpsearch)")
+    fields = parser.add_argument_group("trial config fields (values are read as YAML: 0.1, null, [256, 128])")
+    for name, f in FIELDS.items():
+        fields.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar="VALUE",
+                            type=parse_value, help=f"default {f.default!r}")
+    return parser.parse_args(argv)
+
+
+def trial_config(args: argparse.Namespace) -> TrialConfig:
+    values = {}
+    if args.config:
+        values = read_yaml_mapping(args.config)
+        for key in INFORMATIONAL_KEYS:
+            values.pop(key, None)
+    values.update({name: getattr(args, name) for name in FIELDS if getattr(args, name) is not None})
+    return TrialConfig.from_mapping(values)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        config = trial_config(args)
+        root = args.data_root or default_data_root()
+        train_arrays, val_arrays = split(load_dataset(config.dataset, root, train=True),
+                                         config.train_size, config.val_size, config.split_seed)
+    except (ConfigError, DataError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    device = get_default_device()
+    print(f"device: {device} | dataset: {config.dataset} {len(train_arrays)} train / "
+          f"{len(val_arrays)} val | seed: {config.seed}", flush=True)
+    run = build_run(config, train_arrays, val_arrays, device)
+    width = len(str(config.epochs))
+    for r in train_and_evaluate(run):
+        print(f"Epoch [{r.epoch:>{width}}/{config.epochs}] | loss {r.train_loss:.4f} | acc {r.train_acc:.4f}"
+              f" | val_loss {r.val_loss:.4f} | val_acc {r.val_acc:.4f} | lr {r.lr:.5f}"
+              f" | {r.epoch_seconds:.2f}s", flush=True)
+        if r.diverged:
+            print("stopped: the training loss is no longer finite (diverged)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

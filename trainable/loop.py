@@ -1,0 +1,189 @@
+"""The canonical training loop: train() and evaluate() per epoch, and the run around them.
+
+Framework-free: these functions take what they need, return numbers and never print,
+report or import Ray. The Ray adapter (adapter.py) and the CLI (__main__.py) drive
+`train_and_evaluate`, which yields one EpochRecord per epoch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+from torchmetrics.classification import MulticlassAccuracy
+
+from trainable.batches import Batches, InMemoryBatches, make_loader
+from trainable.config import TrialConfig
+from trainable.data import NUM_CLASSES, Arrays, normalization
+from trainable.model import make_mlp
+from trainable.seed import set_seed
+
+
+def train(model: nn.Module, batches: Batches, loss_fn: nn.Module, optimizer: torch.optim.Optimizer,
+          metric: MulticlassAccuracy, device: torch.device,
+          clip_norm: float | None = None) -> tuple[float, float]:
+    """One epoch of training; returns (mean loss weighted by batch size, accuracy)."""
+    model.train()
+    metric.reset()
+    # summed on the device: a .item() per batch would force a sync each step
+    loss_sum = torch.zeros((), device=device)
+    seen = 0
+    for X, y in batches:
+        X, y = X.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        logits = model(X)
+        loss = loss_fn(logits, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if clip_norm is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+        optimizer.step()
+        loss_sum += loss.detach() * len(y)
+        seen += len(y)
+        metric.update(logits.detach(), y)
+    return (loss_sum / seen).item(), metric.compute().item()
+
+
+def evaluate(model: nn.Module, batches: Batches, loss_fn: nn.Module, metric: MulticlassAccuracy,
+             device: torch.device) -> tuple[float, float]:
+    """Loss (weighted by batch size) and accuracy over `batches`, without gradients."""
+    model.eval()
+    metric.reset()
+    loss_sum = torch.zeros((), device=device)
+    seen = 0
+    with torch.inference_mode():
+        for X, y in batches:
+            X, y = X.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            logits = model(X)
+            loss_sum += loss_fn(logits, y) * len(y)
+            seen += len(y)
+            metric.update(logits, y)
+    return (loss_sum / seen).item(), metric.compute().item()
+
+
+def accuracy_metric(device: torch.device) -> MulticlassAccuracy:
+    """Plain accuracy (micro average: correct / total); torchmetrics' default is macro."""
+    return MulticlassAccuracy(num_classes=NUM_CLASSES, average="micro").to(device)
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    """What one epoch produced. Field names are the metric names Tune and results use."""
+
+    epoch: int
+    train_loss: float
+    train_acc: float
+    val_loss: float
+    val_acc: float
+    lr: float  #: learning rate used during this epoch
+    epoch_seconds: float  #: wall time of training + validation in this epoch
+
+    @property
+    def diverged(self) -> bool:
+        return not math.isfinite(self.train_loss)
+
+
+METRICS = ("train_loss", "train_acc", "val_loss", "val_acc")
+
+
+@dataclass
+class Run:
+    """Everything one training run holds; `state_dict` is what a checkpoint saves."""
+
+    config: TrialConfig
+    device: torch.device
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    generator: torch.Generator
+    train_batches: Batches
+    val_batches: Batches
+    loss_fn: nn.Module
+    train_metric: MulticlassAccuracy
+    val_metric: MulticlassAccuracy
+    epoch: int = 0  #: epochs completed
+
+    def state_dict(self) -> dict[str, Any]:
+        # plain tensors and numbers only, so torch.load(weights_only=True) can read it
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "generator": self.generator.get_state(),
+            "epoch": self.epoch,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.generator.set_state(state["generator"])
+        self.epoch = int(state["epoch"])
+
+
+def make_optimizer(config: TrialConfig, model: nn.Module) -> torch.optim.Optimizer:
+    if config.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    return torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
+                           weight_decay=config.weight_decay)
+
+
+def make_batches(config: TrialConfig, arrays: Arrays, device: torch.device, *, shuffle: bool,
+                 generator: torch.Generator | None) -> Batches:
+    mean, std = normalization(config.dataset)
+    drop_last = config.drop_last and shuffle  # drop_last is about training batches only
+    if config.source == "loader":
+        return make_loader(arrays, config.batch_size, mean=mean, std=std, shuffle=shuffle,
+                           generator=generator, drop_last=drop_last,
+                           num_workers=config.num_workers, pin_memory=config.pin_memory,
+                           persistent_workers=config.persistent_workers)
+    return InMemoryBatches(arrays, config.batch_size, device, mean=mean, std=std,
+                           shuffle=shuffle, drop_last=drop_last, generator=generator)
+
+
+def build_run(config: TrialConfig, train_arrays: Arrays, val_arrays: Arrays,
+              device: torch.device) -> Run:
+    """Seed, then build model, optimizer, cosine schedule and batch sources for `config`."""
+    if config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)
+    generator = set_seed(config.seed)
+    model = make_mlp(config.hidden_sizes).to(device)  # weight init draws from the seeded global RNG
+    optimizer = make_optimizer(config, model)
+    return Run(
+        config=config,
+        device=device,
+        model=model,
+        optimizer=optimizer,
+        # stepped once per epoch, so T_max counts epochs
+        scheduler=torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=config.t_max),
+        generator=generator,
+        train_batches=make_batches(config, train_arrays, device, shuffle=True, generator=generator),
+        val_batches=make_batches(config, val_arrays, device, shuffle=False, generator=None),
+        loss_fn=nn.CrossEntropyLoss(),
+        train_metric=accuracy_metric(device),
+        val_metric=accuracy_metric(device),
+    )
+
+
+def train_and_evaluate(run: Run) -> Iterator[EpochRecord]:
+    """Train from `run.epoch` to `config.epochs`, yielding a record after each epoch.
+
+    A diverged epoch (NaN or infinite training loss) is yielded, then the run stops:
+    more epochs cannot recover it, and the caller scores it like any other result.
+    """
+    while run.epoch < run.config.epochs:
+        start = time.perf_counter()
+        lr = run.optimizer.param_groups[0]["lr"]
+        train_loss, train_acc = train(run.model, run.train_batches, run.loss_fn, run.optimizer,
+                                      run.train_metric, run.device, run.config.clip_norm)
+        run.scheduler.step()  # after this epoch's optimizer.step() calls
+        val_loss, val_acc = evaluate(run.model, run.val_batches, run.loss_fn, run.val_metric, run.device)
+        run.epoch += 1
+        record = EpochRecord(run.epoch, train_loss, train_acc, val_loss, val_acc, lr,
+                             time.perf_counter() - start)
+        yield record
+        if record.diverged:
+            return
