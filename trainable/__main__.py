@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     width = len(str(config.epochs))
     for r in train_and_evaluate(run):
         print(f"Epoch [{r.epoch:>{width}}/{config.epochs}] | loss {r.train_loss:.4f} | acc {r.train_acc:.4f}"
-              f" | val_loss {r.val_loss:.4f} | val_acc {r.val_acc:.4f} | lr {r.lr:.5f}"
+              f" | val_loss {r.val_loss:.4f} | val_acc {r.val_acc:.4f} | lr {r.epoch_lr:.5f}"
               f" | {r.epoch_seconds:.2f}s", flush=True)
         if r.diverged:
             print("stopped: the training loss is no longer finite (diverged)", flush=True)

@@ -157,6 +157,16 @@ def check_fields(values: Mapping[str, Any], prefix: str = "") -> list[str]:
         rule = check_value(name, value)
         if rule:
             problems.append(problem(prefix + name, rule, value))
-    if values.get("persistent_workers") and values.get("num_workers") == 0:
-        problems.append(problem(prefix + "persistent_workers", "needs num_workers > 0", True))
-    return problems
+    return problems + cross_field_problems(values, prefix)
+
+
+def cross_field_problems(values: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Rules that involve more than one field (defaults count for missing ones)."""
+    if values.get("persistent_workers") and not values.get("num_workers", FIELDS["num_workers"].default):
+        return [problem(prefix + "persistent_workers", "needs num_workers > 0", True)]
+    return []
+
+
+def is_integer_field(name: str) -> bool:
+    """True for fields that take whole numbers only (batch_size, t_max, epochs, ...)."""
+    return coerce(name, 1)[1] is None and coerce(name, 1.5)[1] is not None

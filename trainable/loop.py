@@ -78,7 +78,7 @@ class EpochRecord:
     train_acc: float
     val_loss: float
     val_acc: float
-    lr: float  #: learning rate used during this epoch
+    epoch_lr: float  #: learning rate used during this epoch (the config field lr is the initial one)
     epoch_seconds: float  #: wall time of training + validation in this epoch
 
     @property
@@ -176,14 +176,23 @@ def train_and_evaluate(run: Run) -> Iterator[EpochRecord]:
     """
     while run.epoch < run.config.epochs:
         start = time.perf_counter()
-        lr = run.optimizer.param_groups[0]["lr"]
+        epoch_lr = run.optimizer.param_groups[0]["lr"]
         train_loss, train_acc = train(run.model, run.train_batches, run.loss_fn, run.optimizer,
                                       run.train_metric, run.device, run.config.clip_norm)
         run.scheduler.step()  # after this epoch's optimizer.step() calls
         val_loss, val_acc = evaluate(run.model, run.val_batches, run.loss_fn, run.val_metric, run.device)
         run.epoch += 1
-        record = EpochRecord(run.epoch, train_loss, train_acc, val_loss, val_acc, lr,
+        record = EpochRecord(run.epoch, train_loss, train_acc, val_loss, val_acc, epoch_lr,
                              time.perf_counter() - start)
         yield record
         if record.diverged:
             return
+
+
+def evaluate_state(config: TrialConfig, model_state: dict[str, Any], arrays: Arrays,
+                   device: torch.device) -> tuple[float, float]:
+    """Loss and accuracy on `arrays` of a model saved by a run of `config` (e.g. the test set)."""
+    model = make_mlp(config.hidden_sizes).to(device)
+    model.load_state_dict(model_state)
+    batches = make_batches(config, arrays, device, shuffle=False, generator=None)
+    return evaluate(model, batches, nn.CrossEntropyLoss(), accuracy_metric(device), device)

@@ -1,0 +1,1 @@
+"""The hpsearch driver: space file -> Ray Tune + Optuna search -> results.parquet, best.yaml."""

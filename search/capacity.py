@@ -1,0 +1,62 @@
+"""Can the cluster ever run one trial? Answer before starting, instead of PENDING forever."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import ray
+
+from search.space import Resources
+
+# Ray's unit for fractional resources is 1/10000; compare in those units to avoid 0.1+0.2 noise.
+UNIT = 10_000
+
+
+class CapacityError(RuntimeError):
+    """No node can hold one trial and no autoscaler will add one."""
+
+
+def has_autoscaler() -> bool:
+    """True on a cluster made with the cluster launcher (`ray up`).
+
+    Ray Tune uses the same test (ray.tune.execution.insufficient_resources_manager):
+    the launcher leaves its bootstrap config on the head node.
+    """
+    return os.path.exists(os.path.expanduser("~/ray_bootstrap_config.yaml"))
+
+
+def trials_per_node(resources: Resources) -> dict[str, int]:
+    """How many trials each alive node can hold at once (node id -> count)."""
+    cpu, gpu = round(resources.cpus * UNIT), round(resources.gpus * UNIT)
+    counts = {}
+    for node in ray.nodes():
+        if not node.get("Alive"):
+            continue
+        have = node.get("Resources", {})
+        fits = round(have.get("CPU", 0) * UNIT) // cpu
+        if gpu:
+            fits = min(fits, round(have.get("GPU", 0) * UNIT) // gpu)
+        counts[node["NodeID"]] = fits
+    return counts
+
+
+def check_capacity(resources: Resources) -> int:
+    """Trials the cluster holds at once now; raise CapacityError if that is 0 for good."""
+    counts = trials_per_node(resources)
+    total = sum(counts.values())
+    if total == 0 and not has_autoscaler():
+        nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+        largest = max(nodes, key=lambda r: (r.get("GPU", 0), r.get("CPU", 0)), default={})
+        raise CapacityError(
+            f"resources: each trial asks for {resources.cpus:g} CPU and {resources.gpus:g} GPU, "
+            f"but no node of this cluster has that much (the largest has {largest.get('CPU', 0):g} CPU "
+            f"and {largest.get('GPU', 0):g} GPU; {len(nodes)} node(s)), and no autoscaler will add one. "
+            f"Lower --gpus-per-trial / --cpus-per-trial, or run on a cluster with GPUs (--address)."
+        )
+    return total
+
+
+def trials_per_gpu(resources: Resources) -> float:
+    """Trials that share one GPU at once (1 for whole GPUs)."""
+    return 1.0 if resources.gpus >= 1 else math.floor(1 / resources.gpus + 1e-9) if resources.gpus else 0.0

@@ -1,0 +1,93 @@
+"""`python -m search --space FILE` (also the `hpsearch` command): flags, overrides, exit codes.
+
+Every flag is a shorthand for `--set section.key=value` on the space file; overrides are
+applied to the file's contents and validated with it, so a bad flag reads like a bad file.
+Exit codes: 0 done, 2 bad input (nothing started), 1 the search itself failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Sequence
+
+from search.capacity import CapacityError
+from search.space import parse_space
+from trainable.errors import ConfigError, DataError, problem
+from trainable.yaml_file import parse_value, read_yaml_mapping
+
+# flag -> the space file key it overrides
+SHORTHANDS = {
+    "num_samples": "experiment.num_samples",
+    "max_concurrent": "experiment.max_concurrent",
+    "seed": "experiment.seed",
+    "scheduler": "experiment.scheduler",
+    "storage_path": "experiment.storage_path",
+    "epochs": "training.epochs",
+    "cpus_per_trial": "resources.cpus",
+    "gpus_per_trial": "resources.gpus",
+    "data_root": "data.root",
+}
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m search", description=__doc__.split("\n")[0].strip("`"))
+    parser.add_argument("--space", required=True, help="the space file (YAML), e.g. spaces/mnist.yaml")
+    parser.add_argument("--name", help="run folder under the storage path (default: <experiment.name>-<time>)")
+    parser.add_argument("--address", help="join this Ray cluster (e.g. auto) instead of starting a local Ray")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the interrupted run --name (default: the newest run of this space)")
+    for flag, key in SHORTHANDS.items():
+        parser.add_argument("--" + flag.replace("_", "-"), dest=flag, type=parse_value, metavar="VALUE",
+                            help=f"sets {key}")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="set any key of the space file, e.g. training.momentum=0.8 or "
+                             "space.lr.high=0.5 (repeatable)")
+    return parser.parse_args(argv)
+
+
+def apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The space file's mapping with the flags' values put in; malformed --set is a problem."""
+    assignments = [(key, getattr(args, flag)) for flag, key in SHORTHANDS.items() if getattr(args, flag) is not None]
+    problems = []
+    for item in args.sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            problems.append(problem("--set", "must be section.key=value", item))
+        else:
+            assignments.append((key, parse_value(value)))
+    for key, value in assignments:
+        *parents, last = key.split(".")
+        node = raw
+        for i, part in enumerate(parents):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                problems.append(problem(".".join(parents[:i + 1]), "is not a mapping, cannot set a key in it", child))
+                break
+            node = child
+        else:
+            node[last] = value
+    if problems:
+        raise ConfigError(problems)
+    return raw
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        space = parse_space(apply_overrides(read_yaml_mapping(args.space), args), source=args.space)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    # imported only now: a bad file should fail in a second, without loading Ray
+    from search.driver import run_search
+
+    try:
+        outcome = run_search(space, name=args.name, address=args.address, resume=args.resume)
+    except (ConfigError, CapacityError, DataError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(outcome.summary, flush=True)
+    return 0

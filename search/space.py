@@ -1,0 +1,248 @@
+"""The space file: what to tune, validated at the edge into frozen, typed objects.
+
+A space file has five sections, all optional (defaults below):
+
+    experiment: name, metric, mode, num_samples, max_concurrent, seed, scheduler, ...
+    resources:  cpus, gpus             (per trial; gpus may be fractional, e.g. 0.25)
+    data:       root + the trial config's data fields (dataset, train_size, ...)
+    training:   fixed trial config fields (epochs, hidden_sizes, optimizer, ...)
+    space:      searched fields: {distribution: loguniform|uniform|randint|choice, ...}
+                or plain values (fixed)
+
+Every problem is collected and reported at once as `path.to.key: rule, got value`.
+Nothing here touches Ray or data, so a bad file fails in a second, not after start-up.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from trainable.config import FIELDS, TrialConfig, check_value, coerce, cross_field_problems, is_integer_field
+from trainable.errors import ConfigError, problem
+from trainable.loop import METRICS
+
+SCHEDULERS = ("fifo", "asha")
+MODES = ("max", "min")
+DISTRIBUTIONS = ("loguniform", "uniform", "randint", "choice")
+# Trial config fields of the data section: one split for the whole search, never searched.
+DATA_FIELDS = ("dataset", "train_size", "val_size", "split_seed", "source", "num_workers",
+               "pin_memory", "persistent_workers", "drop_last")
+# Set by the driver for each trial (seed from experiment.seed, threads from resources.cpus).
+DRIVER_FIELDS = ("seed", "num_threads")
+# Fields whose change would change the data every trial is judged on.
+NOT_SEARCHABLE = ("dataset", "train_size", "val_size", "split_seed") + DRIVER_FIELDS
+TRAINING_FIELDS = tuple(n for n in FIELDS if n not in DATA_FIELDS and n not in DRIVER_FIELDS)
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """How the search runs."""
+
+    name: str = "search"  #: run folder prefix; a run is <storage_path>/<name>-<time> unless --name is given
+    metric: str = "val_acc"  #: the reported metric to optimise (one of trainable.loop.METRICS)
+    mode: str = "max"  #: max or min
+    num_samples: int = 16  #: trials in total
+    max_concurrent: int = 2  #: trials running at once (ConcurrencyLimiter)
+    seed: int = 0  #: seeds the TPE sampler and, with the trial number, every trial's seed
+    scheduler: str = "fifo"  #: fifo (every trial runs all epochs) or asha (stops poor trials early)
+    grace_period: int = 1  #: asha: epochs every trial gets before it can be stopped
+    reduction_factor: int = 2  #: asha: keep the top 1/reduction_factor at each rung
+    max_failures: int = 2  #: restarts of a crashed trial, from its last checkpoint
+    storage_path: str = "./runs"  #: local folder or pyarrow.fs URI (s3://..., gs://...)
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one trial reserves from Ray."""
+
+    cpus: float = 1.0  #: CPUs per trial (also its torch thread count, at least 1)
+    gpus: float = 0.0  #: GPUs per trial: a fraction < 1 packs trials on a GPU, or a whole number
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """One searched field."""
+
+    name: str
+    distribution: str
+    low: float | int | None = None
+    high: float | int | None = None
+    values: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True)
+class Space:
+    """A validated space file."""
+
+    experiment: Experiment
+    resources: Resources
+    data_root: str | None
+    fixed: Mapping[str, Any]  #: every fixed trial config field (data, training, plain space values)
+    searched: tuple[Distribution, ...]
+    source: str = "<memory>"  #: the file it came from, for messages
+
+    def trial_defaults(self) -> TrialConfig:
+        """The trial config with the fixed fields set and searched ones at their defaults."""
+        return TrialConfig.from_mapping(self.fixed)
+
+
+_RULES = {
+    # key: (type check, rule)
+    "experiment.name": (lambda v: isinstance(v, str) and NAME_PATTERN.match(v),
+                        "must be letters, digits, '_', '.' or '-' (it names a folder)"),
+    "experiment.metric": (lambda v: v in METRICS, f"must be a metric the trainable reports: {', '.join(METRICS)}"),
+    "experiment.mode": (lambda v: v in MODES, "must be max or min"),
+    "experiment.num_samples": (lambda v: _is_int(v) and v > 0, "must be an integer > 0"),
+    "experiment.max_concurrent": (lambda v: _is_int(v) and v > 0, "must be an integer > 0"),
+    "experiment.seed": (lambda v: _is_int(v) and 0 <= v < 2**32, "must be an integer in [0, 2**32)"),
+    "experiment.scheduler": (lambda v: v in SCHEDULERS, f"must be one of {', '.join(SCHEDULERS)}"),
+    "experiment.grace_period": (lambda v: _is_int(v) and v > 0, "must be an integer > 0 (epochs)"),
+    "experiment.reduction_factor": (lambda v: _is_int(v) and v > 1, "must be an integer > 1"),
+    "experiment.max_failures": (lambda v: _is_int(v) and v >= 0, "must be an integer >= 0"),
+    "experiment.storage_path": (lambda v: isinstance(v, str) and v != "", "must be a folder or URI"),
+    "resources.cpus": (lambda v: _is_number(v) and v > 0, "must be a number > 0"),
+    "resources.gpus": (lambda v: _is_number(v) and v >= 0 and (v <= 1 or float(v).is_integer()),
+                       "must be a number >= 0, a fraction only below 1 (0.25, 0.5) or whole (1, 2)"),
+    "data.root": (lambda v: v is None or (isinstance(v, str) and v != ""), "must be a folder (or null for the default)"),
+}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def _section(raw: Mapping[str, Any], name: str, problems: list[str]) -> dict[str, Any]:
+    value = raw.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        problems.append(problem(name, "must be a mapping of keys to values", value))
+        return {}
+    return value
+
+
+def _settings(cls: type, section: str, values: Mapping[str, Any], problems: list[str]):
+    known = {f.name for f in fields(cls)}
+    kept = {}
+    for key, value in values.items():
+        path = f"{section}.{key}"
+        if key not in known:
+            problems.append(problem(path, f"unknown key (known: {', '.join(sorted(known))})", value))
+        elif not _RULES[path][0](value):
+            problems.append(problem(path, _RULES[path][1], value))
+        else:
+            kept[key] = value
+    return cls(**kept)
+
+
+def _fixed_field(path: str, name: str, value: Any, problems: list[str]) -> Any:
+    rule = check_value(name, value)
+    if rule:
+        problems.append(problem(path, rule, value))
+        return None
+    return coerce(name, value)[0]
+
+
+def _distribution(name: str, spec: Mapping[str, Any], problems: list[str]) -> Distribution | None:
+    path = f"space.{name}"
+    kind = spec.get("distribution")
+    if kind not in DISTRIBUTIONS:
+        problems.append(problem(f"{path}.distribution", f"must be one of {', '.join(DISTRIBUTIONS)}", kind))
+        return None
+    allowed = {"distribution", "values"} if kind == "choice" else {"distribution", "low", "high"}
+    before = len(problems)
+    for key in spec:
+        if key not in allowed:
+            problems.append(problem(f"{path}.{key}", f"unknown key for {kind} (known: {', '.join(sorted(allowed))})", spec[key]))
+    if kind == "choice":
+        values = spec.get("values")
+        if not isinstance(values, list) or not values:
+            problems.append(problem(f"{path}.values", "must be a non-empty list", values))
+            return None
+        for i, v in enumerate(values):
+            _fixed_field(f"{path}.values[{i}]", name, v, problems)
+        if len(problems) > before:
+            return None
+        return Distribution(name, kind, values=tuple(coerce(name, v)[0] for v in values))
+    low, high = spec.get("low"), spec.get("high")
+    for key, bound in (("low", low), ("high", high)):
+        if not _is_number(bound):
+            problems.append(problem(f"{path}.{key}", f"must be a number for {kind}", bound))
+        elif kind == "randint" and not _is_int(bound):
+            problems.append(problem(f"{path}.{key}", "must be an integer for randint", bound))
+        elif kind == "loguniform" and bound <= 0:
+            problems.append(problem(f"{path}.{key}", "must be > 0 for loguniform", bound))
+        elif is_integer_field(name) and not _is_int(bound):
+            problems.append(problem(f"{path}.{key}", f"must be an integer ({name} is an integer field)", bound))
+        else:
+            _fixed_field(f"{path}.{key}", name, bound, problems)
+    if len(problems) > before:
+        return None
+    if low >= high:
+        problems.append(problem(f"{path}.low", f"must be < high ({high})", low))
+        return None
+    return Distribution(name, kind, low=low, high=high)
+
+
+
+def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
+    """Validate a whole space mapping; raise one ConfigError listing every problem."""
+    problems: list[str] = []
+    if not isinstance(raw, Mapping):
+        raise ConfigError([problem("(top level)", "must be a mapping of sections", raw)], source)
+    sections = ("experiment", "resources", "data", "training", "space")
+    for key in raw:
+        if key not in sections:
+            problems.append(problem(key, f"unknown section (known: {', '.join(sections)})", raw[key]))
+    experiment = _settings(Experiment, "experiment", _section(raw, "experiment", problems), problems)
+    resources = _settings(Resources, "resources", _section(raw, "resources", problems), problems)
+
+    data = dict(_section(raw, "data", problems))
+    data_root = data.pop("root", None)
+    if not _RULES["data.root"][0](data_root):
+        problems.append(problem("data.root", _RULES["data.root"][1], data_root))
+    fixed: dict[str, Any] = {}
+    for section, allowed, values in (("data", DATA_FIELDS, data),
+                                     ("training", TRAINING_FIELDS, _section(raw, "training", problems))):
+        for key, value in values.items():
+            path = f"{section}.{key}"
+            if key not in allowed:
+                elsewhere = next((s for s, a in (("data", DATA_FIELDS), ("training", TRAINING_FIELDS))
+                                  if key in a), None)
+                rule = (f"belongs in the {elsewhere} section" if elsewhere else
+                        "is set by the driver per trial" if key in DRIVER_FIELDS else
+                        f"unknown key (known: {', '.join(allowed)}{', root' if section == 'data' else ''})")
+                problems.append(problem(path, rule, value))
+            else:
+                fixed[key] = _fixed_field(path, key, value, problems)
+
+    searched = []
+    for key, value in _section(raw, "space", problems).items():
+        path = f"space.{key}"
+        if key not in FIELDS:
+            problems.append(problem(path, "unknown field of the trial config", value))
+        elif key in NOT_SEARCHABLE:
+            where = "the data section" if key in DATA_FIELDS else "the driver"
+            problems.append(problem(path, f"cannot be searched: it is set by {where}", value))
+        elif key in fixed:
+            problems.append(problem(path, f"is also fixed in the {'data' if key in DATA_FIELDS else 'training'} "
+                                          "section; set it in one place", value))
+        elif isinstance(value, dict):
+            dist = _distribution(key, value, problems)
+            if dist:
+                searched.append(dist)
+        else:
+            fixed[key] = _fixed_field(path, key, value, problems)
+    if not problems:
+        problems += cross_field_problems(fixed, "data.")
+    if problems:
+        raise ConfigError(problems, source)
+    return Space(experiment, resources, data_root, fixed, tuple(searched), source)

@@ -1,0 +1,102 @@
+"""The terminal summary: top trials, the best config, wall time and orchestration overhead."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Where the wall time of a search went."""
+
+    wall_seconds: float  #: the whole command: Ray start, data loading, trials, results
+    training_seconds: float  #: sum of epoch_seconds of the epochs this run trained
+    slots: int  #: trials that could run at once
+
+    @property
+    def overhead_seconds(self) -> float:
+        """Wall time not explained by training spread over the slots."""
+        return max(0.0, self.wall_seconds - self.training_seconds / max(self.slots, 1))
+
+    @property
+    def overhead_share(self) -> float:
+        return self.overhead_seconds / self.wall_seconds if self.wall_seconds else 0.0
+
+
+def best_row(frame: pd.DataFrame, metric: str, mode: str) -> pd.Series | None:
+    """The (trial, epoch) row with the best metric; ties go to the earlier row."""
+    scored = frame.dropna(subset=[metric])
+    if scored.empty:
+        return None
+    return scored.loc[scored[metric].idxmax() if mode == "max" else scored[metric].idxmin()]
+
+
+def max_trials_per_gpu(frame: pd.DataFrame) -> int:
+    """The most trials that ran at once on one GPU (same node, same accelerator id).
+
+    Each trial's span runs from the start of its first epoch to the end of its last.
+    """
+    events = []
+    for _, trial in frame.dropna(subset=["finished_at"]).groupby("trial_id"):
+        ids = str(trial["accelerator_ids"].iloc[0] or "")
+        if not ids:
+            continue
+        start = (trial["finished_at"] - trial["epoch_seconds"]).min()
+        end = trial["finished_at"].max()
+        for gpu in ids.split(","):
+            key = (trial["node"].iloc[0], gpu)
+            events += [(key, start, 1), (key, end, -1)]
+    most, running = 0, {}
+    for key, _, step in sorted(events, key=lambda e: (e[1], e[2])):  # ends before starts at a tie
+        running[key] = running.get(key, 0) + step
+        most = max(most, running[key])
+    return most
+
+
+def format_table(frame: pd.DataFrame, metric: str, mode: str, searched: list[str], top: int = 5) -> str:
+    """The top trials by their best epoch, one line each."""
+    per_trial = []
+    for trial_id, rows in frame.groupby("trial_id"):
+        row = best_row(rows, metric, mode)
+        if row is None:
+            row = rows.iloc[-1]
+        per_trial.append(row)
+    if not per_trial:
+        return "(no trials)"
+    table = pd.DataFrame(per_trial)
+    table = table.sort_values(metric, ascending=(mode == "min"), na_position="last").head(top)
+    columns = ["trial_id", "status", "epoch", metric, *[c for c in searched if c != metric]]
+    return table[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}")
+
+
+def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Timing, *,
+                   metric: str, mode: str, searched: list[str], gpus_per_trial: float,
+                   best_yaml: str) -> str:
+    counts = frame.drop_duplicates("trial_id")["status"].value_counts().to_dict()
+    lines = [
+        "",
+        f"Top trials by {metric} ({mode}), {frame['trial_id'].nunique()} trials: "
+        + ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items())),
+        format_table(frame, metric, mode, searched),
+        "",
+    ]
+    if best is not None:
+        result = best["result"]
+        config = ", ".join(f"{k}={best['config'][k]!r}" for k in searched) or "(nothing searched)"
+        lines += [
+            f"Best: trial {result['trial_id']} epoch {result['epoch']}: {metric} {result[metric]:.4f}, "
+            f"test_acc {result['test_acc']:.4f} (seed {best['config']['seed']})",
+            f"      {config}",
+            f"      re-run: python -m trainable --config {best_yaml}",
+        ]
+    lines.append(
+        f"Wall time {timing.wall_seconds:.1f} s: training {timing.training_seconds:.1f} trial-s over "
+        f"{timing.slots} slot(s); outside training {timing.overhead_seconds:.1f} s "
+        f"({100 * timing.overhead_share:.0f}%)")
+    if gpus_per_trial:
+        lines.append(f"GPUs: {gpus_per_trial:g} per trial; at most {max_trials_per_gpu(frame)} "
+                     f"trial(s) ran on one GPU at once")
+    return "\n".join(lines)

@@ -1,0 +1,59 @@
+"""The Ray Tune adapter: one trial = one `train_and_evaluate` run, reported epoch by epoch.
+
+The only module of `trainable/` that imports Ray. It turns Tune's config dict into a
+TrialConfig, restores from Tune's checkpoint when the trial is restarted, and reports
+one result (metrics + checkpoint) per epoch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+from ray import tune
+
+from trainable.config import TrialConfig
+from trainable.data import Arrays
+from trainable.device import get_default_device
+from trainable.loop import build_run, train_and_evaluate
+
+CHECKPOINT_FILE = "state.pt"
+
+
+def assigned_accelerators() -> str:
+    """The GPU ids Ray gave this trial, e.g. "0" or "0,1"; "" for none.
+
+    Ray sets CUDA_VISIBLE_DEVICES to these, so inside the trial they appear as cuda:0...
+    """
+    ids = ray.get_runtime_context().get_accelerator_ids().get("GPU", [])
+    return ",".join(str(i) for i in ids)
+
+
+def tune_trial(config: dict[str, Any], *, train: Arrays, val: Arrays) -> None:
+    """A Tune function trainable. `train`/`val` arrive once through Ray's object store."""
+    trial = TrialConfig.from_mapping(config)
+    device = get_default_device()
+    run = build_run(trial, train, val, device)
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is not None:  # Tune restarted this trial (failure or resume)
+        with checkpoint.as_directory() as folder:
+            run.load_state_dict(torch.load(Path(folder) / CHECKPOINT_FILE, weights_only=True))
+    where = {
+        "seed": trial.seed,
+        "node": ray.get_runtime_context().get_node_id()[:12],
+        "hostname": socket.gethostname(),
+        "device": str(device),
+        "accelerator_ids": assigned_accelerators(),
+    }
+    for record in train_and_evaluate(run):
+        metrics = {**dataclasses.asdict(record), **where,
+                   "diverged": record.diverged, "finished_at": time.time()}
+        with tempfile.TemporaryDirectory() as folder:
+            torch.save(run.state_dict(), Path(folder) / CHECKPOINT_FILE)
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
