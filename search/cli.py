@@ -11,7 +11,6 @@ import argparse
 import sys
 from typing import Any, Sequence
 
-from search.capacity import CapacityError
 from search.space import parse_space
 from trainable.errors import ConfigError, DataError, problem
 from trainable.yaml_file import parse_value, read_yaml_mapping
@@ -82,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     # imported only now: a bad file should fail in a second, without loading Ray
+    from search.capacity import CapacityError
     from search.driver import run_search
 
     try:

@@ -87,6 +87,11 @@ def param_space(space: Space) -> dict[str, Any]:
     return {**fixed, "num_threads": max(1, math.floor(space.resources.cpus))}
 
 
+def trial_folder_name(trial) -> str:
+    """Short trial folders (Tune's default name lists the whole config)."""
+    return f"trial_{trial.trial_id}"
+
+
 def start_ray(address: str | None) -> bool:
     """Join the cluster at `address` (or $RAY_ADDRESS), else start a local Ray; True if we started it."""
     if ray.is_initialized():
@@ -143,6 +148,9 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
     experiment = space.experiment
     storage = Storage.at(experiment.storage_path)
     name = run_folder_name(space, storage, name, resume)
+    # Tune warns when checkpoints force frequent state snapshots (one per epoch here);
+    # they take milliseconds for a search this size
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     started = start_ray(address)
     try:
         slots = min(experiment.max_concurrent, check_capacity(space.resources))
@@ -160,7 +168,8 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
                 wrapped,
                 param_space=param_space(space),
                 tune_config=tune.TuneConfig(search_alg=make_searcher(space), scheduler=make_scheduler(space),
-                                            num_samples=experiment.num_samples, reuse_actors=True),
+                                            num_samples=experiment.num_samples, reuse_actors=True,
+                                            trial_dirname_creator=trial_folder_name),
                 run_config=tune.RunConfig(
                     name=name,
                     storage_path=storage.uri,

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from trainable.config import FIELDS, TrialConfig, check_value, coerce, cross_field_problems, is_integer_field
 from trainable.errors import ConfigError, problem
-from trainable.loop import METRICS
+from trainable.metrics import METRICS
 
 SCHEDULERS = ("fifo", "asha")
 MODES = ("max", "min")
@@ -43,7 +43,7 @@ class Experiment:
     """How the search runs."""
 
     name: str = "search"  #: run folder prefix; a run is <storage_path>/<name>-<time> unless --name is given
-    metric: str = "val_acc"  #: the reported metric to optimise (one of trainable.loop.METRICS)
+    metric: str = "val_acc"  #: the reported metric to optimise (one of trainable.metrics.METRICS)
     mode: str = "max"  #: max or min
     num_samples: int = 16  #: trials in total
     max_concurrent: int = 2  #: trials running at once (ConcurrencyLimiter)

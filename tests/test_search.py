@@ -1,0 +1,153 @@
+"""The search end to end on a real local Ray, real Optuna and MNIST subsets."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from search.capacity import CapacityError
+from search.driver import run_search
+from search.results import COLUMNS, COMPLETED, DIVERGED, STOPPED, config_from_row
+from tests.helpers import small_space
+from trainable.config import TrialConfig
+from trainable.data import split
+from trainable.device import get_default_device
+from trainable.loop import build_run, train_and_evaluate
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def four_trials(ray_local, tmp_path_factory, data_root):
+    space = small_space(tmp_path_factory.mktemp("runs"), data_root)
+    return space, run_search(space, name="four")
+
+
+def test_search_writes_results_with_documented_columns(four_trials):
+    space, outcome = four_trials
+    frame = pd.read_parquet(Path(outcome.path) / "results.parquet")
+    assert list(frame.columns) == COLUMNS
+    assert frame["trial_id"].nunique() == 4
+    assert len(frame) == 4 * 2, "one row per trial per epoch"
+    assert set(frame["status"]) == {COMPLETED}
+    assert frame.groupby("trial_id")["epoch"].apply(list).map(lambda e: e == [1, 2]).all()
+    assert frame["seed"].nunique() == 4, "each trial has its own seed"
+    assert (frame["device"] == "cpu").all() and frame["node"].str.len().gt(0).all()
+    assert frame["val_acc"].between(0.5, 1).all()
+    assert (frame["num_threads"] == 1).all(), "torch threads = the trial's CPU share"
+
+
+def test_best_yaml_is_the_best_epoch_and_reruns_exactly(four_trials, mnist_train):
+    space, outcome = four_trials
+    best = yaml.safe_load((Path(outcome.path) / "best.yaml").read_text())
+    frame = outcome.results
+    assert best["result"]["val_acc"] == pytest.approx(frame["val_acc"].max(), abs=0)
+    assert 0.5 < best["result"]["test_acc"] <= 1
+    # the trainable library, fed best.yaml, reproduces the trial bit for bit
+    config = TrialConfig.from_mapping({k: v for k, v in best.items() if k != "result"})
+    train, val = split(mnist_train, config.train_size, config.val_size, config.split_seed)
+    records = list(train_and_evaluate(build_run(config, train, val, get_default_device())))
+    assert records[best["result"]["epoch"] - 1].val_acc == best["result"]["val_acc"]
+
+
+def test_summary_names_the_best_and_the_overhead(four_trials):
+    _, outcome = four_trials
+    assert "Top trials by val_acc (max), 4 trials: 4 completed" in outcome.summary
+    assert f"re-run: python -m trainable --config {outcome.path}/best.yaml" in outcome.summary
+    assert "outside training" in outcome.summary
+    assert 0 <= outcome.timing.overhead_share < 1
+
+
+def test_searcher_gets_one_report_per_epoch(four_trials):
+    _, outcome = four_trials
+    [state_file] = Path(outcome.path).glob("searcher-state-*.pkl")
+    # OptunaSearch saves its attributes; the study holds what Optuna was told
+    study = pickle.loads(state_file.read_bytes())["_ot_study"]
+    assert len(study.trials) == 4
+    assert all(sorted(t.intermediate_values) == [1, 2] for t in study.trials)
+
+
+def test_same_seed_same_trials(ray_local, tmp_path, data_root):
+    def trials(name):
+        space = small_space(tmp_path / name, data_root, experiment={"max_concurrent": 1, "num_samples": 3},
+                            training={"epochs": 1})
+        frame = run_search(space, name=name).results
+        return frame.sort_values("seed")[["seed", "lr", "batch_size", "t_max", "clip_norm", "val_acc"]]
+
+    first, second = trials("a"), trials("b")
+    pd.testing.assert_frame_equal(first.reset_index(drop=True), second.reset_index(drop=True))
+
+
+def test_asha_stops_some_trials_early(ray_local, tmp_path, data_root):
+    space = small_space(tmp_path, data_root,
+                        experiment={"scheduler": "asha", "num_samples": 6, "grace_period": 1},
+                        training={"epochs": 4}, data={"train_size": 1000})
+    frame = run_search(space, name="asha").results
+    per_trial = frame.groupby("trial_id").agg(status=("status", "first"), epochs=("epoch", "max"))
+    stopped = per_trial[per_trial["status"] == STOPPED]
+    assert len(stopped) >= 1 and (stopped["epochs"] < 4).all()
+    assert (per_trial["status"] == COMPLETED).any()
+
+
+def test_divergent_trials_end_as_low_scores_not_errors(ray_local, tmp_path, data_root):
+    space = small_space(tmp_path, data_root, experiment={"num_samples": 2},
+                        training={"epochs": 3}, space={"lr": 1e6, "clip_norm": None})
+    outcome = run_search(space, name="diverge")
+    per_trial = outcome.results.groupby("trial_id").agg(status=("status", "first"), epochs=("epoch", "max"))
+    assert (per_trial["status"] == DIVERGED).all()
+    assert (per_trial["epochs"] == 1).all(), "a diverged trial stops after the epoch it diverged in"
+
+
+def test_gpu_request_without_gpus_fails_before_any_trial(ray_local, tmp_path, data_root):
+    space = small_space(tmp_path, data_root, resources={"gpus": 1})
+    with pytest.raises(CapacityError, match=r"each trial asks for 1 CPU and 1 GPU, but no node"):
+        run_search(space, name="gpu")
+    assert not any((tmp_path / "gpu").glob("trial_*")), "no trial was created"
+
+
+def fails_once(marker: Path):
+    """The real trainable, made to crash once right after its first epoch's checkpoint.
+
+    A closure, so Ray pickles it by value (workers cannot import test modules).
+    """
+
+    def trial(config, **data):
+        import trainable.adapter as adapter
+
+        real = adapter.train_and_evaluate
+
+        def flaky(run):
+            with open(marker.with_suffix(".starts"), "a") as log:
+                log.write(f"{run.epoch}\n")  # the epoch the run (re)starts from
+            for record in real(run):
+                yield record
+                if not marker.exists():
+                    marker.touch()
+                    raise RuntimeError("injected failure")
+
+        adapter.train_and_evaluate = flaky
+        try:
+            adapter.tune_trial(config, **data)
+        finally:
+            adapter.train_and_evaluate = real
+
+    return trial
+
+
+def test_crashed_trial_resumes_from_its_checkpoint(ray_local, tmp_path, data_root, mnist_train):
+    space = small_space(tmp_path, data_root, experiment={"num_samples": 1, "max_failures": 1},
+                        training={"epochs": 3})
+    outcome = run_search(space, name="flaky", trainable=fails_once(tmp_path / "crashed"))
+    assert (tmp_path / "crashed").exists(), "the injected failure happened"
+    assert (tmp_path / "crashed.starts").read_text().split() == ["0", "1"], "restarted from epoch 1's checkpoint"
+    frame = outcome.results
+    assert list(frame["epoch"]) == [1, 2, 3] and set(frame["status"]) == {COMPLETED}
+    # and the restored run is the same run: identical to one that never crashed
+    config = TrialConfig.from_mapping(config_from_row(frame.iloc[0]))
+    train, val = split(mnist_train, config.train_size, config.val_size, config.split_seed)
+    straight = list(train_and_evaluate(build_run(config, train, val, get_default_device())))
+    assert list(frame["val_acc"]) == [r.val_acc for r in straight]
