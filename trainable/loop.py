@@ -86,8 +86,6 @@ class EpochRecord:
         return not math.isfinite(self.train_loss)
 
 
-METRICS = ("train_loss", "train_acc", "val_loss", "val_acc")
-
 
 @dataclass
 class Run:
