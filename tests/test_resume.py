@@ -1,0 +1,78 @@
+"""An interrupted search (driver killed with SIGKILL) resumes to exactly num_samples trials."""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from search.results import COMPLETED
+from tests.helpers import SMALL
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+
+
+def wait_for(condition, timeout: float, what: str):
+    """Poll `condition` until it returns something other than None (it watches another process's files)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value is not None:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def completed_trials(results: Path) -> pd.DataFrame | None:
+    if not results.exists():
+        return None
+    frame = pd.read_parquet(results)
+    done = frame[frame["status"] == COMPLETED]
+    return done if done["trial_id"].nunique() >= 2 else None
+
+
+def test_killed_search_resumes_without_losing_trials(tmp_path, data_root):
+    raw = copy.deepcopy(SMALL)
+    raw["experiment"].update(num_samples=6, max_concurrent=2, storage_path=str(tmp_path / "runs"))
+    raw["data"].update(root=str(data_root))
+    raw["training"].update(epochs=3)
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text(yaml.safe_dump(raw))
+    command = [sys.executable, "-m", "search", "--space", str(space_file), "--name", "interrupted"]
+    results = tmp_path / "runs" / "interrupted" / "results.parquet"
+
+    # its own session, so everything it starts (Ray included) can be stopped by group id
+    driver = subprocess.Popen(command, cwd=REPO, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        before = wait_for(lambda: completed_trials(results), 180, "two completed trials")
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=30)
+    finally:
+        try:
+            os.killpg(driver.pid, signal.SIGKILL)  # what the killed driver had started
+        except ProcessLookupError:
+            pass
+    assert driver.returncode == -signal.SIGKILL
+
+    resumed = subprocess.run(command + ["--resume"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = pd.read_parquet(results)
+    assert after["trial_id"].nunique() == 6, "exactly num_samples trials in all"
+    assert set(after["status"]) == {COMPLETED}
+    assert (after.groupby("trial_id")["epoch"].apply(sorted).map(lambda e: e == [1, 2, 3])).all()
+    # every trial completed before the kill is kept with its rows unchanged
+    kept = after[after["trial_id"].isin(before["trial_id"])]
+    columns = ["trial_id", "epoch", "seed", "lr", "val_acc", "val_loss"]
+    pd.testing.assert_frame_equal(kept[columns].reset_index(drop=True),
+                                  before.sort_values(["trial_id", "epoch"])[columns].reset_index(drop=True))
+    assert "Top trials by val_acc (max), 6 trials" in resumed.stdout
