@@ -1,0 +1,143 @@
+"""A real multi-node Ray cluster on this machine: a head and two workers that advertise GPUs.
+
+No physical GPU is needed for Ray to schedule GPU resources: it hands trials GPU ids and
+sets CUDA_VISIBLE_DEVICES; torch then finds no CUDA device and the trial trains on the CPU.
+The driver joins the cluster with --address, as it would on a cluster made with `ray up`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from ray.cluster_utils import Cluster
+
+from search.results import COMPLETED
+from tests.helpers import SMALL
+from tests.test_resume import wait_for
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+RAY = str(Path(sys.executable).parent / "ray")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    # the head runs drivers only (no GPU); each worker offers 2 CPUs and 2 GPUs
+    cluster = Cluster(initialize_head=True, connect=False,
+                      head_node_args={"num_cpus": 1, "num_gpus": 0, "include_dashboard": True,
+                                      "dashboard_port": free_port()})
+    workers = [cluster.add_node(num_cpus=2, num_gpus=2) for _ in range(2)]
+    cluster.wait_for_nodes()
+    cluster.workers = workers
+    yield cluster
+    cluster.shutdown()
+
+
+def space_file(tmp_path: Path, data_root: Path, **experiment) -> Path:
+    raw = copy.deepcopy(SMALL)
+    raw["experiment"].update({"num_samples": 8, "max_concurrent": 4, "storage_path": str(tmp_path / "runs"),
+                              **experiment})
+    raw["data"].update(root=str(data_root), train_size=1000, val_size=200)
+    raw["training"].update(epochs=2)
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def search_command(space: Path, address: str, name: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "search", "--space", str(space), "--address", address, "--name", name,
+            "--gpus-per-trial", "0.5", "--cpus-per-trial", "0.5", *extra]
+
+
+def trial_spans(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per trial: node, GPU id(s) and the wall-clock span of its epochs."""
+    frame = frame.assign(started=frame["finished_at"] - frame["epoch_seconds"])
+    return frame.groupby("trial_id").agg(node=("node", "first"), gpus=("accelerator_ids", "first"),
+                                         start=("started", "min"), end=("finished_at", "max"))
+
+
+def most_at_once_per_gpu(spans: pd.DataFrame) -> int:
+    most = 0
+    for gpu_key, group in spans.assign(gpu=spans["gpus"].str.split(",")).explode("gpu").groupby(["node", "gpu"]):
+        for _, trial in group.iterrows():  # trials running at the moment this one started
+            overlapping = group[(group["start"] <= trial["start"]) & (group["end"] > trial["start"])]
+            most = max(most, len(overlapping))
+    return most
+
+
+def check_landed(run: Path, num_samples: int) -> pd.DataFrame:
+    frame = pd.read_parquet(run / "results.parquet")
+    assert frame["trial_id"].nunique() == num_samples
+    assert set(frame["status"]) == {COMPLETED}
+    assert (run / "best.yaml").exists()
+    trial_folders = sorted(run.glob("trial_*"))
+    assert len(trial_folders) == num_samples
+    assert all(any(f.glob("checkpoint_*/state.pt")) for f in trial_folders), "checkpoints in the storage path"
+    return frame
+
+
+def test_fractional_gpus_pack_two_trials_per_gpu_across_workers(cluster, tmp_path, data_root):
+    command = search_command(space_file(tmp_path, data_root), cluster.address, "packed")
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    frame = check_landed(tmp_path / "runs" / "packed", 8)
+    worker_ids = {w.node_id[:12] for w in cluster.workers}
+    assert set(frame["node"]) == worker_ids, "trials ran on both workers, none on the GPU-less head"
+    assert frame["accelerator_ids"].str.fullmatch(r"[01]").all(), "each trial got one of its node's 2 GPU ids"
+    assert most_at_once_per_gpu(trial_spans(frame)) <= 2, "0.5 GPU per trial: at most two share a GPU"
+    assert "at most 2 trial(s) ran on one GPU at once" in done.stdout or \
+        "at most 1 trial(s) ran on one GPU at once" in done.stdout
+
+
+def test_search_runs_as_a_ray_job(cluster, tmp_path, data_root):
+    dashboard = "http://" + cluster.head_node.address_info["webui_url"]
+    command = search_command(space_file(tmp_path, data_root, num_samples=4), "auto", "job")
+    done = subprocess.run([RAY, "job", "submit", "--address", dashboard, "--", *command],
+                          cwd=REPO, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert "succeeded" in done.stdout
+    check_landed(tmp_path / "runs" / "job", 4)
+
+
+def test_losing_a_worker_restarts_its_trials_from_checkpoints(cluster, tmp_path, data_root):
+    space = space_file(tmp_path, data_root, num_samples=6, max_failures=3)
+    run = tmp_path / "runs" / "lossy"
+    doomed = cluster.workers[1]
+    command = search_command(space, cluster.address, "lossy", "--epochs", "4",
+                             "--set", "data.train_size=3000")
+    driver = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    output = {}
+    reader = threading.Thread(target=lambda: output.update(zip(("out", "err"), driver.communicate())))
+    reader.start()
+
+    def trial_on_doomed_node_with_a_checkpoint():
+        for result in run.glob("trial_*/result.json"):
+            lines = [json.loads(line) for line in result.read_text().splitlines() if line.strip()]
+            if lines and lines[-1]["node"] == doomed.node_id[:12] and lines[-1]["epoch"] < 4:
+                return lines[-1]["trial_id"]
+        return None
+
+    victim = wait_for(trial_on_doomed_node_with_a_checkpoint, 300, "a trial with a checkpoint on the worker")
+    cluster.remove_node(doomed, allow_graceful=False)  # kills its raylet and trial processes
+    reader.join(timeout=400)
+    assert driver.returncode == 0, output.get("err", "")[-3000:]
+    frame = check_landed(run, 6)
+    rows = frame[frame["trial_id"] == victim].sort_values("epoch")
+    assert list(rows["epoch"]) == [1, 2, 3, 4], "no epoch lost or repeated"
+    assert rows["node"].iloc[0] == doomed.node_id[:12] and rows["node"].iloc[-1] != doomed.node_id[:12], \
+        "the trial started on the lost worker and finished elsewhere, from its checkpoint"
