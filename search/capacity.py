@@ -26,19 +26,18 @@ def has_autoscaler() -> bool:
     return os.path.exists(os.path.expanduser("~/ray_bootstrap_config.yaml"))
 
 
+def trials_fit(node_resources: dict[str, float], resources: Resources) -> int:
+    """Trials of `resources` that one node with `node_resources` (Ray's CPU/GPU counts) holds at once."""
+    fits = round(node_resources.get("CPU", 0) * UNIT) // round(resources.cpus * UNIT)
+    if resources.gpus:
+        fits = min(fits, round(node_resources.get("GPU", 0) * UNIT) // round(resources.gpus * UNIT))
+    return fits
+
+
 def trials_per_node(resources: Resources) -> dict[str, int]:
     """How many trials each alive node can hold at once (node id -> count)."""
-    cpu, gpu = round(resources.cpus * UNIT), round(resources.gpus * UNIT)
-    counts = {}
-    for node in ray.nodes():
-        if not node.get("Alive"):
-            continue
-        have = node.get("Resources", {})
-        fits = round(have.get("CPU", 0) * UNIT) // cpu
-        if gpu:
-            fits = min(fits, round(have.get("GPU", 0) * UNIT) // gpu)
-        counts[node["NodeID"]] = fits
-    return counts
+    return {node["NodeID"]: trials_fit(node.get("Resources", {}), resources)
+            for node in ray.nodes() if node.get("Alive")}
 
 
 def check_capacity(resources: Resources) -> int:

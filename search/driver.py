@@ -25,7 +25,7 @@ from search.capacity import check_capacity
 from search.results import ResultsCallback, config_from_row, rows_from_result_grid, to_frame, write_results
 from search.searcher import make_searcher
 from search.space import Space
-from search.storage import Storage
+from search.storage import Storage, is_uri
 from search.summary import Timing, best_row, format_summary
 from trainable.adapter import CHECKPOINT_FILE, tune_trial
 from trainable.config import TrialConfig
@@ -135,7 +135,8 @@ def best_yaml(entry: dict[str, Any], path: str, space: Space) -> str:
     result = entry["result"]
     header = (f"# Best trial of search {result['search']} ({space.source}), by {result['metric']} "
               f"at epoch {result['epoch']}.\n"
-              f"# Re-run it: python -m trainable --config {path}\n"
+              f"# Re-run it: python -m trainable --config {path if not is_uri(path) else 'best.yaml'}"
+              f"{' (download it first)' if is_uri(path) else ''}\n"
               f"# It prints val_acc {result['val_acc']:.4f} on epoch {result['epoch']} (same machine).\n"
               f"# test_acc: the checkpoint of that epoch on the 10,000 test images.\n")
     return header + yaml.safe_dump({**entry["config"], "result": result}, sort_keys=False)
@@ -153,7 +154,8 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     started = start_ray(address)
     try:
-        slots = min(experiment.max_concurrent, check_capacity(space.resources))
+        capacity = check_capacity(space.resources)  # 0 only where an autoscaler will add nodes
+        slots = min(experiment.max_concurrent, capacity) if capacity else experiment.max_concurrent
         defaults = space.trial_defaults()
         train, val = split(load_dataset(defaults.dataset, space.data_root, train=True),
                            defaults.train_size, defaults.val_size, defaults.split_seed)

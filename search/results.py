@@ -24,7 +24,7 @@ from trainable.loop import EpochRecord
 RESULTS_FILE = "results.parquet"
 CONFIG_COLUMNS = list(TrialConfig.__dataclass_fields__)
 EPOCH_COLUMNS = list(EpochRecord.__dataclass_fields__)
-WHERE_COLUMNS = ["node", "hostname", "device", "accelerator_ids", "finished_at"]
+WHERE_COLUMNS = ["node", "hostname", "device", "accelerator_ids", "gpu_memory_mb", "finished_at"]
 COLUMNS = ["trial_id", "status", *CONFIG_COLUMNS, *EPOCH_COLUMNS, *WHERE_COLUMNS]
 # Final statuses: how each trial ended.
 COMPLETED, STOPPED, DIVERGED, ERROR, RUNNING = "COMPLETED", "STOPPED", "DIVERGED", "ERROR", "RUNNING"

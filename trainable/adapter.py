@@ -35,10 +35,21 @@ def assigned_accelerators() -> str:
     return ",".join(str(i) for i in ids)
 
 
+def trial_device() -> torch.device:
+    """The trial's accelerator if Ray assigned it one, else the CPU.
+
+    Ray no longer hides GPUs from trials that reserved none, so a `gpus: 0` trial on a
+    GPU node would otherwise use a GPU nobody reserved.
+    """
+    return get_default_device() if assigned_accelerators() else torch.device("cpu")
+
+
 def tune_trial(config: dict[str, Any], *, train: Arrays, val: Arrays) -> None:
     """A Tune function trainable. `train`/`val` arrive once through Ray's object store."""
     trial = TrialConfig.from_mapping(config)
-    device = get_default_device()
+    device = trial_device()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)  # a reused actor: this trial's peak only
     run = build_run(trial, train, val, device)
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:  # Tune restarted this trial (failure or resume)
@@ -53,7 +64,9 @@ def tune_trial(config: dict[str, Any], *, train: Arrays, val: Arrays) -> None:
     }
     for record in train_and_evaluate(run):
         metrics = {**dataclasses.asdict(record), **where,
-                   "diverged": record.diverged, "finished_at": time.time()}
+                   "diverged": record.diverged, "finished_at": time.time(),
+                   "gpu_memory_mb": (torch.cuda.max_memory_allocated(device) / 2**20
+                                     if device.type == "cuda" else None)}
         with tempfile.TemporaryDirectory() as folder:
             torch.save(run.state_dict(), Path(folder) / CHECKPOINT_FILE)
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
