@@ -203,6 +203,10 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
         searched = [d.name for d in space.searched]
         summary = format_summary(frame, entry, timing, metric=experiment.metric, mode=experiment.mode,
                                  searched=searched, gpus_per_trial=space.resources.gpus, best_yaml=best_path)
+        for result in grid:
+            if result.error is not None:  # after max_failures restarts; Tune keeps the traceback
+                first_line = str(result.error).strip().splitlines()[-1][:200]
+                summary += f"\nFailed: {result.path}: {first_line} (traceback in error.txt there)"
         return Outcome(name, storage.join(name), frame, entry, timing, summary)
     finally:
         if started:

@@ -151,3 +151,18 @@ def test_crashed_trial_resumes_from_its_checkpoint(ray_local, tmp_path, data_roo
     train, val = split(mnist_train, config.train_size, config.val_size, config.split_seed)
     straight = list(train_and_evaluate(build_run(config, train, val, get_default_device())))
     assert list(frame["val_acc"]) == [r.val_acc for r in straight]
+
+
+def always_fails():
+    def trial(config, **data):
+        raise ValueError("broken trainable")
+
+    return trial
+
+
+def test_a_failing_trial_is_reported_not_fatal(ray_local, tmp_path, data_root):
+    space = small_space(tmp_path, data_root, experiment={"num_samples": 1, "max_failures": 0})
+    outcome = run_search(space, name="failing", trainable=always_fails())
+    assert list(outcome.results["status"]) == ["ERROR"]
+    assert outcome.best is None and not (tmp_path / "failing" / "best.yaml").exists()
+    assert "Failed: " in outcome.summary and "ValueError: broken trainable" in outcome.summary
