@@ -35,7 +35,7 @@ class TrialConfig:
     persistent_workers: bool = False  #: keep DataLoader workers between epochs (needs num_workers > 0)
     drop_last: bool = False  #: drop the last incomplete training batch
     # model
-    hidden_sizes: tuple[int, ...] = (256, 128)  #: widths of the MLP's hidden layers
+    hidden_sizes: tuple[int, ...] = (128,)  #: widths of the MLP's hidden layers (the template: one of 128)
     # optimisation
     epochs: int = 5  #: training epochs
     optimizer: str = "sgd"  #: one of OPTIMIZERS
@@ -67,8 +67,12 @@ class TrialConfig:
                     problems.append(problem(prefix + name, rule, value))
                 else:
                     coerced[name] = converted
+        for name, value in coerced.items():  # rules of the well-typed fields, in the same pass
+            rule = check_value(name, value)
+            if rule:
+                problems.append(problem(prefix + name, rule, values[name]))
         if not problems:
-            problems = check_fields({**dataclasses.asdict(cls()), **coerced}, prefix)
+            problems = cross_field_problems({**dataclasses.asdict(cls()), **coerced}, prefix)
         if problems:
             raise ConfigError(problems)
         return cls(**coerced)

@@ -7,7 +7,6 @@ form the driver ships to trials through Ray's object store; trials convert on th
 from __future__ import annotations
 
 import os
-import urllib.error
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,10 +64,11 @@ def load_dataset(name: str, root: str | Path | None = None, *, train: bool = Tru
     cls = TORCHVISION_SETS[name][0]
     try:
         dataset = cls(str(root), train=train, download=True)
-    except (RuntimeError, OSError, urllib.error.URLError, ValueError) as error:
+    except Exception as error:  # no network, bad md5, a truncated or corrupt file (torchvision asserts)
         files = ", ".join(f"{f}.gz" for f in RAW_FILES)
         raise DataError(
-            f"{name}: could not load the dataset from {raw_folder(name, root)} ({error}).\n"
+            f"{name}: could not load the dataset from {raw_folder(name, root)} "
+            f"({type(error).__name__}: {error}).\n"
             f"Put its four raw files there ({files}) or the same files unpacked, "
             f"or choose another folder with --data-root or HPSEARCH_DATA."
         ) from None
