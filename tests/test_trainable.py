@@ -1,0 +1,248 @@
+"""The training loop on real MNIST subsets: reproducibility, learning, metrics, clipping, checkpoints.
+
+Config validation, data and the CLI have their own files (test_trainable_config.py,
+test_trainable_data.py, test_trainable_cli.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from trainable.batches import InMemoryBatches
+from trainable.config import SOURCES, TrialConfig
+from trainable.data import normalization, split
+from trainable.loop import EpochRecord, accuracy_metric, build_run, evaluate, train, train_and_evaluate
+from trainable.model import make_mlp
+
+CPU = torch.device("cpu")
+ACCELERATOR = torch.accelerator.current_accelerator(check_available=True)
+MEAN, STD = normalization("mnist")
+
+# small enough for about 0.1 s per epoch on 2 cores, big enough to learn something
+SMALL = dict(train_size=2000, val_size=500, epochs=2, batch_size=64)
+
+
+@pytest.fixture(scope="module")
+def small_split(mnist_train):
+    return split(mnist_train, SMALL["train_size"], SMALL["val_size"], split_seed=0)
+
+
+@pytest.fixture(scope="module")
+def first_1000(mnist_train):
+    return mnist_train.take(torch.arange(1000).numpy())
+
+
+def run_records(config: TrialConfig, arrays, device: torch.device = CPU) -> list[EpochRecord]:
+    return list(train_and_evaluate(build_run(config, *arrays, device)))
+
+
+def metrics(record: EpochRecord) -> dict:
+    """Everything a record says except its wall time, which is never reproducible."""
+    values = dataclasses.asdict(record)
+    del values["epoch_seconds"]
+    return values
+
+
+def memory_batches(arrays, batch_size: int, device: torch.device = CPU, **kwargs) -> InMemoryBatches:
+    return InMemoryBatches(arrays, batch_size, device, mean=MEAN, std=STD, shuffle=False, **kwargs)
+
+
+# --- reproducibility -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_same_seed_gives_identical_metrics_and_another_seed_does_not(small_split, source):
+    config = TrialConfig(**SMALL, source=source, seed=1)
+    first = run_records(config, small_split)
+    again = run_records(config, small_split)
+    other = run_records(dataclasses.replace(config, seed=2), small_split)
+
+    assert len(first) == len(again) == config.epochs
+    # bit for bit on the CPU: ==, not approx
+    assert [metrics(r) for r in first] == [metrics(r) for r in again]
+    for mine, theirs in zip(first, other):
+        assert mine.train_loss != theirs.train_loss
+        assert mine.val_loss != theirs.val_loss
+
+
+# --- learning ----------------------------------------------------------------------------------
+
+def test_training_lowers_the_loss_and_beats_chance(mnist_train):
+    config = TrialConfig(train_size=5000, val_size=1000, epochs=2)
+    records = run_records(config, split(mnist_train, 5000, 1000, split_seed=0))
+
+    assert [r.epoch for r in records] == [1, 2]
+    assert records[0].train_loss < math.log(10)  # below an untrained model's loss on 10 classes
+    assert records[1].train_loss < records[0].train_loss
+    assert records[1].val_loss < records[0].val_loss
+    assert records[1].val_acc > 0.5
+    # the cosine schedule steps once per epoch: epoch 2 trains at a lower lr than epoch 1
+    assert records[0].epoch_lr == config.lr
+    assert records[1].epoch_lr < records[0].epoch_lr
+    assert not any(r.diverged for r in records)
+
+
+# --- metrics and loss averaging -------------------------------------------------------------------
+
+def test_train_resets_the_metric_each_epoch(first_1000):
+    torch.manual_seed(0)
+    model = make_mlp((64,))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = memory_batches(first_1000, 100)
+    predictions: list[torch.Tensor] = []
+    model.register_forward_hook(lambda module, inputs, output: predictions.append(output.detach().argmax(1)))
+    metric = accuracy_metric(CPU)
+
+    reported, by_hand = [], []
+    for _ in range(2):
+        predictions.clear()
+        _, acc = train(model, batches, nn.CrossEntropyLoss(), optimizer, metric, CPU)
+        reported.append(acc)
+        by_hand.append((torch.cat(predictions) == batches.labels).double().mean().item())
+
+    # the model learned during epoch 1, so an average over both epochs would differ from epoch 2's
+    assert by_hand[0] != pytest.approx(by_hand[1], abs=1e-3)
+    assert reported[0] == pytest.approx(by_hand[0], abs=1e-6)
+    assert reported[1] == pytest.approx(by_hand[1], abs=1e-6)
+
+
+def test_evaluate_resets_the_metric(first_1000, mnist_train):
+    torch.manual_seed(0)
+    model = make_mlp((64,))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    train(model, memory_batches(first_1000, 100), nn.CrossEntropyLoss(), optimizer, accuracy_metric(CPU), CPU)
+    part_a = memory_batches(mnist_train.take(torch.arange(1000, 1500).numpy()), 100)
+    part_b = memory_batches(mnist_train.take(torch.arange(1500, 1530).numpy()), 100)
+    loss_fn = nn.CrossEntropyLoss()
+
+    shared = accuracy_metric(CPU)
+    _, acc_a = evaluate(model, part_a, loss_fn, shared, CPU)
+    _, acc_b = evaluate(model, part_b, loss_fn, shared, CPU)
+    _, fresh_b = evaluate(model, part_b, loss_fn, accuracy_metric(CPU), CPU)
+
+    assert acc_a != pytest.approx(acc_b, abs=1e-3)  # so carrying part A over would show
+    assert acc_b == fresh_b
+
+
+def test_loss_is_averaged_weighted_by_batch_size(first_1000):
+    torch.manual_seed(0)
+    model = make_mlp((64,))
+    # lr 0: the weights stay put, so the loss of each batch can be recomputed afterwards
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    loss_fn = nn.CrossEntropyLoss()
+    batches = memory_batches(first_1000, 450)  # 450, 450 and a last batch of 100
+    assert [len(y) for _, y in batches] == [450, 450, 100]
+
+    with torch.no_grad():
+        losses = [(loss_fn(model(X), y).item(), len(y)) for X, y in batches]
+    weighted = sum(loss * n for loss, n in losses) / sum(n for _, n in losses)
+    unweighted = sum(loss for loss, _ in losses) / len(losses)
+    assert abs(weighted - unweighted) > 1e-3 * weighted  # the test can tell them apart
+
+    train_loss, _ = train(model, batches, loss_fn, optimizer, accuracy_metric(CPU), CPU)
+    val_loss, _ = evaluate(model, batches, loss_fn, accuracy_metric(CPU), CPU)
+    assert train_loss == pytest.approx(weighted, rel=1e-5)
+    assert val_loss == pytest.approx(weighted, rel=1e-5)
+
+
+# --- gradient clipping ------------------------------------------------------------------------------
+
+class ScaledLoss(nn.Module):
+    """Cross-entropy times a large factor: gradients far above any sensible clip norm."""
+
+    def __init__(self, scale: float):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.scale * nn.functional.cross_entropy(logits, target)
+
+
+def grad_norms_at_step(arrays, clip_norm: float | None) -> list[float]:
+    """The total gradient L2 norm seen by optimizer.step() at every step of one epoch."""
+    torch.manual_seed(0)
+    model = make_mlp((64,))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # same weights, same raw gradients each run
+    norms: list[float] = []
+
+    def record(opt, args, kwargs):
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        norms.append(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item())
+
+    optimizer.register_step_pre_hook(record)
+    train(model, memory_batches(arrays, 100), ScaledLoss(1000.0), optimizer, accuracy_metric(CPU), CPU,
+          clip_norm=clip_norm)
+    return norms
+
+
+def test_clip_norm_bounds_the_gradient_norm_at_each_step(first_1000):
+    clip_norm = 1.0
+    unclipped = grad_norms_at_step(first_1000, None)
+    clipped = grad_norms_at_step(first_1000, clip_norm)
+
+    assert len(unclipped) == len(clipped) == 10
+    assert min(unclipped) > 10 * clip_norm  # without clipping the bound is far exceeded
+    assert max(clipped) <= clip_norm * (1 + 1e-4)
+    assert min(clipped) >= clip_norm * (1 - 1e-3)  # scaled down to the bound, not zeroed
+
+
+# --- checkpoints and divergence ------------------------------------------------------------------
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_checkpoint_round_trip_resumes_bit_for_bit(small_split, source, tmp_path):
+    # three epochs: a scheduler left unrestored only shows in the lr of the epoch after the next
+    config = TrialConfig(**{**SMALL, "epochs": 3}, source=source, seed=3)
+    uninterrupted = run_records(config, small_split)
+
+    run = build_run(config, *small_split, CPU)
+    first = next(train_and_evaluate(run))
+    path = tmp_path / "checkpoint.pt"
+    torch.save(run.state_dict(), path)
+
+    # a fresh run, built with another seed so that nothing but the checkpoint can make it agree
+    resumed_run = build_run(dataclasses.replace(config, seed=config.seed + 1), *small_split, CPU)
+    resumed_run.load_state_dict(torch.load(path, weights_only=True))
+    assert resumed_run.epoch == 1
+    resumed = list(train_and_evaluate(resumed_run))
+
+    assert metrics(first) == metrics(uninterrupted[0])
+    assert [r.epoch for r in resumed] == [2, 3]
+    assert [metrics(r) for r in resumed] == [metrics(r) for r in uninterrupted[1:]]
+
+
+def test_divergent_run_is_reported_and_stops_early(small_split):
+    config = TrialConfig(**{**SMALL, "epochs": 3}, lr=1e6, clip_norm=None)
+    records = run_records(config, small_split)  # no exception
+
+    assert 1 <= len(records) < config.epochs
+    assert records[-1].diverged
+    assert not math.isfinite(records[-1].train_loss)
+    assert not any(r.diverged for r in records[:-1])
+
+
+# --- accelerator ---------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.skipif(ACCELERATOR is None, reason="no accelerator available")
+def test_on_the_accelerator_batches_live_there_and_runs_repeat(small_split):
+    device = ACCELERATOR
+    config = TrialConfig(**SMALL, seed=1)
+
+    run = build_run(config, *small_split, device)
+    assert run.train_batches.images.device.type == device.type
+    assert run.train_batches.labels.device.type == device.type
+    X, y = next(iter(run.train_batches))
+    assert X.device.type == y.device.type == device.type
+    assert next(run.model.parameters()).device.type == device.type
+
+    first = list(train_and_evaluate(run))
+    again = run_records(config, small_split, device)
+    assert len(first) == len(again) == config.epochs
+    for a, b in zip(first, again):
+        for name in ("train_loss", "train_acc", "val_loss", "val_acc", "epoch_lr"):
+            assert getattr(a, name) == pytest.approx(getattr(b, name), rel=1e-3, abs=1e-3)
+    assert first[-1].val_acc > 0.5
