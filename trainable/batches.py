@@ -37,7 +37,10 @@ def as_tensor(array: np.ndarray) -> torch.Tensor:
 
 def standardize(images: torch.Tensor, mean: float, std: float) -> torch.Tensor:
     """uint8 (..., 28, 28) -> float32 (..., 1, 28, 28), scaled to [0, 1] and standardised."""
-    return ((images.to(torch.float32) / 255.0 - mean) / std).unsqueeze(-3)
+    # in place on one fresh copy: a whole split in ~0.1 s instead of ~0.4 s for the
+    # three temporaries of ((x / 255) - mean) / std
+    pixels = images.to(torch.float32, copy=True)
+    return pixels.mul_(1.0 / (255.0 * std)).sub_(mean / std).unsqueeze(-3)
 
 
 class InMemoryBatches:
