@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 
 import ray
@@ -55,7 +54,3 @@ def check_capacity(resources: Resources) -> int:
         )
     return total
 
-
-def trials_per_gpu(resources: Resources) -> float:
-    """Trials that share one GPU at once (1 for whole GPUs)."""
-    return 1.0 if resources.gpus >= 1 else math.floor(1 / resources.gpus + 1e-9) if resources.gpus else 0.0
