@@ -11,7 +11,7 @@ for all three. The paths are interleaved and repeated, and the median per path i
 compared, because a shared 2-core machine is noisy. Targets: a/c <= 1.10 (the canonical
 loop costs little over the floor) and b/a >= 10 (per-sample transforms are the bottleneck).
 
-    python bench/epoch.py [--data-root DIR] [--rounds 3] [--hidden-sizes 256,128]
+    python bench/epoch.py [--data-root DIR] [--rounds 7] [--hidden-sizes 256,128]
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-root", type=Path, default=None,
                         help="dataset folder (default: $HPSEARCH_DATA or ~/.cache/hpsearch)")
-    parser.add_argument("--rounds", type=int, default=3, help="times each path is timed (median is kept)")
+    parser.add_argument("--rounds", type=int, default=7, help="times each path is timed (median is kept)")
     parser.add_argument("--hidden-sizes", type=lambda text: tuple(int(h) for h in text.split(",")), default=None,
                         metavar="W1,W2", help="MLP hidden widths (default: TrialConfig's)")
     args = parser.parse_args(argv)
