@@ -104,7 +104,7 @@ def start_ray(address: str | None) -> bool:
     return True
 
 
-def test_accuracy(grid, best: pd.Series, test_arrays, metric: str, mode: str) -> tuple[float, float]:
+def measure_test_accuracy(grid, best: pd.Series, test_arrays, metric: str, mode: str) -> tuple[float, float]:
     """Loss and accuracy on the test set of the best trial's checkpoint at its best epoch."""
     result = next(r for r in grid if (r.metrics or {}).get("trial_id") == best["trial_id"])
     checkpoint = next((c for c, m in result.best_checkpoints if m.get("epoch") == best["epoch"]), None)
@@ -197,7 +197,7 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
         best_path = storage.join(name, "best.yaml")
         if best is not None:
             test_arrays = load_dataset(defaults.dataset, space.data_root, train=False)
-            entry = best_entry(best, test_accuracy(grid, best, test_arrays, experiment.metric, experiment.mode),
+            entry = best_entry(best, measure_test_accuracy(grid, best, test_arrays, experiment.metric, experiment.mode),
                                experiment.metric, name)
             storage.write(f"{name}/{BEST_FILE}", best_yaml(entry, best_path, space).encode())
         searched = [d.name for d in space.searched]
