@@ -30,9 +30,10 @@ SHORTHANDS = {
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m search", description=__doc__.split("\n")[0].strip("`"))
+    parser = argparse.ArgumentParser(prog="python -m search",
+                                     description="Run an Optuna TPE search inside Ray Tune over a space file.")
     parser.add_argument("--space", required=True, help="the space file (YAML), e.g. spaces/mnist.yaml")
-    parser.add_argument("--name", help="run folder under the storage path (default: <experiment.name>-<time>)")
+    parser.add_argument("--name", help="run folder under the storage path (default: <experiment.name>-<date>-<time>)")
     parser.add_argument("--address", help="join this Ray cluster (e.g. auto) instead of starting a local Ray")
     parser.add_argument("--resume", action="store_true",
                         help="continue the interrupted run --name (default: the newest run of this space)")
@@ -80,6 +81,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    overrides = args.sets or any(getattr(args, flag) is not None for flag in SHORTHANDS if flag != "data_root")
+    if args.resume and overrides:
+        print("note: --resume continues the search as it was started; other flags and --set change "
+              "nothing of it (only --data-root is used)", file=sys.stderr)
     # imported only now: a bad file should fail in a second, without loading Ray
     from search.capacity import CapacityError
     from search.driver import run_search

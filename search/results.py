@@ -138,7 +138,7 @@ class ResultsCallback(Callback):
             better = max if self.mode == "max" else min
             self.best = value if self.best is None else better(self.best, value)
         print(f"[{len(self.ended):>{len(str(self.num_samples))}}/{self.num_samples} done] "
-              f"trial {trial.trial_id} epoch {result.get('epoch')}/{trial.config.get('epochs', '?')} "
+              f"trial {trial.trial_id} epoch {result.get('epoch')}/{trial.config.get('epochs', TrialConfig.epochs)} "
               f"{self.metric} {value:.4f} | best {self.best:.4f}", flush=True)
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:

@@ -155,7 +155,14 @@ def _distribution(name: str, spec: Mapping[str, Any], problems: list[str]) -> Di
     path = f"space.{name}"
     kind = spec.get("distribution")
     if kind not in DISTRIBUTIONS:
-        problems.append(problem(f"{path}.distribution", f"must be one of {', '.join(DISTRIBUTIONS)}", kind))
+        known = {"distribution", "low", "high", "values"}
+        for key in spec:
+            if key not in known:
+                problems.append(problem(f"{path}.{key}", f"unknown key (known: {', '.join(sorted(known))})", spec[key]))
+        if "distribution" in spec:
+            problems.append(problem(f"{path}.distribution", f"must be one of {', '.join(DISTRIBUTIONS)}", kind))
+        else:
+            problems.append(f"{path}: needs a distribution key ({', '.join(DISTRIBUTIONS)}), got keys {sorted(spec)}")
         return None
     allowed = {"distribution", "values"} if kind == "choice" else {"distribution", "low", "high"}
     before = len(problems)
@@ -243,6 +250,9 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
             fixed[key] = _fixed_field(path, key, value, problems)
     if not problems:
         problems += cross_field_problems(fixed, "data.")
+    if not problems and not searched:
+        problems.append(problem("space", "must search at least one field (e.g. lr: {distribution: loguniform, "
+                                         "low: 0.01, high: 0.3})", raw.get("space")))
     if problems:
         raise ConfigError(problems, source)
     return Space(experiment, resources, data_root, fixed, tuple(searched), source)

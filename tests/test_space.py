@@ -74,6 +74,12 @@ def test_shipped_mnist_space_searches_the_four_fields():
     ({"data": {"dataset": "cifar10"}}, "data.dataset: must be one of mnist, fashion_mnist, kmnist, got 'cifar10'"),
     ({"data": {"persistent_workers": True}}, "data.persistent_workers: needs num_workers > 0, got True"),
     ({"optimiser": {}}, "optimiser: unknown section"),
+    ({"space": {"lr": {"distribuion": "loguniform", "low": 0.01, "high": 0.1}}},
+     "space.lr.distribuion: unknown key (known: distribution, high, low, values), got 'loguniform'"),
+    ({"space": {"lr": {"low": 0.01, "high": 0.1}}}, "space.lr: needs a distribution key"),
+    ({"training": {"epochs": 2}}, "space: must search at least one field"),
+    ({"data": {"train_size": 55000}, "space": {"lr": {"distribution": "uniform", "low": 0.1, "high": 0.2}}},
+     "data.train_size: train_size + val_size must be <= 60000 (the official training set), got 55000 + 10000"),
 ])
 def test_bad_input_names_key_rule_and_value(raw, expected):
     assert any(p.startswith(expected) for p in problems_of(raw)), problems_of(raw)
@@ -146,3 +152,13 @@ def test_cli_resume_without_a_run_exits_2(tmp_path):
     assert done.returncode == 2
     assert "--resume: no run named mnist-* under" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_numbers_in_scientific_notation_are_numbers(tmp_path):
+    path = tmp_path / "sci.yaml"
+    path.write_text("space:\n  lr: {distribution: loguniform, low: 1e-3, high: 3E-1}\n  weight_decay: 5e-4\n")
+    space = parse_space(read_yaml_mapping(path))
+    assert (space.searched[0].low, space.searched[0].high) == (0.001, 0.3)
+    assert space.fixed["weight_decay"] == 0.0005
+    args = parse_args(["--space", "x", "--set", "space.lr.high=5e-1"])
+    assert apply_overrides({}, args)["space"]["lr"]["high"] == 0.5

@@ -7,6 +7,7 @@ The debugging path before a search: same code, same seed, same numbers as a tria
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Sequence
 
@@ -21,6 +22,11 @@ from trainable.yaml_file import parse_value, read_yaml_mapping
 INFORMATIONAL_KEYS = ("result",)
 
 
+def yaml_text(value) -> str:
+    """A default as the user would type it: [128], false, null."""
+    return json.dumps(list(value) if isinstance(value, tuple) else value)
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m trainable",
@@ -30,7 +36,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     fields = parser.add_argument_group("trial config fields (values are read as YAML: 0.1, null, [256, 128])")
     for name, f in FIELDS.items():
         fields.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar="VALUE",
-                            type=parse_value, help=f"default {f.default!r}")
+                            type=parse_value, help=f"default {yaml_text(f.default)}")
     return parser.parse_args(argv)
 
 

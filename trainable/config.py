@@ -17,6 +17,7 @@ from trainable.errors import ConfigError, problem
 DATASETS = ("mnist", "fashion_mnist", "kmnist")
 OPTIMIZERS = ("sgd", "adam")
 SOURCES = ("memory", "loader")
+TRAINING_SET_SIZE = 60_000  # images in the training set of every dataset in DATASETS
 
 
 @dataclass(frozen=True)
@@ -166,9 +167,15 @@ def check_fields(values: Mapping[str, Any], prefix: str = "") -> list[str]:
 
 def cross_field_problems(values: Mapping[str, Any], prefix: str = "") -> list[str]:
     """Rules that involve more than one field (defaults count for missing ones)."""
+    problems = []
     if values.get("persistent_workers") and not values.get("num_workers", FIELDS["num_workers"].default):
-        return [problem(prefix + "persistent_workers", "needs num_workers > 0", True)]
-    return []
+        problems.append(problem(prefix + "persistent_workers", "needs num_workers > 0", True))
+    train = values.get("train_size", FIELDS["train_size"].default)
+    val = values.get("val_size", FIELDS["val_size"].default)
+    if train + val > TRAINING_SET_SIZE:
+        problems.append(f"{prefix}train_size: train_size + val_size must be <= {TRAINING_SET_SIZE} "
+                        f"(the official training set), got {train} + {val}")
+    return problems
 
 
 def is_integer_field(name: str) -> bool:
