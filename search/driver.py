@@ -149,9 +149,6 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
     experiment = space.experiment
     storage = Storage.at(experiment.storage_path)
     name = run_folder_name(space, storage, name, resume)
-    # Tune warns when checkpoints force frequent state snapshots (one per epoch here);
-    # they take milliseconds for a search this size
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     started = start_ray(address)
     try:
         capacity = check_capacity(space.resources)  # 0 only where an autoscaler will add nodes
@@ -175,9 +172,10 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
                 run_config=tune.RunConfig(
                     name=name,
                     storage_path=storage.uri,
-                    # keep the best checkpoint (for test_acc) and, always, the latest (for restarts)
-                    checkpoint_config=tune.CheckpointConfig(num_to_keep=1,
-                                                            checkpoint_score_attribute=experiment.metric,
+                    # every checkpoint is kept: with num_to_keep, a driver killed between Tune
+                    # deleting an old checkpoint and saving its state resumes a trial from the
+                    # deleted one and fails it (seen in tests/test_resume.py)
+                    checkpoint_config=tune.CheckpointConfig(checkpoint_score_attribute=experiment.metric,
                                                             checkpoint_score_order=experiment.mode),
                     failure_config=tune.FailureConfig(max_failures=experiment.max_failures),
                     callbacks=[ResultsCallback(storage, name, experiment.metric, experiment.mode,

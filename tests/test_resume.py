@@ -68,7 +68,7 @@ def test_killed_search_resumes_without_losing_trials(tmp_path, data_root):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     after = pd.read_parquet(results)
     assert after["trial_id"].nunique() == 6, "exactly num_samples trials in all"
-    assert set(after["status"]) == {COMPLETED}
+    assert set(after["status"]) == {COMPLETED}, resumed.stdout[-3000:]
     assert (after.groupby("trial_id")["epoch"].apply(sorted).map(lambda e: e == [1, 2, 3])).all()
     # every trial completed before the kill is kept with its rows unchanged
     kept = after[after["trial_id"].isin(before["trial_id"])]
