@@ -149,6 +149,9 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
     experiment = space.experiment
     storage = Storage.at(experiment.storage_path)
     name = run_folder_name(space, storage, name, resume)
+    # Tune snapshots its experiment state every ~10 s by default; a driver killed in between
+    # would resume without the trials finished since. Snapshots of a search this size take ms.
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
     started = start_ray(address)
     try:
         capacity = check_capacity(space.resources)  # 0 only where an autoscaler will add nodes
