@@ -22,13 +22,13 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
 from search.capacity import check_capacity
-from search.results import ResultsCallback, config_from_row, rows_from_result_grid, to_frame, write_results
+from search.results import (ResultsCallback, config_from_row, rows_from_result_grid, to_frame, trial_config,
+                            write_results)
 from search.searcher import make_searcher
 from search.space import Space
 from search.storage import Storage, is_uri
 from search.summary import Timing, best_row, format_summary
 from trainable.adapter import CHECKPOINT_FILE, tune_trial
-from trainable.config import TrialConfig
 from trainable.data import load_dataset, split
 from trainable.device import get_default_device
 from trainable.errors import ConfigError, problem
@@ -111,8 +111,7 @@ def measure_test_accuracy(grid, best: pd.Series, test_arrays, metric: str, mode:
     checkpoint = checkpoint or result.get_best_checkpoint(metric, mode)
     with checkpoint.as_directory() as folder:
         state = torch.load(Path(folder) / CHECKPOINT_FILE, weights_only=True, map_location="cpu")
-    config = TrialConfig.from_mapping({k: v for k, v in result.config.items() if k in TrialConfig.__dataclass_fields__})
-    return evaluate_state(config, state["model"], test_arrays, get_default_device())
+    return evaluate_state(trial_config(result.config), state["model"], test_arrays, get_default_device())
 
 
 def best_entry(best: pd.Series, test: tuple[float, float], metric: str, name: str) -> dict[str, Any]:

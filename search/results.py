@@ -30,6 +30,11 @@ COLUMNS = ["trial_id", "status", *CONFIG_COLUMNS, *EPOCH_COLUMNS, *WHERE_COLUMNS
 COMPLETED, STOPPED, DIVERGED, ERROR, RUNNING = "COMPLETED", "STOPPED", "DIVERGED", "ERROR", "RUNNING"
 
 
+def trial_config(config: Mapping[str, Any]) -> TrialConfig:
+    """The TrialConfig of a Tune trial config (which may carry keys of its own)."""
+    return TrialConfig.from_mapping({k: v for k, v in config.items() if k in CONFIG_COLUMNS})
+
+
 def trial_status(config: TrialConfig, reports: list[Mapping[str, Any]], *, done: bool, error: bool) -> str:
     """COMPLETED (all epochs), STOPPED (early, by the scheduler), DIVERGED, ERROR or RUNNING."""
     if error:
@@ -45,7 +50,7 @@ def trial_status(config: TrialConfig, reports: list[Mapping[str, Any]], *, done:
 def trial_rows(trial_id: str, config: Mapping[str, Any], reports: Iterable[Mapping[str, Any]], *,
                done: bool, error: bool) -> list[dict[str, Any]]:
     """One row per reported epoch (the last report of an epoch wins, e.g. after a restart)."""
-    trial = TrialConfig.from_mapping({k: v for k, v in config.items() if k in CONFIG_COLUMNS})
+    trial = trial_config(config)
     by_epoch = {int(r["epoch"]): r for r in reports if r.get("epoch") is not None and not _missing(r["epoch"])}
     ordered = [by_epoch[e] for e in sorted(by_epoch)]
     status = trial_status(trial, ordered, done=done, error=error)
