@@ -11,9 +11,9 @@ import argparse
 import sys
 from typing import Any, Sequence
 
-from search.space import parse_space
+from search.space import Space, parse_space
 from trainable.errors import ConfigError, DataError, problem
-from trainable.yaml_file import parse_value, read_yaml_mapping
+from trainable.yaml_file import flag_value, parse_value, read_yaml_mapping
 
 # flag -> the space file key it overrides
 SHORTHANDS = {
@@ -38,26 +38,37 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true",
                         help="continue the interrupted run --name (default: the newest run of this space)")
     for flag, key in SHORTHANDS.items():
-        parser.add_argument("--" + flag.replace("_", "-"), dest=flag, type=parse_value, metavar="VALUE",
+        parser.add_argument("--" + flag.replace("_", "-"), dest=flag, type=flag_value, metavar="VALUE",
                             help=f"sets {key}")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                        help="set any key of the space file, e.g. training.momentum=0.8 or "
-                             "space.lr.high=0.5 (repeatable)")
+                        help="set any key of the space file, e.g. training.momentum=0.8, "
+                             "model.hidden_sizes=[64] or space.lr.high=0.5 (repeatable)")
     return parser.parse_args(argv)
 
 
-def apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """The space file's mapping with the flags' values put in; malformed --set is a problem."""
-    assignments = [(key, getattr(args, flag)) for flag, key in SHORTHANDS.items() if getattr(args, flag) is not None]
-    problems = []
+def assignments(args: argparse.Namespace) -> list[tuple[str, Any]]:
+    """(key, value) pairs of the flags and --set items; a malformed --set is a problem."""
+    pairs = [(key, getattr(args, flag)) for flag, key in SHORTHANDS.items() if getattr(args, flag) is not None]
     for item in args.sets:
         key, sep, value = item.partition("=")
         if not sep or not key or any(not part for part in key.split(".")):
-            problems.append(problem("--set", "must be section.key=value", item))
-        else:
-            assignments.append((key, parse_value(value)))
-    for key, value in assignments:
-        *parents, last = key.split(".")
+            raise ConfigError([problem("--set", "must be section.key=value", item)])
+        pairs.append((key, parse_value(value)))
+    return pairs
+
+
+def set_keys(raw: dict[str, Any], pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """The space file's mapping with `section.key` values put in.
+
+    In the model section and in space, a key may itself hold a dot: `model.hidden_sizes`
+    in `space` is set with `space.model.hidden_sizes.values=[...]` or `space.model.hidden_sizes=[64]`.
+    """
+    problems = []
+    for key, value in pairs:
+        parts = key.split(".")
+        if parts[0] == "space" and len(parts) > 2 and parts[1] == "model":  # space.model.<key>[.<setting>]
+            parts = ["space", f"model.{parts[2]}", *parts[3:]]
+        *parents, last = parts
         node = raw
         for i, part in enumerate(parents):
             child = node.get(part)
@@ -74,17 +85,22 @@ def apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, 
     return raw
 
 
+def apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    return set_keys(raw, assignments(args))
+
+
+def load_space(path: str, pairs: list[tuple[str, Any]]) -> Space:
+    """Read, override and validate a space file (ConfigError listing every problem)."""
+    return parse_space(set_keys(read_yaml_mapping(path), pairs), source=path)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        space = parse_space(apply_overrides(read_yaml_mapping(args.space), args), source=args.space)
+        space = load_space(args.space, assignments(args))
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    overrides = args.sets or any(getattr(args, flag) is not None for flag in SHORTHANDS if flag != "data_root")
-    if args.resume and overrides:
-        print("note: --resume continues the search as it was started; other flags and --set change "
-              "nothing of it (only --data-root is used)", file=sys.stderr)
     # imported only now: a bad file should fail in a second, without loading Ray
     from search.capacity import CapacityError
     from search.driver import run_search

@@ -1,40 +1,42 @@
-"""The search driver: from a validated Space to results.parquet, best.yaml and a summary.
+"""The search driver: the short story of a search.
 
-Order matters: the space is already valid when this runs; Ray starts (or is joined),
-the cluster is checked for room for one trial, the data is loaded once and shipped to
-trials through the object store, Tune runs, then the outputs are written.
+validate (the space is valid when this runs) -> check what the search needs (data, the
+model on a tiny batch) -> claim the run folder and write spec.yaml -> start (or join) Ray
+-> run Tune -> derive results.parquet and best.yaml from Tune's record.
+Everything a user can get wrong fails before Ray starts.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import pandas as pd
 import ray
-import torch
 import yaml
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
 from search.capacity import check_capacity
-from search.results import (ResultsCallback, config_from_row, rows_from_result_grid, to_frame, trial_config,
-                            write_results)
+from search.progress import Progress, number
+from search.results import config_from_row, read_record, results_schema, to_frame, trial_rows
+from search.run_folder import RunFolder
 from search.searcher import make_searcher
-from search.space import Space
+from search.space import MODEL, Space, example_config, is_run_name, to_raw
 from search.storage import Storage, is_uri
-from search.summary import Timing, best_row, format_summary
-from trainable.adapter import CHECKPOINT_FILE, tune_trial
-from trainable.data import load_dataset, split
+from search.summary import Timing, format_summary
+from trainable.data import Data, load_data
 from trainable.device import get_default_device
 from trainable.errors import ConfigError, problem
-from trainable.loop import evaluate_state
-
-BEST_FILE = "best.yaml"
+from trainable.factories import check_model
+from trainable.loop import evaluate_model
+from trainable.metrics import METRICS
+from trainable.report import CheckpointError, load_checkpoint
+from trainable.adapter import tune_trial
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,9 @@ class Outcome:
 def run_folder_name(space: Space, storage: Storage, name: str | None, resume: bool) -> str:
     """The run's folder name; resuming without --name picks the newest run of this space."""
     if name is not None:
+        if not is_run_name(name):
+            raise ConfigError([problem("--name", "must be letters, digits, '_', '.' or '-', at most 128, "
+                                                 "starting with a letter or digit (it names one folder)", name)])
         exists = storage.exists(name)
         if resume and not exists:
             raise ConfigError([problem("--name", f"no search to resume at {storage.join(name)}", name)])
@@ -82,7 +87,9 @@ def make_scheduler(space: Space) -> TrialScheduler:
 
 def param_space(space: Space) -> dict[str, Any]:
     """The fixed part of every trial's config; the searcher adds the searched fields and seed."""
-    fixed = {k: list(v) if isinstance(v, tuple) else v for k, v in space.fixed.items()}
+    fixed = space.trial_defaults().to_flat()
+    for name in [d.name for d in space.searched] + ["seed"]:  # the searcher sets these per trial
+        fixed.pop(name, None)
     # torch threads = the trial's CPU share, so concurrent trials don't oversubscribe cores
     return {**fixed, "num_threads": max(1, math.floor(space.resources.cpus))}
 
@@ -104,27 +111,102 @@ def start_ray(address: str | None) -> bool:
     return True
 
 
-def measure_test_accuracy(grid, best: pd.Series, test_arrays, metric: str, mode: str) -> tuple[float, float]:
-    """Loss and accuracy on the test set of the best trial's checkpoint at its best epoch."""
-    result = next(r for r in grid if (r.metrics or {}).get("trial_id") == best["trial_id"])
-    checkpoint = next((c for c, m in result.best_checkpoints if m.get("epoch") == best["epoch"]), None)
-    checkpoint = checkpoint or result.get_best_checkpoint(metric, mode)
-    with checkpoint.as_directory() as folder:
-        state = torch.load(Path(folder) / CHECKPOINT_FILE, weights_only=True, map_location="cpu")
-    return evaluate_state(trial_config(result.config), state["model"], test_arrays, get_default_device())
+def check_search(space: Space) -> Data:
+    """Load the data (test part included) and try the model once; ConfigError/DataError on failure.
+
+    All of it runs before Ray starts, so a bad reference, keyword or dataset costs seconds.
+    """
+    data = load_data(space.trial_defaults(), space.data_root, key="data.dataset")
+    searched_keys = tuple(d.name[len(MODEL) + 1:] for d in space.searched if d.name.startswith(MODEL + "."))
+    sample = data.for_trials()
+    from trainable.data import prepare_inputs  # the inputs exactly as a trial's model gets them
+    import torch
+
+    batch = prepare_inputs(torch.from_numpy(sample.train.inputs[:2].copy()), data.standardize)
+    check_model(example_config(space), batch, data.num_classes, searched_keys)
+    return data
 
 
-def best_entry(best: pd.Series, test: tuple[float, float], metric: str, name: str) -> dict[str, Any]:
+def spec_for_resume(space: Space, folder: RunFolder) -> Space:
+    """The stored spec of `folder`; a space file that now says otherwise gets a note, not a say."""
+    stored, run = folder.read_spec()
+    if run.get("path") not in (None, folder.path):
+        raise ConfigError([problem("--resume", f"this run was started at {run['path']}; Tune's records in it "
+                                               "point there, so resuming the copy would write into the original. "
+                                               "Resume it where it was started", folder.path)])
+    if space.data_root is not None and space.data_root != stored.data_root:
+        stored = replace(stored, data_root=space.data_root)  # where the files are, not what they are
+    now, then = to_raw(space), to_raw(stored)
+    changed = [f"{section}.{key}" for section in then for key in
+               sorted(set(then[section]) | set(now.get(section, {})))
+               if section != "experiment" or key != "name"
+               if then[section].get(key) != now.get(section, {}).get(key) and (section, key) != ("data", "root")]
+    if changed:
+        print(f"note: {space.source} differs from the stored spec of this run in {', '.join(changed)}; "
+              f"--resume runs the stored spec ({folder.path}/spec.yaml)", file=sys.stderr, flush=True)
+    return stored
+
+
+def derive(folder: RunFolder, space: Space, grid) -> pd.DataFrame:
+    """results.parquet from Tune's record of every trial, this run's and earlier runs'."""
+    rows = []
+    for result in grid:
+        reports = read_record(result.filesystem, result.path)
+        trial_id = result.path.rstrip("/").rsplit("/", 1)[-1].removeprefix("trial_")
+        trial = trial_rows(trial_id, result.config, reports, done=True, error=result.error is not None)
+        folder.write_part(space, trial_id, trial)
+        rows += trial
+    return to_frame(rows, results_schema(space))
+
+
+def ranked(frame: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame:
+    """Rows with a finite metric, best first (ties: the earlier trial and epoch)."""
+    scored = frame[frame[metric].map(lambda v: number(v) is not None)]
+    return scored.sort_values(metric, ascending=(mode == "min"), kind="stable")
+
+
+def test_score(grid, rows: pd.DataFrame, data: Data) -> tuple[pd.Series | None, tuple[float, float] | None, str]:
+    """The best row whose checkpoint reads, its test (loss, acc), and a note on any skipped.
+
+    A corrupt checkpoint at the best epoch falls back to the next best row, said in the note.
+    """
+    checkpoints = {}
+    for result in grid:
+        trial_id = result.path.rstrip("/").rsplit("/", 1)[-1].removeprefix("trial_")
+        for checkpoint, metrics in result.best_checkpoints:
+            checkpoints[(trial_id, metrics.get("epoch"))] = checkpoint
+    skipped = []
+    for _, row in rows.iterrows():
+        checkpoint = checkpoints.get((row["trial_id"], int(row["epoch"])))
+        if checkpoint is None:
+            skipped.append(f"trial {row['trial_id']} epoch {row['epoch']}: no checkpoint")
+            continue
+        try:
+            with checkpoint.as_directory() as where:
+                saved = load_checkpoint(where)
+        except CheckpointError as error:
+            skipped.append(str(error))
+            continue
+        if data.test is None:
+            return row, None, "the dataset has no test part"
+        score = evaluate_model(saved.config, saved.state["model"], saved.input_shape, saved.num_classes,
+                               data.test, data.standardize, get_default_device())
+        return row, score, "; ".join(f"skipped {s}" for s in skipped)
+    return (rows.iloc[0] if len(rows) else None), None, "no readable checkpoint: " + "; ".join(skipped)
+
+
+def best_entry(best: pd.Series, test: tuple[float, float] | None, note: str, metric: str, name: str,
+               schema) -> dict[str, Any]:
     return {
-        "config": config_from_row(best),
+        "config": config_from_row(best, schema),
         "result": {
             "trial_id": best["trial_id"],
             "epoch": int(best["epoch"]),
             "metric": metric,
-            "val_acc": float(best["val_acc"]),
-            "val_loss": float(best["val_loss"]),
-            "test_acc": float(test[1]),
-            "test_loss": float(test[0]),
+            **{m: float(best[m]) for m in METRICS},
+            "test_acc": None if test is None else float(test[1]),
+            "test_loss": None if test is None else float(test[0]),
+            **({"note": note} if note else {}),
             "search": name,
         },
     }
@@ -137,17 +219,23 @@ def best_yaml(entry: dict[str, Any], path: str, space: Space) -> str:
               f"# Re-run it: python -m trainable --config {path if not is_uri(path) else 'best.yaml'}"
               f"{' (download it first)' if is_uri(path) else ''}\n"
               f"# It prints val_acc {result['val_acc']:.4f} on epoch {result['epoch']} (same machine).\n"
-              f"# test_acc: the checkpoint of that epoch on the 10,000 test images.\n")
+              f"# test_acc: the checkpoint of that epoch on the dataset's test part (null if it has none).\n")
     return header + yaml.safe_dump({**entry["config"], "result": result}, sort_keys=False)
 
 
 def run_search(space: Space, *, name: str | None = None, address: str | None = None, resume: bool = False,
                trainable: Callable = tune_trial) -> Outcome:
-    """Run (or resume) a search. Raises ConfigError or CapacityError before any trial starts."""
+    """Run (or resume) a search. Raises ConfigError, DataError or CapacityError before any trial starts."""
     start_wall, start_time = time.perf_counter(), time.time()
+    storage = Storage.at(space.experiment.storage_path)
+    folder = RunFolder(storage, run_folder_name(space, storage, name, resume))
+    if resume:
+        space = spec_for_resume(space, folder)
     experiment = space.experiment
-    storage = Storage.at(experiment.storage_path)
-    name = run_folder_name(space, storage, name, resume)
+    data = check_search(space)
+    if not resume:
+        folder.claim()
+        folder.write_spec(space)
     # Tune snapshots its experiment state every ~10 s by default; a driver killed in between
     # would resume without the trials finished since. Snapshots of a search this size take ms.
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
@@ -155,14 +243,11 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
     try:
         capacity = check_capacity(space.resources)  # 0 only where an autoscaler will add nodes
         slots = min(experiment.max_concurrent, capacity) if capacity else experiment.max_concurrent
-        defaults = space.trial_defaults()
-        train, val = split(load_dataset(defaults.dataset, space.data_root, train=True),
-                           defaults.train_size, defaults.val_size, defaults.split_seed)
         # the arrays go into the object store once; every trial reads them from there
-        wrapped = tune.with_resources(tune.with_parameters(trainable, train=train, val=val),
+        wrapped = tune.with_resources(tune.with_parameters(trainable, data=data.for_trials()),
                                       {"cpu": space.resources.cpus, "gpu": space.resources.gpus})
         if resume:
-            tuner = tune.Tuner.restore(storage.join(name), trainable=wrapped,
+            tuner = tune.Tuner.restore(folder.path, trainable=wrapped,
                                        resume_unfinished=True, resume_errored=True)
         else:
             tuner = tune.Tuner(
@@ -172,7 +257,7 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
                                             num_samples=experiment.num_samples, reuse_actors=True,
                                             trial_dirname_creator=trial_folder_name),
                 run_config=tune.RunConfig(
-                    name=name,
+                    name=folder.name,
                     storage_path=storage.uri,
                     # every checkpoint is kept: with num_to_keep, a driver killed between Tune
                     # deleting an old checkpoint and saving its state resumes a trial from the
@@ -180,26 +265,22 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
                     checkpoint_config=tune.CheckpointConfig(checkpoint_score_attribute=experiment.metric,
                                                             checkpoint_score_order=experiment.mode),
                     failure_config=tune.FailureConfig(max_failures=experiment.max_failures),
-                    callbacks=[ResultsCallback(storage, name, experiment.metric, experiment.mode,
-                                               experiment.num_samples)],
+                    callbacks=[Progress(folder, space)],
                     verbose=0,
                 ),
             )
         grid = tuner.fit()
-        frame = to_frame(rows_from_result_grid(grid))
-        write_results(storage, name, frame.to_dict("records"))
+        frame = derive(folder, space, grid)
         wall = time.perf_counter() - start_wall
         this_run = frame[frame["finished_at"] >= start_time]
         timing = Timing(wall, float(this_run["epoch_seconds"].sum()), slots)
 
-        best = best_row(frame, experiment.metric, experiment.mode)
+        best, test, note = test_score(grid, ranked(frame, experiment.metric, experiment.mode), data)
         entry = None
-        best_path = storage.join(name, "best.yaml")
+        best_path = folder.storage.join(folder.name, "best.yaml")
         if best is not None:
-            test_arrays = load_dataset(defaults.dataset, space.data_root, train=False)
-            entry = best_entry(best, measure_test_accuracy(grid, best, test_arrays, experiment.metric, experiment.mode),
-                               experiment.metric, name)
-            storage.write(f"{name}/{BEST_FILE}", best_yaml(entry, best_path, space).encode())
+            entry = best_entry(best, test, note, experiment.metric, folder.name, results_schema(space))
+            folder.write_best(best_yaml(entry, best_path, space))
         searched = [d.name for d in space.searched]
         summary = format_summary(frame, entry, timing, metric=experiment.metric, mode=experiment.mode,
                                  searched=searched, gpus_per_trial=space.resources.gpus, best_yaml=best_path)
@@ -207,7 +288,7 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
             if result.error is not None:  # after max_failures restarts; Tune keeps the traceback
                 first_line = str(result.error).strip().splitlines()[-1][:200]
                 summary += f"\nFailed: {result.path}: {first_line} (traceback in error.txt there)"
-        return Outcome(name, storage.join(name), frame, entry, timing, summary)
+        return Outcome(folder.name, folder.path, frame, entry, timing, summary)
     finally:
         if started:
             ray.shutdown()

@@ -1,38 +1,104 @@
-"""results.parquet: one row per trial per epoch, kept current while the search runs.
+"""results.parquet: one row per trial per epoch, derived from Tune's record of the trial.
 
-Rows come from the dicts the trainable reports (Tune results), plus the trial's full
-config and final status. The same functions build the file live (ResultsCallback, after
-every finished trial) and at the end (from Tune's ResultGrid, which includes trials of
-earlier, interrupted runs of a resumed search).
+Tune keeps every report a trial made in the trial folder's result.json (its record, which
+survives a killed driver and a resume). `trial_rows` turns one trial's record into rows,
+and every results file is made by it: live, one Parquet part per trial when the trial ends;
+at the end of a search, every part again from the finished record.
+
+results.parquet is a folder of parts (`<trial_id>.parquet`) with one schema, so the cost
+of a finished trial does not grow with the trials before it, and `pandas.read_parquet`
+(or `pyarrow.dataset`) reads the folder as one table, mid-search too.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import math
 from typing import Any, Iterable, Mapping
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from ray.tune import Callback
 
-from search.storage import Storage
-from trainable.config import TrialConfig, is_integer_field
-from trainable.loop import EpochRecord
+from search.space import Space
+from trainable.config import FIELDS, MODEL, TrialConfig, json_text
+from trainable.report import EPOCH_COLUMNS, REPORT_COLUMNS
 
 RESULTS_FILE = "results.parquet"
-CONFIG_COLUMNS = list(TrialConfig.__dataclass_fields__)
-EPOCH_COLUMNS = list(EpochRecord.__dataclass_fields__)
-WHERE_COLUMNS = ["node", "hostname", "device", "accelerator_ids", "gpu_memory_mb", "finished_at"]
-COLUMNS = ["trial_id", "status", *CONFIG_COLUMNS, *EPOCH_COLUMNS, *WHERE_COLUMNS]
+RECORD_FILE = "result.json"  # Tune's per-trial record: one JSON line per report
 # Final statuses: how each trial ended.
 COMPLETED, STOPPED, DIVERGED, ERROR, RUNNING = "COMPLETED", "STOPPED", "DIVERGED", "ERROR", "RUNNING"
 
 
-def trial_config(config: Mapping[str, Any]) -> TrialConfig:
-    """The TrialConfig of a Tune trial config (which may carry keys of its own)."""
-    return TrialConfig.from_mapping({k: v for k, v in config.items() if k in CONFIG_COLUMNS})
+def config_columns(space: Space) -> list[str]:
+    """The trial config's flat names for this space: every field, and model.<key> for its keywords."""
+    flat = space.trial_defaults().to_flat()
+    model_keys = sorted({k for k in flat if k.startswith(MODEL + ".")} | {d.name for d in space.searched
+                                                                          if d.name.startswith(MODEL + ".")})
+    model_keys.remove(f"{MODEL}.factory")
+    ordered = []
+    for name in FIELDS:
+        if name == "model":
+            ordered += [f"{MODEL}.factory", *model_keys]
+        elif name != "model_args":
+            ordered.append(name)
+    return ordered
+
+
+def columns(space: Space) -> list[str]:
+    return ["trial_id", "status", *config_columns(space), *REPORT_COLUMNS]
+
+
+JSON = {b"json": b"1"}  # field metadata: the column holds JSON text of nested or mixed values
+
+
+def _field(name: str, values: list[Any]) -> pa.Field:
+    """One Arrow type for every value a column can hold; JSON text where they don't agree."""
+    try:
+        kind = pa.array(values).type
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        return pa.field(name, pa.string(), metadata=JSON)
+    if pa.types.is_struct(kind) or pa.types.is_null(kind):
+        return pa.field(name, pa.string(), metadata=JSON)
+    return pa.field(name, kind)
+
+
+def is_json(f: pa.Field) -> bool:
+    return (f.metadata or {}).get(b"json") == b"1"
+
+
+def results_schema(space: Space) -> pa.Schema:
+    """The schema every part of results.parquet shares, known before the first trial ends."""
+    searched = {d.name: d for d in space.searched}
+    defaults = space.trial_defaults().to_flat()
+    types = {"int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(), "str": pa.string()}
+    out = [pa.field("trial_id", pa.string()), pa.field("status", pa.string())]
+    for name in config_columns(space):
+        if name in searched:
+            d = searched[name]
+            integer = d.distribution == "randint" or (name in FIELDS and _hint_kind(name) == "int")
+            out.append(_field(name, list(d.values)) if d.distribution == "choice" else
+                       pa.field(name, pa.int64() if integer else pa.float64()))
+        elif name.startswith(MODEL + "."):
+            out.append(_field(name, [defaults.get(name)]))
+        elif _hint_kind(name) == "json":
+            out.append(pa.field(name, pa.string(), metadata=JSON))
+        else:
+            out.append(pa.field(name, types[_hint_kind(name)]))
+    report_types = {"epoch": pa.int64(), "diverged": pa.bool_(), "node": pa.string(), "hostname": pa.string(),
+                    "device": pa.string(), "accelerator_ids": pa.string()}
+    out += [pa.field(c, report_types.get(c, pa.float64())) for c in REPORT_COLUMNS]
+    return pa.schema(out)
+
+
+def _hint_kind(name: str) -> str:
+    hint = str(FIELDS[name].type)
+    for kind in ("bool", "int", "float", "str"):
+        if hint.startswith(kind):
+            return kind
+    return "json"  # mappings (data_args)
 
 
 def trial_status(config: TrialConfig, reports: list[Mapping[str, Any]], *, done: bool, error: bool) -> str:
@@ -47,119 +113,73 @@ def trial_status(config: TrialConfig, reports: list[Mapping[str, Any]], *, done:
     return COMPLETED if last_epoch >= config.epochs else STOPPED
 
 
-def trial_rows(trial_id: str, config: Mapping[str, Any], reports: Iterable[Mapping[str, Any]], *,
-               done: bool, error: bool) -> list[dict[str, Any]]:
-    """One row per reported epoch (the last report of an epoch wins, e.g. after a restart)."""
-    trial = trial_config(config)
-    by_epoch = {int(r["epoch"]): r for r in reports if r.get("epoch") is not None and not _missing(r["epoch"])}
-    ordered = [by_epoch[e] for e in sorted(by_epoch)]
-    status = trial_status(trial, ordered, done=done, error=error)
-    base = {"trial_id": trial_id, "status": status, **trial.to_dict()}
-    if not ordered:  # failed before its first epoch: keep it visible
-        return [{**base, **{c: None for c in EPOCH_COLUMNS + WHERE_COLUMNS}}]
-    return [{**base, **{c: r.get(c) for c in EPOCH_COLUMNS + WHERE_COLUMNS}} for r in ordered]
-
-
 def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def config_from_row(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A trial config back from a Parquet row (pandas turns nulls into NaN, ints into floats)."""
-    config = {}
-    for name in CONFIG_COLUMNS:
-        value = row[name]
-        if name == "hidden_sizes":
-            value = [int(v) for v in value]
-        elif _missing(value):
-            value = None
-        elif is_integer_field(name):
-            value = int(value)
-        elif hasattr(value, "item"):  # numpy scalar
-            value = value.item()
-        config[name] = value
-    return config
+def trial_rows(trial_id: str, config: Mapping[str, Any], reports: Iterable[Mapping[str, Any]], *,
+               done: bool, error: bool) -> list[dict[str, Any]]:
+    """One row per reported epoch (the last report of an epoch wins, e.g. after a restart)."""
+    trial = TrialConfig.from_mapping(config)
+    by_epoch = {int(r["epoch"]): r for r in reports if not _missing(r.get("epoch"))}
+    ordered = [by_epoch[e] for e in sorted(by_epoch)]
+    status = trial_status(trial, ordered, done=done, error=error)
+    base = {"trial_id": trial_id, "status": status, **trial.to_flat()}
+    if not ordered:  # failed before its first epoch: keep it visible
+        return [{**base, **{c: None for c in REPORT_COLUMNS}}]
+    return [{**base, **{c: r.get(c) for c in REPORT_COLUMNS}} for r in ordered]
 
 
-def to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    frame = pd.DataFrame(rows, columns=COLUMNS)
+def read_record(fs: pafs.FileSystem, trial_path: str) -> list[dict[str, Any]]:
+    """Every report in a trial folder's result.json (Tune's record); [] if it has none yet."""
+    path = f"{trial_path.rstrip('/')}/{RECORD_FILE}"
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        return []
+    with fs.open_input_stream(path) as stream:
+        text = stream.read().decode("utf-8", errors="replace")
+    reports = []
+    for line in text.splitlines():
+        try:
+            reports.append(json.loads(line))
+        except ValueError:  # a line cut short by a killed driver: the reports before it stand
+            continue
+    return reports
+
+
+def table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    """Rows as a table of `schema`; values of JSON-text columns become JSON text."""
+    text = {f.name for f in schema if is_json(f)}
+    cells = [{k: (json_text(v) if k in text and v is not None else v)
+              for k, v in row.items()} for row in rows]
+    return pa.Table.from_pylist(cells, schema=schema)
+
+
+def part_bytes(rows: list[dict[str, Any]], schema: pa.Schema) -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(table(rows, schema), buffer)
+    return buffer.getvalue()
+
+
+def to_frame(rows: list[dict[str, Any]], schema: pa.Schema) -> pd.DataFrame:
+    frame = table(rows, schema).to_pandas()
     return frame.sort_values(["trial_id", "epoch"], kind="stable").reset_index(drop=True)
 
 
-def write_results(storage: Storage, name: str, rows: list[dict[str, Any]]) -> str:
-    table = pa.Table.from_pandas(to_frame(rows), preserve_index=False)
-    buffer = io.BytesIO()
-    pq.write_table(table, buffer)
-    return storage.write(f"{name}/{RESULTS_FILE}", buffer.getvalue())
-
-
-def read_results(storage: Storage, name: str) -> pd.DataFrame | None:
-    data = storage.read(f"{name}/{RESULTS_FILE}")
-    return None if data is None else pq.read_table(io.BytesIO(data)).to_pandas()
-
-
-def rows_from_result_grid(grid) -> list[dict[str, Any]]:
-    """Rows of every trial Tune knows, this run's and, after a resume, the earlier runs'."""
-    rows = []
-    for result in grid:
-        frame = result.metrics_dataframe
-        reports = [] if frame is None else frame.to_dict("records")
-        trial_id = (result.metrics or {}).get("trial_id") or result.path.rstrip("/").rsplit("/", 1)[-1]
-        rows += trial_rows(trial_id, result.config, reports, done=True, error=result.error is not None)
-    return rows
-
-
-class ResultsCallback(Callback):
-    """Writes results.parquet after every finished trial and prints a line per epoch.
-
-    Runs in the driver. It starts from the existing file, if any (an interrupted run being
-    resumed), so no finished trial's rows are lost and resumed trials keep their early epochs.
-    """
-
-    def __init__(self, storage: Storage, name: str, metric: str, mode: str, num_samples: int):
-        self.storage, self.name = storage, name
-        self.metric, self.mode, self.num_samples = metric, mode, num_samples
-        self.reports: dict[str, list[dict[str, Any]]] = {}
-        self.configs: dict[str, dict[str, Any]] = {}
-        self.ended: dict[str, bool] = {}  # trial id -> errored
-        self.best: float | None = None
-
-    def setup(self, **info) -> None:
-        earlier = read_results(self.storage, self.name)
-        for row in [] if earlier is None else earlier.to_dict("records"):
-            trial_id = row["trial_id"]
-            self.configs[trial_id] = config_from_row(row)
-            if row["epoch"] is not None and not _missing(row["epoch"]):
-                self.reports.setdefault(trial_id, []).append(row)
-            if row["status"] != RUNNING:
-                self.ended[trial_id] = row["status"] == ERROR
-
-    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
-        self.ended.pop(trial.trial_id, None)  # a restarted trial is running again
-        self.reports.setdefault(trial.trial_id, []).append(dict(result))
-        self.configs[trial.trial_id] = dict(trial.config)
-        value = result.get(self.metric)
-        if value is not None and not _missing(value):
-            better = max if self.mode == "max" else min
-            self.best = value if self.best is None else better(self.best, value)
-        print(f"[{len(self.ended):>{len(str(self.num_samples))}}/{self.num_samples} done] "
-              f"trial {trial.trial_id} epoch {result.get('epoch')}/{trial.config.get('epochs', TrialConfig.epochs)} "
-              f"{self.metric} {value:.4f} | best {self.best:.4f}", flush=True)
-
-    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
-        self._ended(trial, error=False)
-
-    def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        self._ended(trial, error=True)
-
-    def _ended(self, trial, *, error: bool) -> None:
-        self.ended[trial.trial_id] = error
-        self.configs.setdefault(trial.trial_id, dict(trial.config))
-        write_results(self.storage, self.name, self.rows())
-
-    def rows(self) -> list[dict[str, Any]]:
-        rows = []
-        for trial_id, config in self.configs.items():
-            rows += trial_rows(trial_id, config, self.reports.get(trial_id, []),
-                               done=trial_id in self.ended, error=self.ended.get(trial_id, False))
-        return rows
+def config_from_row(row: Mapping[str, Any], schema: pa.Schema) -> dict[str, Any]:
+    """A trial config (nested plain data, as in best.yaml) back from a results row."""
+    flat = {}
+    for f in schema:
+        name = f.name
+        if name not in FIELDS and not name.startswith(MODEL + "."):
+            continue
+        value = row[name]
+        if hasattr(value, "tolist"):  # numpy arrays and scalars
+            value = value.tolist()
+        if isinstance(value, float) and math.isnan(value):
+            value = None
+        if is_json(f) and isinstance(value, str):
+            value = json.loads(value)
+        if pa.types.is_integer(f.type) and value is not None:
+            value = int(value)
+        flat[name] = value
+    return TrialConfig.from_mapping(flat).to_dict()

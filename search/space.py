@@ -1,26 +1,31 @@
 """The space file: what to tune, validated at the edge into frozen, typed objects.
 
-A space file has five sections, all optional (defaults below):
+A space file has six sections, all optional (defaults below):
 
     experiment: name, metric, mode, num_samples, max_concurrent, seed, scheduler, ...
     resources:  cpus, gpus             (per trial; gpus may be fractional, e.g. 0.25)
-    data:       root + the trial config's data fields (dataset, train_size, ...)
-    training:   fixed trial config fields (epochs, hidden_sizes, optimizer, ...)
+    model:      factory (mlp, cnn, FILE.py:CALLABLE, package.module:CALLABLE) + its keyword arguments
+    data:       root, dataset (built-in or FILE.py:FUNCTION), args + the trial config's data fields
+    training:   fixed trial config fields (epochs, optimizer, lr, ...)
     space:      searched fields: {distribution: loguniform|uniform|randint|choice, ...}
-                or plain values (fixed)
+                or plain values (fixed); a factory keyword is `model.<key>`
 
 Every problem is collected and reported at once as `path.to.key: rule, got value`.
-Nothing here touches Ray or data, so a bad file fails in a second, not after start-up.
+Nothing here touches Ray, data or user code, so a bad file fails in a second, not after
+start-up (search/checks.py then imports the references and tries the model once).
+`to_raw` writes a Space back as a space file: the run folder's spec.yaml.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any, Mapping
 
-from trainable.config import FIELDS, TrialConfig, check_value, coerce, cross_field_problems, is_integer_field
+from trainable.config import (FIELDS, MODEL, TrialConfig, check_value, coerce, cross_field_problems,
+                              is_integer_field, is_reference, plain)
 from trainable.errors import ConfigError, problem
 from trainable.metrics import METRICS
 
@@ -28,14 +33,17 @@ SCHEDULERS = ("fifo", "asha")
 MODES = ("max", "min")
 DISTRIBUTIONS = ("loguniform", "uniform", "randint", "choice")
 # Trial config fields of the data section: one split for the whole search, never searched.
-DATA_FIELDS = ("dataset", "train_size", "val_size", "split_seed", "source", "num_workers",
+# (data.args in the file is the trial config's data_args.)
+DATA_FIELDS = ("dataset", "data_args", "train_size", "val_size", "split_seed", "source", "num_workers",
                "pin_memory", "persistent_workers", "drop_last")
+DATA_KEYS = {"args": "data_args"}  # data section key -> trial config field, where they differ
 # Set by the driver for each trial (seed from experiment.seed, threads from resources.cpus).
 DRIVER_FIELDS = ("seed", "num_threads")
 # Fields whose change would change the data every trial is judged on.
-NOT_SEARCHABLE = ("dataset", "train_size", "val_size", "split_seed") + DRIVER_FIELDS
-TRAINING_FIELDS = tuple(n for n in FIELDS if n not in DATA_FIELDS and n not in DRIVER_FIELDS)
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+NOT_SEARCHABLE = ("dataset", "data_args", "train_size", "val_size", "split_seed") + DRIVER_FIELDS
+TRAINING_FIELDS = tuple(n for n in FIELDS if n not in DATA_FIELDS and n not in DRIVER_FIELDS
+                        and n not in ("model", "model_args"))
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -92,7 +100,7 @@ class Space:
 
 _RULES = {
     # key: (type check, rule)
-    "experiment.name": (lambda v: isinstance(v, str) and NAME_PATTERN.match(v),
+    "experiment.name": (lambda v: is_run_name(v),
                         "must be letters, digits, '_', '.' or '-' (it names a folder)"),
     "experiment.metric": (lambda v: v in METRICS, f"must be a metric the trainable reports: {', '.join(METRICS)}"),
     "experiment.mode": (lambda v: v in MODES, "must be max or min"),
@@ -109,6 +117,11 @@ _RULES = {
                        "must be a number >= 0, a fraction only below 1 (0.25, 0.5) or whole (1, 2)"),
     "data.root": (lambda v: v is None or (isinstance(v, str) and v != ""), "must be a folder (or null for the default)"),
 }
+
+
+def is_run_name(value: Any) -> bool:
+    """A run's folder name: one path component, no '..', no trailing newline."""
+    return isinstance(value, str) and NAME_PATTERN.fullmatch(value) is not None and value not in (".", "..")
 
 
 def _is_int(v: Any) -> bool:
@@ -200,49 +213,77 @@ def _distribution(name: str, spec: Mapping[str, Any], problems: list[str]) -> Di
 
 
 
+def _base_folder(source: str) -> Path:
+    """Where a relative FILE.py reference points from: the space file's folder."""
+    path = Path(source)
+    return path.parent.resolve() if path.is_file() else Path.cwd()
+
+
+def _absolute(reference: Any, base: Path) -> Any:
+    """FILE.py:NAME made absolute, so spec.yaml and best.yaml run from any folder."""
+    if not isinstance(reference, str) or not is_reference(reference) or ".py:" not in reference:
+        return reference
+    file, name = reference.rsplit(":", 1)
+    return f"{(base / Path(file).expanduser()).resolve()}:{name}"
+
+
 def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
     """Validate a whole space mapping; raise one ConfigError listing every problem."""
     problems: list[str] = []
     if not isinstance(raw, Mapping):
         raise ConfigError([problem("(top level)", "must be a mapping of sections", raw)], source)
-    sections = ("experiment", "resources", "data", "training", "space")
     for key in raw:
-        if key not in sections:
-            problems.append(problem(key, f"unknown section (known: {', '.join(sections)})", raw[key]))
+        if key not in SECTIONS:
+            problems.append(problem(str(key), f"unknown section (known: {', '.join(SECTIONS)})", raw[key]))
+    base = _base_folder(source)
     experiment = _settings(Experiment, "experiment", _section(raw, "experiment", problems), problems)
     resources = _settings(Resources, "resources", _section(raw, "resources", problems), problems)
+
+    fixed: dict[str, Any] = {}
+    for key, value in _section(raw, MODEL, problems).items():
+        name = f"{MODEL}.{key}"
+        fixed[name] = _fixed_field(name, name, _absolute(value, base) if key == "factory" else value, problems)
 
     data = dict(_section(raw, "data", problems))
     data_root = data.pop("root", None)
     if not _RULES["data.root"][0](data_root):
         problems.append(problem("data.root", _RULES["data.root"][1], data_root))
-    fixed: dict[str, Any] = {}
     for section, allowed, values in (("data", DATA_FIELDS, data),
                                      ("training", TRAINING_FIELDS, _section(raw, "training", problems))):
         for key, value in values.items():
             path = f"{section}.{key}"
-            if key not in allowed:
+            field_name = DATA_KEYS.get(key, key) if section == "data" else key
+            if field_name not in allowed or (section == "data" and key in DATA_KEYS.values()):
                 elsewhere = next((s for s, a in (("data", DATA_FIELDS), ("training", TRAINING_FIELDS))
                                   if key in a), None)
-                rule = (f"belongs in the {elsewhere} section" if elsewhere else
+                rule = (f"moved to {MOVED_KEYS[key]}" if key in MOVED_KEYS else
+                        f"belongs in the {elsewhere} section" if elsewhere and elsewhere != section else
                         "is set by the driver per trial" if key in DRIVER_FIELDS else
-                        f"unknown key (known: {', '.join(allowed)}{', root' if section == 'data' else ''})")
+                        f"unknown key (known: {', '.join(_section_keys(section))})")
                 problems.append(problem(path, rule, value))
             else:
-                fixed[key] = _fixed_field(path, key, value, problems)
+                fixed[field_name] = _fixed_field(path, field_name, _absolute(value, base)
+                                                 if field_name == "dataset" else value, problems)
 
     searched = []
     for key, value in _section(raw, "space", problems).items():
         path = f"space.{key}"
-        if key not in FIELDS:
-            problems.append(problem(path, "unknown field of the trial config", value))
-        elif key in NOT_SEARCHABLE:
-            where = "the data section" if key in DATA_FIELDS else "the driver"
+        if not isinstance(key, str) or (key not in FIELDS and not key.startswith(MODEL + ".")) \
+                or key in ("model", "model_args"):
+            rule = f"moved to {MOVED_KEYS[key]}" if key in MOVED_KEYS else "unknown field of the trial config"
+            problems.append(problem(path, rule, value))
+        elif key in NOT_SEARCHABLE or key == f"{MODEL}.factory":
+            where = "the data section" if key in DATA_FIELDS else "the model section" if key.startswith(MODEL) \
+                else "the driver"
             problems.append(problem(path, f"cannot be searched: it is set by {where}", value))
         elif key in fixed:
-            problems.append(problem(path, f"is also fixed in the {'data' if key in DATA_FIELDS else 'training'} "
-                                          "section; set it in one place", value))
-        elif isinstance(value, dict):
+            where = "model" if key.startswith(MODEL + ".") else "data" if key in DATA_FIELDS else "training"
+            problems.append(problem(path, f"is also fixed in the {where} section; set it in one place", value))
+        elif isinstance(value, dict) and not key.startswith(MODEL + "."):
+            dist = _distribution(key, value, problems)
+            if dist:
+                searched.append(dist)
+        elif isinstance(value, dict) and "distribution" in value:  # a model keyword may itself be a mapping
             dist = _distribution(key, value, problems)
             if dist:
                 searched.append(dist)
@@ -256,3 +297,53 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
     if problems:
         raise ConfigError(problems, source)
     return Space(experiment, resources, data_root, fixed, tuple(searched), source)
+
+
+SECTIONS = ("experiment", "resources", "model", "data", "training", "space")
+MOVED_KEYS = {"hidden_sizes": "model.hidden_sizes (in the model section, or space: model.hidden_sizes)"}
+
+
+def _section_keys(section: str) -> list[str]:
+    if section == "data":
+        return ["root", *[{v: k for k, v in DATA_KEYS.items()}.get(f, f) for f in DATA_FIELDS]]
+    return list(TRAINING_FIELDS)
+
+
+def to_raw(space: Space) -> dict[str, Any]:
+    """A space file that parses back to `space`, every section written out with its defaults.
+
+    The run folder's spec.yaml: what a resumed search runs, whatever the space file says now.
+    """
+    defaults = space.trial_defaults().to_dict()
+    model = defaults.pop(MODEL)
+    data_section = {"root": space.data_root}
+    for name in DATA_FIELDS:
+        data_section[{v: k for k, v in DATA_KEYS.items()}.get(name, name)] = defaults.pop(name)
+    searched = {d.name for d in space.searched}
+    training = {k: v for k, v in defaults.items() if k in TRAINING_FIELDS and k not in searched}
+    model = {k: v for k, v in model.items() if f"{MODEL}.{k}" not in searched}
+    return {
+        "experiment": asdict(space.experiment),
+        "resources": asdict(space.resources),
+        MODEL: model,
+        "data": data_section,
+        "training": training,
+        "space": {d.name: _distribution_raw(d) for d in space.searched},
+    }
+
+
+def _distribution_raw(d: Distribution) -> dict[str, Any]:
+    if d.distribution == "choice":
+        return {"distribution": d.distribution, "values": plain(list(d.values))}
+    return {"distribution": d.distribution, "low": d.low, "high": d.high}
+
+
+def example_config(space: Space) -> TrialConfig:
+    """A trial config the search could produce: fixed fields plus each searched field's first value.
+
+    Used to try the model once before Ray starts.
+    """
+    values = dict(space.fixed)
+    for d in space.searched:
+        values[d.name] = d.values[0] if d.distribution == "choice" else d.low
+    return TrialConfig.from_mapping(values)

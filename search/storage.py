@@ -7,6 +7,7 @@ best.yaml land beside it on the same storage, reachable from the head node.
 from __future__ import annotations
 
 import os
+import uuid
 from dataclasses import dataclass
 
 import pyarrow.fs as pafs
@@ -14,6 +15,25 @@ import pyarrow.fs as pafs
 
 def is_uri(path: str) -> bool:
     return "://" in path
+
+
+def _write_local(temporary: str, path: str, data: bytes) -> None:
+    """Write data to a new file at `temporary` (never an existing one, never through a link), then rename it."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags |= getattr(os, "O_BINARY", 0)
+    fd = os.open(temporary, flags, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except FileNotFoundError:
+            pass
+        raise
 
 
 @dataclass(frozen=True)
@@ -46,14 +66,31 @@ class Storage:
         return [i.base_name for i in fs.get_file_info(pafs.FileSelector(base)) if i.type == pafs.FileType.Directory]
 
     def write(self, relative: str, data: bytes) -> str:
-        """Write a file under this folder, replacing it whole (a reader never sees half a file)."""
+        """Write a file under this folder, replacing it whole (a reader never sees half a file).
+
+        The bytes go to a new temporary file beside it, `.<name>.<random>.tmp` (a leading dot,
+        so dataset readers skip it), created exclusively: a file or symlink planted at that
+        name makes the write fail, never writes through it. Then it is moved over the file.
+        """
         fs, base = self._fs()
         path = f"{base.rstrip('/')}/{relative}"
-        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-        partial = path + ".partial"
-        with fs.open_output_stream(partial) as out:
-            out.write(data)
-        fs.move(partial, path)
+        folder, name = path.rsplit("/", 1)
+        fs.create_dir(folder, recursive=True)
+        temporary = f"{folder}/.{name}.{uuid.uuid4().hex}.tmp"
+        if isinstance(fs, pafs.LocalFileSystem):
+            _write_local(temporary, path, data)
+            return path
+        try:
+            with fs.open_output_stream(temporary) as out:
+                out.write(data)
+            fs.move(temporary, path)
+        except BaseException:
+            try:
+                if fs.get_file_info(temporary).type != pafs.FileType.NotFound:
+                    fs.delete_file(temporary)
+            except OSError:
+                pass
+            raise
         return path
 
     def read(self, relative: str) -> bytes | None:

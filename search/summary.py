@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+
+from trainable.config import TrialConfig
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,7 @@ class Timing:
 
 def best_row(frame: pd.DataFrame, metric: str, mode: str) -> pd.Series | None:
     """The (trial, epoch) row with the best metric; ties go to the earlier row."""
-    scored = frame.dropna(subset=[metric])
+    scored = frame[frame[metric].map(lambda v: v is not None and math.isfinite(v))]  # NaN/inf: no score
     if scored.empty:
         return None
     return scored.loc[scored[metric].idxmax() if mode == "max" else scored[metric].idxmin()]
@@ -85,10 +88,12 @@ def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Tim
     ]
     if best is not None:
         result = best["result"]
-        config = ", ".join(f"{k}={best['config'][k]!r}" for k in searched) or "(nothing searched)"
+        flat = TrialConfig.from_mapping(best["config"]).to_flat()
+        config = ", ".join(f"{k}={flat.get(k)!r}" for k in searched) or "(nothing searched)"
         lines += [
             f"Best: trial {result['trial_id']} epoch {result['epoch']}: {metric} {result[metric]:.4f}, "
-            f"test_acc {result['test_acc']:.4f} (seed {best['config']['seed']})",
+            f"test_acc {'n/a' if result['test_acc'] is None else format(result['test_acc'], '.4f')} "
+            f"(seed {best['config']['seed']})" + (f"\n      note: {result['note']}" if result.get("note") else ""),
             f"      {config}",
             f"      re-run: python -m trainable --config {best_yaml}",
         ]

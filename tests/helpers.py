@@ -12,7 +12,8 @@ SMALL: dict[str, Any] = {
     "experiment": {"name": "test", "num_samples": 4, "max_concurrent": 2, "seed": 7, "max_failures": 1},
     "resources": {"cpus": 1},
     "data": {"train_size": 2000, "val_size": 500},
-    "training": {"epochs": 2, "hidden_sizes": [64]},
+    "training": {"epochs": 2},
+    "model": {"hidden_sizes": [64]},
     "space": {
         "lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3},
         "batch_size": {"distribution": "choice", "values": [32, 64, 128]},

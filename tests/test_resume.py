@@ -1,4 +1,5 @@
-"""An interrupted search (driver killed with SIGKILL) resumes to exactly num_samples trials."""
+"""An interrupted search (driver killed with SIGKILL) resumes to exactly num_samples trials,
+from the spec stored in its run folder, whatever the space file says by then."""
 
 from __future__ import annotations
 
@@ -64,8 +65,14 @@ def test_killed_search_resumes_without_losing_trials(tmp_path, data_root):
             pass
     assert driver.returncode == -signal.SIGKILL
 
+    # the user edits the space file before resuming: the stored spec still decides
+    edited = copy.deepcopy(raw)
+    edited["experiment"]["num_samples"] = 9
+    edited["training"]["epochs"] = 5
+    space_file.write_text(yaml.safe_dump(edited))
     resumed = subprocess.run(command + ["--resume"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "differs from the stored spec of this run in experiment.num_samples, training.epochs" in resumed.stderr
     after = pd.read_parquet(results)
     assert after["trial_id"].nunique() == 6, "exactly num_samples trials in all"
     assert set(after["status"]) == {COMPLETED}, resumed.stdout[-3000:]

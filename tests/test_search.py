@@ -11,10 +11,10 @@ import yaml
 
 from search.capacity import CapacityError
 from search.driver import run_search
-from search.results import COLUMNS, COMPLETED, DIVERGED, STOPPED, config_from_row
+from search.results import COMPLETED, DIVERGED, STOPPED, columns, config_from_row, results_schema
 from tests.helpers import small_space
 from trainable.config import TrialConfig
-from trainable.data import split
+from trainable.data import load_data
 from trainable.device import get_default_device
 from trainable.loop import build_run, train_and_evaluate
 
@@ -30,7 +30,8 @@ def four_trials(ray_local, tmp_path_factory, data_root):
 def test_search_writes_results_with_documented_columns(four_trials):
     space, outcome = four_trials
     frame = pd.read_parquet(Path(outcome.path) / "results.parquet")
-    assert list(frame.columns) == COLUMNS
+    assert list(frame.columns) == columns(space)
+    assert "model.hidden_sizes" in frame.columns and "model.factory" in frame.columns
     assert frame["trial_id"].nunique() == 4
     assert len(frame) == 4 * 2, "one row per trial per epoch"
     assert set(frame["status"]) == {COMPLETED}
@@ -41,16 +42,17 @@ def test_search_writes_results_with_documented_columns(four_trials):
     assert (frame["num_threads"] == 1).all(), "torch threads = the trial's CPU share"
 
 
-def test_best_yaml_is_the_best_epoch_and_reruns_exactly(four_trials, mnist_train):
+def test_best_yaml_is_the_best_epoch_and_reruns_exactly(four_trials, data_root):
     space, outcome = four_trials
     best = yaml.safe_load((Path(outcome.path) / "best.yaml").read_text())
     frame = outcome.results
     assert best["result"]["val_acc"] == pytest.approx(frame["val_acc"].max(), abs=0)
     assert 0.5 < best["result"]["test_acc"] <= 1
+    assert best["model"] == {"factory": "mlp", "hidden_sizes": [64]}
     # the trainable library, fed best.yaml, reproduces the trial bit for bit
     config = TrialConfig.from_mapping({k: v for k, v in best.items() if k != "result"})
-    train, val = split(mnist_train, config.train_size, config.val_size, config.split_seed)
-    records = list(train_and_evaluate(build_run(config, train, val, get_default_device())))
+    data = load_data(config, data_root, with_test=False)
+    records = list(train_and_evaluate(build_run(config, data, get_default_device())))
     assert records[best["result"]["epoch"] - 1].val_acc == best["result"]["val_acc"]
 
 
@@ -93,13 +95,22 @@ def test_asha_stops_some_trials_early(ray_local, tmp_path, data_root):
     assert (per_trial["status"] == COMPLETED).any()
 
 
-def test_divergent_trials_end_as_low_scores_not_errors(ray_local, tmp_path, data_root):
-    space = small_space(tmp_path, data_root, experiment={"num_samples": 2},
-                        training={"epochs": 3}, space={"lr": 1e6, "clip_norm": None})
+@pytest.mark.parametrize("metric, mode", [("val_acc", "max"), ("val_loss", "min"), ("train_loss", "min")])
+def test_divergent_trials_end_as_low_scores_not_errors(ray_local, tmp_path, data_root, metric, mode):
+    """NaN losses under every metric and mode: the search ends with results and a best.yaml."""
+    space = small_space(tmp_path, data_root, experiment={"num_samples": 4, "metric": metric, "mode": mode},
+                        training={"epochs": 3},
+                        space={"lr": {"distribution": "choice", "values": [1.0e6, 0.05]}, "clip_norm": None})
     outcome = run_search(space, name="diverge")
-    per_trial = outcome.results.groupby("trial_id").agg(status=("status", "first"), epochs=("epoch", "max"))
-    assert (per_trial["status"] == DIVERGED).all()
-    assert (per_trial["epochs"] == 1).all(), "a diverged trial stops after the epoch it diverged in"
+    per_trial = outcome.results.groupby("trial_id").agg(status=("status", "first"), epochs=("epoch", "max"),
+                                                        lr=("lr", "first"))
+    diverged = per_trial[per_trial["status"] == DIVERGED]
+    assert len(diverged) >= 1 and (diverged["lr"] == 1.0e6).all()
+    assert (diverged["epochs"] == 1).all(), "a diverged trial stops after the epoch it diverged in"
+    assert (per_trial["status"] == COMPLETED).any()
+    best = yaml.safe_load((Path(outcome.path) / "best.yaml").read_text())
+    assert best["lr"] == 0.05, "the best trial is one that did not diverge"
+    assert "best" in outcome.summary.lower()
 
 
 def test_gpu_request_without_gpus_fails_before_any_trial(ray_local, tmp_path, data_root):
@@ -138,7 +149,7 @@ def fails_once(marker: Path):
     return trial
 
 
-def test_crashed_trial_resumes_from_its_checkpoint(ray_local, tmp_path, data_root, mnist_train):
+def test_crashed_trial_resumes_from_its_checkpoint(ray_local, tmp_path, data_root):
     space = small_space(tmp_path, data_root, experiment={"num_samples": 1, "max_failures": 1},
                         training={"epochs": 3})
     outcome = run_search(space, name="flaky", trainable=fails_once(tmp_path / "crashed"))
@@ -147,9 +158,9 @@ def test_crashed_trial_resumes_from_its_checkpoint(ray_local, tmp_path, data_roo
     frame = outcome.results
     assert list(frame["epoch"]) == [1, 2, 3] and set(frame["status"]) == {COMPLETED}
     # and the restored run is the same run: identical to one that never crashed
-    config = TrialConfig.from_mapping(config_from_row(frame.iloc[0]))
-    train, val = split(mnist_train, config.train_size, config.val_size, config.split_seed)
-    straight = list(train_and_evaluate(build_run(config, train, val, get_default_device())))
+    config = TrialConfig.from_mapping(config_from_row(frame.iloc[0], results_schema(space)))
+    straight = list(train_and_evaluate(build_run(config, load_data(config, data_root, with_test=False),
+                                                 get_default_device())))
     assert list(frame["val_acc"]) == [r.val_acc for r in straight]
 
 

@@ -11,15 +11,17 @@ import json
 import sys
 from typing import Sequence
 
-from trainable.config import FIELDS, TrialConfig
-from trainable.data import default_data_root, load_dataset, split
+from trainable.config import FIELDS, MODEL, TrialConfig
+from trainable.data import default_data_root, load_data
 from trainable.device import get_default_device
-from trainable.errors import ConfigError, DataError
+from trainable.errors import ConfigError, DataError, problem
 from trainable.loop import build_run, train_and_evaluate
-from trainable.yaml_file import parse_value, read_yaml_mapping
+from trainable.yaml_file import flag_value, parse_value, read_yaml_mapping
 
 # best.yaml keeps the trial's outcome beside its config; it is read, not trained on
 INFORMATIONAL_KEYS = ("result",)
+# fields given through their own flag shape: --model FACTORY and --set model.KEY=VALUE / data_args=...
+NESTED = ("model", "model_args", "data_args")
 
 
 def yaml_text(value) -> str:
@@ -30,23 +32,35 @@ def yaml_text(value) -> str:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m trainable",
-        description="Train the MLP once. Precedence: defaults < --config file < flags.")
+        description="Train one model once. Precedence: defaults < --config file < flags.")
     parser.add_argument("--config", help="YAML file of trial config fields (a search's best.yaml works)")
     parser.add_argument("--data-root", help="dataset folder (default: $HPSEARCH_DATA or ~/.cache/hpsearch)")
+    parser.add_argument("--model", metavar="FACTORY",
+                        help="model.factory: mlp, cnn, FILE.py:CALLABLE or package.module:CALLABLE")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="any field, e.g. model.hidden_sizes=[256,128] or data_args={n: 3} (repeatable)")
     fields = parser.add_argument_group("trial config fields (values are read as YAML: 0.1, null, [256, 128])")
     for name, f in FIELDS.items():
-        fields.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar="VALUE",
-                            type=parse_value, help=f"default {yaml_text(f.default)}")
+        if name not in NESTED:
+            fields.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar="VALUE",
+                                type=flag_value, help=f"default {yaml_text(f.default)}")
     return parser.parse_args(argv)
 
 
 def trial_config(args: argparse.Namespace) -> TrialConfig:
     values = {}
     if args.config:
-        values = read_yaml_mapping(args.config)
-        for key in INFORMATIONAL_KEYS:
-            values.pop(key, None)
-    values.update({name: getattr(args, name) for name in FIELDS if getattr(args, name) is not None})
+        values = TrialConfig.from_mapping({k: v for k, v in read_yaml_mapping(args.config).items()
+                                           if k not in INFORMATIONAL_KEYS}).to_flat()
+    values.update({name: getattr(args, name) for name in FIELDS
+                   if name not in NESTED and getattr(args, name) is not None})
+    if args.model is not None:
+        values[f"{MODEL}.factory"] = args.model
+    for item in args.sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError([problem("--set", "must be KEY=VALUE", item)])
+        values[key] = parse_value(value)
     return TrialConfig.from_mapping(values)
 
 
@@ -54,16 +68,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         config = trial_config(args)
-        root = args.data_root or default_data_root()
-        train_arrays, val_arrays = split(load_dataset(config.dataset, root, train=True),
-                                         config.train_size, config.val_size, config.split_seed)
+        data = load_data(config, args.data_root or default_data_root(), with_test=False)
     except (ConfigError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     device = get_default_device()
-    print(f"device: {device} | dataset: {config.dataset} {len(train_arrays)} train / "
-          f"{len(val_arrays)} val | seed: {config.seed}", flush=True)
-    run = build_run(config, train_arrays, val_arrays, device)
+    print(f"device: {device} | dataset: {config.dataset} {len(data.train)} train / "
+          f"{len(data.val)} val | model: {config.model} | seed: {config.seed}", flush=True)
+    try:
+        run = build_run(config, data, device)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     width = len(str(config.epochs))
     for r in train_and_evaluate(run):
         print(f"Epoch [{r.epoch:>{width}}/{config.epochs}] | loss {r.train_loss:.4f} | acc {r.train_acc:.4f}"

@@ -1,17 +1,14 @@
 """The Ray Tune adapter: one trial = one `train_and_evaluate` run, reported epoch by epoch.
 
-The only module of `trainable/` that imports Ray. It turns Tune's config dict into a
+The only module of `trainable/` that imports Ray. It turns Tune's (flat) config into a
 TrialConfig, restores from Tune's checkpoint when the trial is restarted, and reports
-one result (metrics + checkpoint) per epoch.
+one result (report.epoch_report + a checkpoint in report's format) per epoch.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import socket
 import tempfile
-import time
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -19,11 +16,10 @@ import torch
 from ray import tune
 
 from trainable.config import TrialConfig
-from trainable.data import Arrays
+from trainable.data import Data
 from trainable.device import get_default_device
 from trainable.loop import build_run, train_and_evaluate
-
-CHECKPOINT_FILE = "state.pt"
+from trainable.report import Placement, epoch_report, load_checkpoint, save_checkpoint
 
 
 def assigned_accelerators() -> str:
@@ -44,29 +40,20 @@ def trial_device() -> torch.device:
     return get_default_device() if assigned_accelerators() else torch.device("cpu")
 
 
-def tune_trial(config: dict[str, Any], *, train: Arrays, val: Arrays) -> None:
-    """A Tune function trainable. `train`/`val` arrive once through Ray's object store."""
+def tune_trial(config: dict[str, Any], *, data: Data) -> None:
+    """A Tune function trainable. `data` arrives once through Ray's object store."""
     trial = TrialConfig.from_mapping(config)
     device = trial_device()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)  # a reused actor: this trial's peak only
-    run = build_run(trial, train, val, device)
+    run = build_run(trial, data, device)
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:  # Tune restarted this trial (failure or resume)
         with checkpoint.as_directory() as folder:
-            run.load_state_dict(torch.load(Path(folder) / CHECKPOINT_FILE, weights_only=True))
-    where = {
-        "seed": trial.seed,
-        "node": ray.get_runtime_context().get_node_id()[:12],
-        "hostname": socket.gethostname(),
-        "device": str(device),
-        "accelerator_ids": assigned_accelerators(),
-    }
+            run.load_state_dict(load_checkpoint(folder).state)
+    placement = Placement(node=ray.get_runtime_context().get_node_id()[:12], hostname=socket.gethostname(),
+                          device=str(device), accelerator_ids=assigned_accelerators())
     for record in train_and_evaluate(run):
-        metrics = {**dataclasses.asdict(record), **where,
-                   "diverged": record.diverged, "finished_at": time.time(),
-                   "gpu_memory_mb": (torch.cuda.max_memory_allocated(device) / 2**20
-                                     if device.type == "cuda" else None)}
         with tempfile.TemporaryDirectory() as folder:
-            torch.save(run.state_dict(), Path(folder) / CHECKPOINT_FILE)
-            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
+            save_checkpoint(folder, trial, run.input_shape, run.num_classes, run.state_dict())
+            tune.report(epoch_report(record, placement, device), checkpoint=tune.Checkpoint.from_directory(folder))

@@ -18,8 +18,8 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from trainable.batches import Batches, InMemoryBatches, make_loader
 from trainable.config import TrialConfig
-from trainable.data import NUM_CLASSES, Arrays, normalization
-from trainable.model import make_mlp
+from trainable.data import Arrays, Data, Standardize
+from trainable.factories import build_model
 from trainable.seed import set_seed
 
 
@@ -70,13 +70,13 @@ def evaluate(model: nn.Module, batches: Batches, loss_fn: nn.Module, metric: Mul
     return (loss_sum / seen).item(), metric.compute().item()
 
 
-def accuracy_metric(device: torch.device) -> MulticlassAccuracy:
+def accuracy_metric(num_classes: int, device: torch.device) -> MulticlassAccuracy:
     """Plain accuracy (micro average: correct / total); torchmetrics' default is macro.
 
     validate_args=False: the check runs torch.unique on every update, a device sync per
     batch; labels are checked once, when the dataset loads.
     """
-    return MulticlassAccuracy(num_classes=NUM_CLASSES, average="micro", validate_args=False).to(device)
+    return MulticlassAccuracy(num_classes=num_classes, average="micro", validate_args=False).to(device)
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,8 @@ class Run:
 
     config: TrialConfig
     device: torch.device
+    input_shape: tuple[int, ...]
+    num_classes: int
     model: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -133,46 +135,49 @@ class Run:
 
 
 def make_optimizer(config: TrialConfig, model: nn.Module) -> torch.optim.Optimizer:
-    if config.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    if config.optimizer in ("adam", "adamw"):
+        adam = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
+        return adam(model.parameters(), lr=config.lr, betas=(config.beta1, config.beta2),
+                    weight_decay=config.weight_decay)
     return torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
-                           weight_decay=config.weight_decay)
+                           nesterov=config.nesterov and config.momentum > 0, weight_decay=config.weight_decay)
 
 
-def make_batches(config: TrialConfig, arrays: Arrays, device: torch.device, *, shuffle: bool,
-                 generator: torch.Generator | None) -> Batches:
-    mean, std = normalization(config.dataset)
+def make_batches(config: TrialConfig, arrays: Arrays, standardize: Standardize | None, device: torch.device, *,
+                 shuffle: bool, generator: torch.Generator | None) -> Batches:
     drop_last = config.drop_last and shuffle  # drop_last is about training batches only
     if config.source == "loader":
-        return make_loader(arrays, config.batch_size, mean=mean, std=std, shuffle=shuffle,
+        return make_loader(arrays, config.batch_size, standardize=standardize, shuffle=shuffle,
                            generator=generator, drop_last=drop_last,
                            num_workers=config.num_workers, pin_memory=config.pin_memory,
                            persistent_workers=config.persistent_workers)
-    return InMemoryBatches(arrays, config.batch_size, device, mean=mean, std=std,
+    return InMemoryBatches(arrays, config.batch_size, device, standardize=standardize,
                            shuffle=shuffle, drop_last=drop_last, generator=generator)
 
 
-def build_run(config: TrialConfig, train_arrays: Arrays, val_arrays: Arrays,
-              device: torch.device) -> Run:
+def build_run(config: TrialConfig, data: Data, device: torch.device) -> Run:
     """Seed, then build model, optimizer, cosine schedule and batch sources for `config`."""
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
     generator = set_seed(config.seed)
-    model = make_mlp(config.hidden_sizes).to(device)  # weight init draws from the seeded global RNG
+    # weight init draws from the seeded global RNG
+    model = build_model(config, data.input_shape, data.num_classes).to(device)
     optimizer = make_optimizer(config, model)
     return Run(
         config=config,
         device=device,
+        input_shape=data.input_shape,
+        num_classes=data.num_classes,
         model=model,
         optimizer=optimizer,
         # stepped once per epoch, so T_max counts epochs
         scheduler=torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=config.t_max),
         generator=generator,
-        train_batches=make_batches(config, train_arrays, device, shuffle=True, generator=generator),
-        val_batches=make_batches(config, val_arrays, device, shuffle=False, generator=None),
+        train_batches=make_batches(config, data.train, data.standardize, device, shuffle=True, generator=generator),
+        val_batches=make_batches(config, data.val, data.standardize, device, shuffle=False, generator=None),
         loss_fn=nn.CrossEntropyLoss(),
-        train_metric=accuracy_metric(device),
-        val_metric=accuracy_metric(device),
+        train_metric=accuracy_metric(data.num_classes, device),
+        val_metric=accuracy_metric(data.num_classes, device),
     )
 
 
@@ -197,10 +202,11 @@ def train_and_evaluate(run: Run) -> Iterator[EpochRecord]:
             return
 
 
-def evaluate_state(config: TrialConfig, model_state: dict[str, Any], arrays: Arrays,
+def evaluate_model(config: TrialConfig, model_state: dict[str, Any], input_shape: tuple[int, ...],
+                   num_classes: int, arrays: Arrays, standardize: Standardize | None,
                    device: torch.device) -> tuple[float, float]:
-    """Loss and accuracy on `arrays` of a model saved by a run of `config` (e.g. the test set)."""
-    model = make_mlp(config.hidden_sizes).to(device)
+    """Loss and accuracy on `arrays` (e.g. the test part) of a model saved by a run of `config`."""
+    model = build_model(config, input_shape, num_classes).to(device)
     model.load_state_dict(model_state)
-    batches = make_batches(config, arrays, device, shuffle=False, generator=None)
-    return evaluate(model, batches, nn.CrossEntropyLoss(), accuracy_metric(device), device)
+    batches = make_batches(config, arrays, standardize, device, shuffle=False, generator=None)
+    return evaluate(model, batches, nn.CrossEntropyLoss(), accuracy_metric(num_classes, device), device)

@@ -1,0 +1,108 @@
+"""The run folder, `<storage_path>/<name>/`: claimed once, the resolved spec, the derived files.
+
+    spec.yaml        the space as resolved at start (defaults, flags, absolute references);
+                     written once, and what `--resume` runs
+    <Tune's files>   experiment state and one folder per trial (result.json, checkpoints):
+                     the record of the search
+    results.parquet  a folder of Parquet parts, one per trial, derived from the record
+    best.yaml        the best trial's config and outcome, derived from the record
+
+Derived files are rewritten from the record, never merged with an older copy of themselves.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import pyarrow.fs as pafs
+import yaml
+
+from search.results import RESULTS_FILE, part_bytes, results_schema
+from search.space import Space, parse_space, to_raw
+from search.storage import Storage, is_uri
+from trainable.errors import ConfigError, problem
+from trainable.yaml_file import Loader
+
+SPEC_FILE = "spec.yaml"
+BEST_FILE = "best.yaml"
+RUN_SECTION = "run"  # spec.yaml's record of where and with what the run started; not part of the space
+
+
+def versions() -> dict[str, str]:
+    """Versions that change what a seeded search does (Optuna's defaults moved in 5.0)."""
+    out = {}
+    for package in ("hpsearch", "torch", "ray", "optuna", "numpy"):
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            out[package] = "unknown"
+    return out
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    storage: Storage
+    name: str
+
+    @property
+    def path(self) -> str:
+        return self.storage.join(self.name)
+
+    def exists(self) -> bool:
+        return self.storage.exists(self.name)
+
+    def claim(self) -> None:
+        """Create the folder, failing if it exists: of two searches started with one name, one runs.
+
+        Atomic on a local filesystem (mkdir). Object stores have no atomic create; there the
+        check and the create are two steps.
+        """
+        taken = ConfigError([problem("--name", f"{self.path} already holds a search; pass --resume to "
+                                               "continue it or choose another --name", self.name)])
+        if is_uri(self.storage.uri):
+            fs, base = pafs.FileSystem.from_uri(self.storage.uri)
+            if fs.get_file_info(f"{base.rstrip('/')}/{self.name}").type != pafs.FileType.NotFound:
+                raise taken
+            fs.create_dir(f"{base.rstrip('/')}/{self.name}", recursive=True)
+            return
+        os.makedirs(self.storage.uri, exist_ok=True)
+        try:
+            os.mkdir(self.path)
+        except FileExistsError:
+            raise taken from None
+
+    def write_spec(self, space: Space) -> None:
+        run = {"name": self.name, "path": self.path, "versions": versions()}
+        header = (f"# The resolved spec of search {self.name}: {space.source} after defaults and flags.\n"
+                  f"# --resume runs this file, not the space file. Do not edit.\n")
+        text = yaml.safe_dump({RUN_SECTION: run, **to_raw(space)}, sort_keys=False)
+        self.storage.write(f"{self.name}/{SPEC_FILE}", (header + text).encode())
+
+    def read_spec(self) -> tuple[Space, dict[str, Any]]:
+        """The stored spec and its run section; ConfigError if missing or unreadable."""
+        data = self.storage.read(f"{self.name}/{SPEC_FILE}")
+        where = self.storage.join(self.name, SPEC_FILE)
+        if data is None:
+            raise ConfigError([problem("--resume", f"{where} is missing: this run was not started by this "
+                                                   "version of hpsearch (or its folder is damaged), so it "
+                                                   "cannot be resumed faithfully; start a new run", self.name)])
+        try:
+            raw = yaml.load(data.decode("utf-8"), Loader=Loader)
+            run = raw.pop(RUN_SECTION)
+            return parse_space(raw, source=where), run
+        except ConfigError:
+            raise
+        except Exception as error:
+            raise ConfigError([problem("--resume", f"{where} cannot be read ({type(error).__name__}: {error}); "
+                                                   "start a new run", self.name)]) from None
+
+    def write_part(self, space: Space, trial_id: str, rows: list[dict[str, Any]]) -> None:
+        """One trial's rows as its part of results.parquet (replacing an earlier part)."""
+        self.storage.write(f"{self.name}/{RESULTS_FILE}/{trial_id}.parquet", part_bytes(rows, results_schema(space)))
+
+    def write_best(self, text: str) -> str:
+        self.storage.write(f"{self.name}/{BEST_FILE}", text.encode())
+        return self.storage.join(self.name, BEST_FILE)

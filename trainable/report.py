@@ -1,0 +1,91 @@
+"""The trial contract's two records: what a trial reports after each epoch, and its checkpoint.
+
+- The epoch report: the EpochRecord's metrics, where the trial ran and when the epoch
+  ended. Its keys are results.parquet's columns (beside the trial config's).
+- The checkpoint: a format version, the trial config and what the data told the model
+  (input shape, classes) beside the state, so a checkpoint alone rebuilds its model
+  (as nanoGPT keeps `model_args` and `config` beside the weights). Plain data and
+  tensors only, so `torch.load(weights_only=True)` reads it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainable.config import TrialConfig
+from trainable.loop import EpochRecord
+
+CHECKPOINT_FILE = "state.pt"
+CHECKPOINT_FORMAT = 2  # 1: the first release's bare state dict (no config); not readable
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a trial ran."""
+
+    node: str  #: Ray node id (first 12 characters)
+    hostname: str
+    device: str  #: torch device, e.g. cpu or cuda:0
+    accelerator_ids: str  #: GPU ids Ray assigned, "0,1"; "" for none
+
+
+EPOCH_COLUMNS = [f.name for f in dataclasses.fields(EpochRecord)]
+PLACEMENT_COLUMNS = [f.name for f in dataclasses.fields(Placement)]
+REPORT_COLUMNS = [*EPOCH_COLUMNS, "diverged", *PLACEMENT_COLUMNS, "gpu_memory_mb", "finished_at"]
+
+
+def epoch_report(record: EpochRecord, placement: Placement, device: torch.device) -> dict[str, Any]:
+    """One epoch's report: metrics (the names experiment.metric may use), placement, timing."""
+    return {
+        **dataclasses.asdict(record),
+        "diverged": record.diverged,
+        **dataclasses.asdict(placement),
+        # peak allocated by tensors of this trial (reset when the trial starts)
+        "gpu_memory_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
+        "finished_at": time.time(),
+    }
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint read back: enough to rebuild the model and continue or evaluate it."""
+
+    config: TrialConfig
+    input_shape: tuple[int, ...]
+    num_classes: int
+    state: dict[str, Any]  #: Run.state_dict(): model, optimizer, scheduler, generator, epoch
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file is missing, truncated, corrupt or of another format."""
+
+
+def save_checkpoint(folder: str | Path, config: TrialConfig, input_shape: tuple[int, ...], num_classes: int,
+                    state: dict[str, Any]) -> Path:
+    path = Path(folder) / CHECKPOINT_FILE
+    torch.save({"format": CHECKPOINT_FORMAT, "config": config.to_dict(), "input_shape": list(input_shape),
+                "num_classes": num_classes, "state": state}, path)
+    return path
+
+
+def load_checkpoint(folder: str | Path) -> Checkpoint:
+    """Read a checkpoint folder; anything unreadable is a CheckpointError saying which file and why."""
+    path = Path(folder) / CHECKPOINT_FILE
+    try:
+        saved = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as error:
+        raise CheckpointError(f"{path}: cannot be read ({type(error).__name__}: {error})") from None
+    if not isinstance(saved, dict) or saved.get("format") != CHECKPOINT_FORMAT:
+        found = saved.get("format") if isinstance(saved, dict) else type(saved).__name__
+        raise CheckpointError(f"{path}: checkpoint format {found!r}, this version reads {CHECKPOINT_FORMAT}")
+    try:
+        return Checkpoint(TrialConfig.from_mapping(saved["config"]), tuple(saved["input_shape"]),
+                          int(saved["num_classes"]), saved["state"])
+    except Exception as error:
+        raise CheckpointError(f"{path}: {type(error).__name__}: {error}") from None
