@@ -12,6 +12,8 @@ compared, because a shared 2-core machine is noisy. Targets: a/c <= 1.10 (the ca
 loop costs little over the floor) and b/a >= 10 (per-sample transforms are the bottleneck).
 
     python bench/epoch.py [--data-root DIR] [--rounds 7] [--hidden-sizes 256,128]
+
+--hidden-sizes sets the MLP's model.hidden_sizes (the built-in mlp factory's keyword).
 """
 
 from __future__ import annotations
@@ -32,12 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from trainable.batches import InMemoryBatches  # noqa: E402
 from trainable.config import TrialConfig  # noqa: E402
-from trainable.data import default_data_root, load_dataset, normalization  # noqa: E402
+from trainable.data import (BUILTIN_CLASSES, TORCHVISION_SETS, Standardize, default_data_root,  # noqa: E402
+                            load_dataset)
+from trainable.factories import build_model  # noqa: E402
 from trainable.loop import accuracy_metric, make_optimizer, train  # noqa: E402
-from trainable.model import make_mlp  # noqa: E402
 from trainable.seed import set_seed  # noqa: E402
 
 TRAIN_SIZE = 50_000
+INPUT_SHAPE = (1, 28, 28)  # one MNIST image as the model gets it
 TARGET_MEMORY_OVER_FLOOR = 1.10
 TARGET_LOADER_OVER_MEMORY = 10.0
 
@@ -45,13 +49,13 @@ TARGET_LOADER_OVER_MEMORY = 10.0
 def fresh_model(config: TrialConfig) -> tuple[nn.Module, torch.optim.Optimizer]:
     """The same initial weights and a new optimizer for every timed epoch."""
     torch.manual_seed(0)
-    model = make_mlp(config.hidden_sizes)
+    model = build_model(config, INPUT_SHAPE, BUILTIN_CLASSES)
     return model, make_optimizer(config, model)
 
 
 def time_train(config: TrialConfig, batches, device: torch.device) -> float:
     model, optimizer = fresh_model(config)
-    metric = accuracy_metric(device)
+    metric = accuracy_metric(BUILTIN_CLASSES, device)
     start = time.perf_counter()
     train(model, batches, nn.CrossEntropyLoss(), optimizer, metric, device, config.clip_norm)
     return time.perf_counter() - start
@@ -86,41 +90,45 @@ def main(argv: list[str] | None = None) -> int:
 
     config = TrialConfig()  # the defaults a trial starts from: batch 128, the template MLP, SGD
     if args.hidden_sizes:
-        config = TrialConfig(hidden_sizes=args.hidden_sizes)
+        config = TrialConfig(model_args={"hidden_sizes": args.hidden_sizes})
+    # the layers the factory builds: 784, model.hidden_sizes (else its default), the 10 logits
+    widths = [m.out_features for m in fresh_model(config)[0].modules() if isinstance(m, nn.Linear)]
+    layers = "-".join(map(str, [784, *widths]))
     device = torch.device("cpu")
     # as in a trial: seeded, deterministic algorithms on (the setting is global, so it applies to all paths)
     generator = set_seed(0)
-    mean, std = normalization("mnist")
+    _, mean, std = TORCHVISION_SETS["mnist"]
+    standardize = Standardize(mean, std)
 
     mnist = load_dataset("mnist", root, train=True)
     indices = torch.randperm(len(mnist), generator=torch.Generator().manual_seed(0))[:TRAIN_SIZE]
     arrays = mnist.take(indices.numpy())
 
     start = time.perf_counter()
-    memory = InMemoryBatches(arrays, config.batch_size, device, mean=mean, std=std, shuffle=True,
+    memory = InMemoryBatches(arrays, config.batch_size, device, standardize=standardize, shuffle=True,
                              generator=generator)
     convert_seconds = time.perf_counter() - start
 
-    transform = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize((mean,), (std,))])
+    transform = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
     template = Subset(datasets.MNIST(str(root), train=True, transform=transform), indices.tolist())
     loader = DataLoader(template, batch_size=config.batch_size, shuffle=True, num_workers=0, generator=generator)
 
     paths = {
         "a memory": lambda: time_train(config, memory, device),
         "b loader": lambda: time_train(config, loader, device),
-        "c floor": lambda: time_floor(config, memory.images, memory.labels, generator),
+        "c floor": lambda: time_floor(config, memory.inputs, memory.labels, generator),
     }
-    print(f"one epoch of {TRAIN_SIZE:,} MNIST images, batch {config.batch_size}, MLP {config.hidden_sizes}, "
+    print(f"one epoch of {TRAIN_SIZE:,} MNIST images, batch {config.batch_size}, {config.model} {layers}, "
           f"SGD; torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rounds} rounds")
     print(f"(a) converts the split to one float tensor once per trial: {convert_seconds:.3f}s, not counted")
     # untimed warm-up on 20 batches per path: thread pools, allocator and first-call costs are not an epoch's
     warm = mnist.take(indices[:20 * config.batch_size].numpy())
-    warm_memory = InMemoryBatches(warm, config.batch_size, device, mean=mean, std=std, shuffle=True,
+    warm_memory = InMemoryBatches(warm, config.batch_size, device, standardize=standardize, shuffle=True,
                                   generator=generator)
     time_train(config, warm_memory, device)
     time_train(config, DataLoader(Subset(template.dataset, indices[:20 * config.batch_size].tolist()),
                                   batch_size=config.batch_size), device)
-    time_floor(config, warm_memory.images, warm_memory.labels, generator)
+    time_floor(config, warm_memory.inputs, warm_memory.labels, generator)
 
     times: dict[str, list[float]] = {name: [] for name in paths}
     names = list(paths)

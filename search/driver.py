@@ -118,12 +118,7 @@ def check_search(space: Space) -> Data:
     """
     data = load_data(space.trial_defaults(), space.data_root, key="data.dataset")
     searched_keys = tuple(d.name[len(MODEL) + 1:] for d in space.searched if d.name.startswith(MODEL + "."))
-    sample = data.for_trials()
-    from trainable.data import prepare_inputs  # the inputs exactly as a trial's model gets them
-    import torch
-
-    batch = prepare_inputs(torch.from_numpy(sample.train.inputs[:2].copy()), data.standardize)
-    check_model(example_config(space), batch, data.num_classes, searched_keys)
+    check_model(example_config(space), data.sample(), data.num_classes, searched_keys)
     return data
 
 

@@ -310,7 +310,7 @@ def _section_keys(section: str) -> list[str]:
 
 
 def to_raw(space: Space) -> dict[str, Any]:
-    """A space file that parses back to `space`, every section written out with its defaults.
+    """A space file that parses back to an equivalent space (the same trials), defaults written out.
 
     The run folder's spec.yaml: what a resumed search runs, whatever the space file says now.
     """

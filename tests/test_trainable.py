@@ -1,7 +1,7 @@
 """The training loop on real MNIST subsets: reproducibility, learning, metrics, clipping, checkpoints.
 
-Config validation, data and the CLI have their own files (test_trainable_config.py,
-test_trainable_data.py, test_trainable_cli.py).
+Config validation, data, model factories and the CLI have their own files (test_trainable_config.py,
+test_trainable_data.py, test_factories.py, test_trainable_cli.py).
 """
 
 from __future__ import annotations
@@ -14,22 +14,29 @@ import torch
 from torch import nn
 
 from trainable.batches import InMemoryBatches
-from trainable.config import SOURCES, TrialConfig
-from trainable.data import normalization, split
-from trainable.loop import EpochRecord, accuracy_metric, build_run, evaluate, train, train_and_evaluate
+from trainable.config import OPTIMIZERS, SOURCES, TrialConfig
+from trainable.data import BUILTIN_CLASSES, TORCHVISION_SETS, Data, Standardize, split
+from trainable.loop import (EpochRecord, accuracy_metric, build_run, evaluate, evaluate_model, train,
+                            train_and_evaluate)
 from trainable.model import make_mlp
+from trainable.report import CHECKPOINT_FILE, CheckpointError, load_checkpoint, save_checkpoint
 
 CPU = torch.device("cpu")
 ACCELERATOR = torch.accelerator.current_accelerator(check_available=True)
-MEAN, STD = normalization("mnist")
+MNIST = Standardize(*TORCHVISION_SETS["mnist"][1:])
 
 # small enough for about 0.1 s per epoch on 2 cores, big enough to learn something
 SMALL = dict(train_size=2000, val_size=500, epochs=2, batch_size=64)
 
 
+def mnist_data(train, val) -> Data:
+    """A split of MNIST as load_data would give it to trials."""
+    return Data(train, val, None, BUILTIN_CLASSES, (1, 28, 28), MNIST)
+
+
 @pytest.fixture(scope="module")
-def small_split(mnist_train):
-    return split(mnist_train, SMALL["train_size"], SMALL["val_size"], split_seed=0)
+def small_data(mnist_train) -> Data:
+    return mnist_data(*split(mnist_train, SMALL["train_size"], SMALL["val_size"], split_seed=0))
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +44,8 @@ def first_1000(mnist_train):
     return mnist_train.take(torch.arange(1000).numpy())
 
 
-def run_records(config: TrialConfig, arrays, device: torch.device = CPU) -> list[EpochRecord]:
-    return list(train_and_evaluate(build_run(config, *arrays, device)))
+def run_records(config: TrialConfig, data: Data, device: torch.device = CPU) -> list[EpochRecord]:
+    return list(train_and_evaluate(build_run(config, data, device)))
 
 
 def metrics(record: EpochRecord) -> dict:
@@ -49,17 +56,17 @@ def metrics(record: EpochRecord) -> dict:
 
 
 def memory_batches(arrays, batch_size: int, device: torch.device = CPU, **kwargs) -> InMemoryBatches:
-    return InMemoryBatches(arrays, batch_size, device, mean=MEAN, std=STD, shuffle=False, **kwargs)
+    return InMemoryBatches(arrays, batch_size, device, standardize=MNIST, shuffle=False, **kwargs)
 
 
 # --- reproducibility -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("source", SOURCES)
-def test_same_seed_gives_identical_metrics_and_another_seed_does_not(small_split, source):
+def test_same_seed_gives_identical_metrics_and_another_seed_does_not(small_data, source):
     config = TrialConfig(**SMALL, source=source, seed=1)
-    first = run_records(config, small_split)
-    again = run_records(config, small_split)
-    other = run_records(dataclasses.replace(config, seed=2), small_split)
+    first = run_records(config, small_data)
+    again = run_records(config, small_data)
+    other = run_records(dataclasses.replace(config, seed=2), small_data)
 
     assert len(first) == len(again) == config.epochs
     # bit for bit on the CPU: ==, not approx
@@ -73,7 +80,7 @@ def test_same_seed_gives_identical_metrics_and_another_seed_does_not(small_split
 
 def test_training_lowers_the_loss_and_beats_chance(mnist_train):
     config = TrialConfig(train_size=5000, val_size=1000, epochs=2)
-    records = run_records(config, split(mnist_train, 5000, 1000, split_seed=0))
+    records = run_records(config, mnist_data(*split(mnist_train, 5000, 1000, split_seed=0)))
 
     assert [r.epoch for r in records] == [1, 2]
     assert records[0].train_loss < math.log(10)  # below an untrained model's loss on 10 classes
@@ -90,12 +97,12 @@ def test_training_lowers_the_loss_and_beats_chance(mnist_train):
 
 def test_train_resets_the_metric_each_epoch(first_1000):
     torch.manual_seed(0)
-    model = make_mlp((64,))
+    model = make_mlp(hidden_sizes=(64,))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     batches = memory_batches(first_1000, 100)
     predictions: list[torch.Tensor] = []
     model.register_forward_hook(lambda module, inputs, output: predictions.append(output.detach().argmax(1)))
-    metric = accuracy_metric(CPU)
+    metric = accuracy_metric(10, CPU)
 
     reported, by_hand = [], []
     for _ in range(2):
@@ -112,17 +119,17 @@ def test_train_resets_the_metric_each_epoch(first_1000):
 
 def test_evaluate_resets_the_metric(first_1000, mnist_train):
     torch.manual_seed(0)
-    model = make_mlp((64,))
+    model = make_mlp(hidden_sizes=(64,))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    train(model, memory_batches(first_1000, 100), nn.CrossEntropyLoss(), optimizer, accuracy_metric(CPU), CPU)
+    train(model, memory_batches(first_1000, 100), nn.CrossEntropyLoss(), optimizer, accuracy_metric(10, CPU), CPU)
     part_a = memory_batches(mnist_train.take(torch.arange(1000, 1500).numpy()), 100)
     part_b = memory_batches(mnist_train.take(torch.arange(1500, 1530).numpy()), 100)
     loss_fn = nn.CrossEntropyLoss()
 
-    shared = accuracy_metric(CPU)
+    shared = accuracy_metric(10, CPU)
     _, acc_a = evaluate(model, part_a, loss_fn, shared, CPU)
     _, acc_b = evaluate(model, part_b, loss_fn, shared, CPU)
-    _, fresh_b = evaluate(model, part_b, loss_fn, accuracy_metric(CPU), CPU)
+    _, fresh_b = evaluate(model, part_b, loss_fn, accuracy_metric(10, CPU), CPU)
 
     assert acc_a != pytest.approx(acc_b, abs=1e-3)  # so carrying part A over would show
     assert acc_b == fresh_b
@@ -130,7 +137,7 @@ def test_evaluate_resets_the_metric(first_1000, mnist_train):
 
 def test_loss_is_averaged_weighted_by_batch_size(first_1000):
     torch.manual_seed(0)
-    model = make_mlp((64,))
+    model = make_mlp(hidden_sizes=(64,))
     # lr 0: the weights stay put, so the loss of each batch can be recomputed afterwards
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     loss_fn = nn.CrossEntropyLoss()
@@ -143,8 +150,8 @@ def test_loss_is_averaged_weighted_by_batch_size(first_1000):
     unweighted = sum(loss for loss, _ in losses) / len(losses)
     assert abs(weighted - unweighted) > 1e-3 * weighted  # the test can tell them apart
 
-    train_loss, _ = train(model, batches, loss_fn, optimizer, accuracy_metric(CPU), CPU)
-    val_loss, _ = evaluate(model, batches, loss_fn, accuracy_metric(CPU), CPU)
+    train_loss, _ = train(model, batches, loss_fn, optimizer, accuracy_metric(10, CPU), CPU)
+    val_loss, _ = evaluate(model, batches, loss_fn, accuracy_metric(10, CPU), CPU)
     assert train_loss == pytest.approx(weighted, rel=1e-5)
     assert val_loss == pytest.approx(weighted, rel=1e-5)
 
@@ -165,7 +172,7 @@ class ScaledLoss(nn.Module):
 def grad_norms_at_step(arrays, clip_norm: float | None) -> list[float]:
     """The total gradient L2 norm seen by optimizer.step() at every step of one epoch."""
     torch.manual_seed(0)
-    model = make_mlp((64,))
+    model = make_mlp(hidden_sizes=(64,))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # same weights, same raw gradients each run
     norms: list[float] = []
 
@@ -174,7 +181,7 @@ def grad_norms_at_step(arrays, clip_norm: float | None) -> list[float]:
         norms.append(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item())
 
     optimizer.register_step_pre_hook(record)
-    train(model, memory_batches(arrays, 100), ScaledLoss(1000.0), optimizer, accuracy_metric(CPU), CPU,
+    train(model, memory_batches(arrays, 100), ScaledLoss(1000.0), optimizer, accuracy_metric(10, CPU), CPU,
           clip_norm=clip_norm)
     return norms
 
@@ -193,19 +200,24 @@ def test_clip_norm_bounds_the_gradient_norm_at_each_step(first_1000):
 # --- checkpoints and divergence ------------------------------------------------------------------
 
 @pytest.mark.parametrize("source", SOURCES)
-def test_checkpoint_round_trip_resumes_bit_for_bit(small_split, source, tmp_path):
+def test_checkpoint_round_trip_resumes_bit_for_bit(small_data, source, tmp_path):
     # three epochs: a scheduler left unrestored only shows in the lr of the epoch after the next
     config = TrialConfig(**{**SMALL, "epochs": 3}, source=source, seed=3)
-    uninterrupted = run_records(config, small_split)
+    uninterrupted = run_records(config, small_data)
 
-    run = build_run(config, *small_split, CPU)
+    run = build_run(config, small_data, CPU)
     first = next(train_and_evaluate(run))
-    path = tmp_path / "checkpoint.pt"
-    torch.save(run.state_dict(), path)
+    path = save_checkpoint(tmp_path, config, run.input_shape, run.num_classes, run.state_dict())
+    assert path == tmp_path / CHECKPOINT_FILE
+
+    # the checkpoint alone says what model it holds
+    saved = load_checkpoint(tmp_path)
+    assert saved.config == config
+    assert (saved.input_shape, saved.num_classes) == ((1, 28, 28), 10)
 
     # a fresh run, built with another seed so that nothing but the checkpoint can make it agree
-    resumed_run = build_run(dataclasses.replace(config, seed=config.seed + 1), *small_split, CPU)
-    resumed_run.load_state_dict(torch.load(path, weights_only=True))
+    resumed_run = build_run(dataclasses.replace(config, seed=config.seed + 1), small_data, CPU)
+    resumed_run.load_state_dict(saved.state)
     assert resumed_run.epoch == 1
     resumed = list(train_and_evaluate(resumed_run))
 
@@ -214,9 +226,53 @@ def test_checkpoint_round_trip_resumes_bit_for_bit(small_split, source, tmp_path
     assert [metrics(r) for r in resumed] == [metrics(r) for r in uninterrupted[1:]]
 
 
-def test_divergent_run_is_reported_and_stops_early(small_split):
+def test_a_checkpoint_rebuilds_its_model_for_evaluation(small_data, tmp_path):
+    """evaluate_model: what the driver does with the best checkpoint and the test part."""
+    config = TrialConfig(**{**SMALL, "epochs": 1}, model_args={"hidden_sizes": [32]})
+    run = build_run(config, small_data, CPU)
+    (record,) = train_and_evaluate(run)
+    save_checkpoint(tmp_path, config, run.input_shape, run.num_classes, run.state_dict())
+    saved = load_checkpoint(tmp_path)
+    loss, acc = evaluate_model(saved.config, saved.state["model"], saved.input_shape, saved.num_classes,
+                               small_data.val, small_data.standardize, CPU)
+    # the same weights on the same validation examples: the numbers the epoch reported
+    assert loss == pytest.approx(record.val_loss, rel=1e-6)
+    assert acc == pytest.approx(record.val_acc, abs=1e-9)
+
+
+def test_unreadable_checkpoints_are_checkpoint_errors(tmp_path, small_data):
+    missing = tmp_path / "missing"
+    with pytest.raises(CheckpointError, match="cannot be read"):
+        load_checkpoint(missing)
+
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / CHECKPOINT_FILE).write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(garbage)
+    assert str(garbage / CHECKPOINT_FILE) in str(caught.value)
+
+    # the first release saved the bare state dict, without a format or config
+    old = tmp_path / "old"
+    old.mkdir()
+    run = build_run(TrialConfig(**SMALL), small_data, CPU)
+    torch.save(run.state_dict(), old / CHECKPOINT_FILE)
+    with pytest.raises(CheckpointError, match="checkpoint format None, this version reads 2"):
+        load_checkpoint(old)
+
+    # truncated mid-file (a worker killed while writing)
+    truncated = tmp_path / "truncated"
+    truncated.mkdir()
+    save_checkpoint(truncated, TrialConfig(**SMALL), run.input_shape, run.num_classes, run.state_dict())
+    data = (truncated / CHECKPOINT_FILE).read_bytes()
+    (truncated / CHECKPOINT_FILE).write_bytes(data[:len(data) // 2])
+    with pytest.raises(CheckpointError, match="cannot be read"):
+        load_checkpoint(truncated)
+
+
+def test_divergent_run_is_reported_and_stops_early(small_data):
     config = TrialConfig(**{**SMALL, "epochs": 3}, lr=1e6, clip_norm=None)
-    records = run_records(config, small_split)  # no exception
+    records = run_records(config, small_data)  # no exception
 
     assert 1 <= len(records) < config.epochs
     assert records[-1].diverged
@@ -224,23 +280,56 @@ def test_divergent_run_is_reported_and_stops_early(small_split):
     assert not any(r.diverged for r in records[:-1])
 
 
+# --- models and optimizers ------------------------------------------------------------------------
+
+def test_the_builtin_cnn_trains_one_tiny_epoch(mnist_train):
+    data = mnist_data(*split(mnist_train, 500, 100, split_seed=0))
+    config = TrialConfig(model="cnn", model_args={"channels": [4], "hidden": 16, "dropout": 0.0},
+                         epochs=1, batch_size=50, train_size=500, val_size=100)
+    run = build_run(config, data, CPU)
+    assert [type(m) for m in run.model if isinstance(m, nn.Conv2d)] == [nn.Conv2d]
+    assert run.model[0].out_channels == 4 and run.model[-1].out_features == 10
+    before = [p.detach().clone() for p in run.model.parameters()]
+    (record,) = train_and_evaluate(run)
+    assert record.epoch == 1
+    assert math.isfinite(record.train_loss) and math.isfinite(record.val_loss)
+    assert any(not torch.equal(b, p) for b, p in zip(before, run.model.parameters()))  # it trained
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_every_optimizer_trains_and_is_the_one_configured(small_data, optimizer):
+    config = TrialConfig(**{**SMALL, "epochs": 1}, optimizer=optimizer, lr=0.01 if optimizer != "sgd" else 0.05,
+                         nesterov=optimizer == "sgd", beta1=0.8, beta2=0.99, weight_decay=1e-4)
+    run = build_run(config, small_data, CPU)
+    expected = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[optimizer]
+    assert type(run.optimizer) is expected
+    group = run.optimizer.param_groups[0]
+    assert group["weight_decay"] == 1e-4
+    if optimizer == "sgd":
+        assert group["nesterov"] is True and group["momentum"] == config.momentum
+    else:
+        assert group["betas"] == (0.8, 0.99)
+    (record,) = train_and_evaluate(run)
+    assert record.train_loss < math.log(10)  # it learned something in one epoch
+
+
 # --- accelerator ---------------------------------------------------------------------------------
 
 @pytest.mark.gpu
 @pytest.mark.skipif(ACCELERATOR is None, reason="no accelerator available")
-def test_on_the_accelerator_batches_live_there_and_runs_repeat(small_split):
+def test_on_the_accelerator_batches_live_there_and_runs_repeat(small_data):
     device = ACCELERATOR
     config = TrialConfig(**SMALL, seed=1)
 
-    run = build_run(config, *small_split, device)
-    assert run.train_batches.images.device.type == device.type
+    run = build_run(config, small_data, device)
+    assert run.train_batches.inputs.device.type == device.type
     assert run.train_batches.labels.device.type == device.type
     X, y = next(iter(run.train_batches))
     assert X.device.type == y.device.type == device.type
     assert next(run.model.parameters()).device.type == device.type
 
     first = list(train_and_evaluate(run))
-    again = run_records(config, small_split, device)
+    again = run_records(config, small_data, device)
     assert len(first) == len(again) == config.epochs
     for a, b in zip(first, again):
         for name in ("train_loss", "train_acc", "val_loss", "val_acc", "epoch_lr"):

@@ -13,6 +13,7 @@ from typing import Sequence
 
 from trainable.config import FIELDS, MODEL, TrialConfig
 from trainable.data import default_data_root, load_data
+from trainable.factories import check_model
 from trainable.device import get_default_device
 from trainable.errors import ConfigError, DataError, problem
 from trainable.loop import build_run, train_and_evaluate
@@ -69,17 +70,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = trial_config(args)
         data = load_data(config, args.data_root or default_data_root(), with_test=False)
+        # the model once on two inputs: a bad keyword or output shape is exit 2, not a crash mid-epoch
+        check_model(config, data.sample(), data.num_classes)
     except (ConfigError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     device = get_default_device()
     print(f"device: {device} | dataset: {config.dataset} {len(data.train)} train / "
           f"{len(data.val)} val | model: {config.model} | seed: {config.seed}", flush=True)
-    try:
-        run = build_run(config, data, device)
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    run = build_run(config, data, device)
     width = len(str(config.epochs))
     for r in train_and_evaluate(run):
         print(f"Epoch [{r.epoch:>{width}}/{config.epochs}] | loss {r.train_loss:.4f} | acc {r.train_acc:.4f}"

@@ -80,8 +80,9 @@ class TrialConfig:
     num_threads: int | None = None  #: torch CPU threads; None keeps torch's default
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "data_args", frozen_mapping(self.data_args))
-        object.__setattr__(self, "model_args", frozen_mapping(self.model_args))
+        for name in ("data_args", "model_args"):  # a non-mapping is left for check_fields to name
+            if isinstance(getattr(self, name), Mapping):
+                object.__setattr__(self, name, frozen_mapping(getattr(self, name)))
         problems = check_fields(self.to_flat())
         if problems:
             raise ConfigError(problems)
@@ -112,7 +113,12 @@ class TrialConfig:
             if f.name == "model":
                 out[f"{MODEL}.{FACTORY}"] = value
             elif f.name == "model_args":
-                out.update({f"{MODEL}.{k}": plain(v) for k, v in value.items()})
+                if not isinstance(value, Mapping):
+                    out["model_args"] = value  # reported by check_fields
+                    continue
+                # "factory" is model.factory itself; as a keyword it would replace the reference
+                out.update({f"{MODEL}.{k if k != FACTORY else 'factory (a keyword)'}": plain(v)
+                            for k, v in value.items()})
             else:
                 out[f.name] = plain(value)
         return out

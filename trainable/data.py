@@ -71,6 +71,10 @@ class Data:
     input_shape: tuple[int, ...]  #: shape of one prepared input (e.g. (1, 28, 28)): what the model gets
     standardize: Standardize | None  #: None: inputs are used as given (float64 read as float32)
 
+    def sample(self, n: int = 2) -> torch.Tensor:
+        """The first `n` training inputs exactly as a model gets them (to try a model once)."""
+        return prepare_inputs(torch.from_numpy(self.train.inputs[:n].copy()), self.standardize)
+
     def for_trials(self) -> "Data":
         """Without the test part: trials never see it, so it need not travel to them."""
         return replace(self, test=None)
@@ -141,11 +145,12 @@ def as_arrays(part: Any, key: str, which: str) -> Arrays:
     if isinstance(part, (tuple, list)) and len(part) == 2 and all(
             isinstance(p, (torch.Tensor, np.ndarray)) for p in part):
         inputs, labels = (p.detach().cpu().numpy() if isinstance(p, torch.Tensor) else np.asarray(p) for p in part)
-    elif hasattr(part, "__getitem__") and hasattr(part, "__len__") and not isinstance(part, (tuple, list, str)):
+    elif hasattr(part, "__getitem__") and hasattr(part, "__len__") and not isinstance(
+            part, (tuple, list, str, torch.Tensor, np.ndarray)):
         try:
             pairs = [part[i] for i in range(len(part))]
             inputs = np.stack([np.asarray(x.detach().cpu() if isinstance(x, torch.Tensor) else x) for x, _ in pairs])
-            labels = np.asarray([int(y) for _, y in pairs])
+            labels = np.asarray([y.item() if isinstance(y, (torch.Tensor, np.generic)) else y for _, y in pairs])
         except Exception as error:
             raise ConfigError([problem(key, f"its {which} Dataset must yield (x, y) pairs of arrays and "
                                             f"integer labels ({type(error).__name__}: {error})", describe(part))]) from None
@@ -153,8 +158,8 @@ def as_arrays(part: Any, key: str, which: str) -> Arrays:
         raise ConfigError([problem(key, f"its {which} part must be a torch Dataset of (x, y) pairs or a pair "
                                         "(X, y) of tensors", describe(part))])
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer) or len(inputs) != len(labels) or not len(labels):
-        raise ConfigError([problem(key, f"its {which} part must hold N >= 1 inputs and N integer labels (N,), "
-                                        f"got inputs {inputs.shape} {inputs.dtype} and labels", f"{labels.shape} {labels.dtype}")])
+        raise ConfigError([problem(key, f"its {which} part must hold N >= 1 inputs and N integer labels (N,) "
+                                        f"(inputs: {inputs.shape} {inputs.dtype}); labels", f"{labels.shape} {labels.dtype}")])
     if inputs.dtype == np.float64:
         inputs = inputs.astype(np.float32)  # models are float32; a float64 input would not run
     return Arrays(inputs, labels.astype(np.int64))
