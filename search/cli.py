@@ -2,12 +2,14 @@
 
 Every flag is a shorthand for `--set section.key=value` on the space file; overrides are
 applied to the file's contents and validated with it, so a bad flag reads like a bad file.
-Exit codes: 0 done, 2 bad input (nothing started), 1 the search itself failed.
+Exit codes: 0 done, 2 bad input (nothing started), 130 interrupted (Ctrl-C or SIGTERM; the
+summary prints the --resume command), 1 the search itself failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from typing import Any, Sequence
 
@@ -26,6 +28,7 @@ SHORTHANDS = {
     "cpus_per_trial": "resources.cpus",
     "gpus_per_trial": "resources.gpus",
     "data_root": "data.root",
+    "connect_timeout": "experiment.connect_timeout",
 }
 
 
@@ -105,10 +108,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from search.capacity import CapacityError
     from search.driver import run_search
 
+    # SIGTERM (a scheduler, `kill`) stops the search as Ctrl-C does
+    signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
     try:
         outcome = run_search(space, name=args.name, address=args.address, resume=args.resume)
     except (ConfigError, CapacityError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before Tune started (it handles Ctrl-C itself once running)
+        print("interrupted before the search started; nothing ran", file=sys.stderr)
+        return 130
     print(outcome.summary, flush=True)
-    return 0
+    return 130 if outcome.interrupted else 0

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+import socket
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -23,10 +27,10 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
 from search.capacity import check_capacity
 from search.progress import Progress, number
-from search.results import config_from_row, read_record, results_schema, to_frame, trial_rows
-from search.run_folder import RunFolder
+from search.results import INTERRUPTED, config_from_row, read_record, results_schema, to_frame, trial_rows
+from search.run_folder import RunFolder, check_storage
 from search.searcher import make_searcher
-from search.space import MODEL, Space, example_config, is_run_name, to_raw
+from search.space import MODEL, Space, example_config, is_run_name, max_epochs, to_raw
 from search.storage import Storage, is_uri
 from search.summary import Timing, format_summary
 from trainable.data import Data, load_data
@@ -49,6 +53,7 @@ class Outcome:
     best: dict[str, Any] | None  #: best.yaml's content
     timing: Timing
     summary: str
+    interrupted: bool = False  #: stopped (Ctrl-C, SIGTERM) before every trial finished; --resume continues it
 
 
 def run_folder_name(space: Space, storage: Storage, name: str | None, resume: bool) -> str:
@@ -77,10 +82,8 @@ def run_folder_name(space: Space, storage: Storage, name: str | None, resume: bo
 def make_scheduler(space: Space) -> TrialScheduler:
     experiment = space.experiment
     if experiment.scheduler == "asha":
-        epochs = next((d.high if d.values == () else max(d.values) for d in space.searched if d.name == "epochs"),
-                      space.trial_defaults().epochs)
         return ASHAScheduler(time_attr="training_iteration", metric=experiment.metric, mode=experiment.mode,
-                             max_t=int(epochs), grace_period=experiment.grace_period,
+                             max_t=max_epochs(space.searched, space.trial_defaults().epochs), grace_period=experiment.grace_period,
                              reduction_factor=experiment.reduction_factor)
     return FIFOScheduler()
 
@@ -99,16 +102,59 @@ def trial_folder_name(trial) -> str:
     return f"trial_{trial.trial_id}"
 
 
-def start_ray(address: str | None) -> bool:
+def reachable(address: str, timeout_s: float) -> bool:
+    """True once a TCP connection to host:port of `address` succeeds within `timeout_s`.
+
+    ray.init retries an unreachable cluster for minutes; this gives up in the bound.
+    Addresses without a port (auto, local) are Ray's to resolve.
+    """
+    target = address.split("://", 1)[-1]
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        return True
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=max(0.1, min(5.0, timeout_s))):
+                return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)  # a retry interval, not a wait for something we control
+
+
+def start_ray(address: str | None, connect_timeout: float = 60.0) -> bool:
     """Join the cluster at `address` (or $RAY_ADDRESS), else start a local Ray; True if we started it."""
     if ray.is_initialized():
         return False
     if address is None and "RAY_ADDRESS" not in os.environ:
         # "local" always starts a new instance, never joins one some other process started
         ray.init(address="local", include_dashboard=False, log_to_driver=False)
-    else:
-        ray.init(address=address, log_to_driver=False)
+        return True
+    target = address or os.environ["RAY_ADDRESS"]
+    if not reachable(target, connect_timeout):
+        raise ConfigError([problem("--address", f"no Ray cluster answered at {target} within "
+                                                f"{connect_timeout:g} s (experiment.connect_timeout); is it up, "
+                                                "and is the port open?", target)])
+    ray.init(address=address, log_to_driver=False)
     return True
+
+
+@contextmanager
+def sigterm_as_sigint():
+    """SIGTERM stops the search as Ctrl-C does: Tune saves its state, trials stay resumable.
+
+    Tune handles SIGINT inside fit() (it ends the run and saves the experiment state);
+    SIGTERM would otherwise kill the driver mid-write. Signals are the main thread's only.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def check_search(space: Space) -> Data:
@@ -143,12 +189,21 @@ def spec_for_resume(space: Space, folder: RunFolder) -> Space:
 
 
 def derive(folder: RunFolder, space: Space, grid) -> pd.DataFrame:
-    """results.parquet from Tune's record of every trial, this run's and earlier runs'."""
+    """results.parquet from Tune's record of every trial, this run's and earlier runs'.
+
+    Status comes from the saved experiment state (after Ctrl-C the live trial objects read
+    TERMINATED, the saved state RUNNING); a trial that never started has no row.
+    """
     rows = []
+    saved = folder.saved_trials()
     for result in grid:
-        reports = read_record(result.filesystem, result.path)
         trial_id = result.path.rstrip("/").rsplit("/", 1)[-1].removeprefix("trial_")
-        trial = trial_rows(trial_id, result.config, reports, done=True, error=result.error is not None)
+        status, config = saved.get(trial_id, ("TERMINATED", None))
+        reports = read_record(result.filesystem, result.path)
+        if not reports and result.error is None and status == "PENDING":
+            continue
+        ended = status in ("TERMINATED", "ERROR")
+        trial = trial_rows(trial_id, result.config or config, reports, done=ended, error=result.error is not None)
         folder.write_part(space, trial_id, trial)
         rows += trial
     return to_frame(rows, results_schema(space))
@@ -223,18 +278,21 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
     """Run (or resume) a search. Raises ConfigError, DataError or CapacityError before any trial starts."""
     start_wall, start_time = time.perf_counter(), time.time()
     storage = Storage.at(space.experiment.storage_path)
+    check_storage(storage)
     folder = RunFolder(storage, run_folder_name(space, storage, name, resume))
     if resume:
         space = spec_for_resume(space, folder)
     experiment = space.experiment
     data = check_search(space)
-    if not resume:
+    if resume:
+        folder.check_record()
+    else:
         folder.claim()
         folder.write_spec(space)
     # Tune snapshots its experiment state every ~10 s by default; a driver killed in between
     # would resume without the trials finished since. Snapshots of a search this size take ms.
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
-    started = start_ray(address)
+    started = start_ray(address, experiment.connect_timeout)
     try:
         capacity = check_capacity(space.resources)  # 0 only where an autoscaler will add nodes
         slots = min(experiment.max_concurrent, capacity) if capacity else experiment.max_concurrent
@@ -264,8 +322,10 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
                     verbose=0,
                 ),
             )
-        grid = tuner.fit()
+        with sigterm_as_sigint():
+            grid = tuner.fit()
         frame = derive(folder, space, grid)
+        interrupted = (frame["status"] == INTERRUPTED).any() or frame["trial_id"].nunique() < experiment.num_samples
         wall = time.perf_counter() - start_wall
         this_run = frame[frame["finished_at"] >= start_time]
         timing = Timing(wall, float(this_run["epoch_seconds"].sum()), slots)
@@ -283,7 +343,12 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
             if result.error is not None:  # after max_failures restarts; Tune keeps the traceback
                 first_line = str(result.error).strip().splitlines()[-1][:200]
                 summary += f"\nFailed: {result.path}: {first_line} (traceback in error.txt there)"
-        return Outcome(folder.name, folder.path, frame, entry, timing, summary)
+        if interrupted:
+            unfinished = frame.loc[frame["status"] == INTERRUPTED, "trial_id"].nunique()
+            summary += (f"\nInterrupted: {unfinished} trial(s) unfinished, "
+                        f"{experiment.num_samples - frame['trial_id'].nunique()} not started. Continue with:\n"
+                        f"  python -m search --space {space.source} --resume --name {folder.name}")
+        return Outcome(folder.name, folder.path, frame, entry, timing, summary, bool(interrupted))
     finally:
         if started:
             ray.shutdown()

@@ -28,8 +28,9 @@ from trainable.report import EPOCH_COLUMNS, REPORT_COLUMNS
 
 RESULTS_FILE = "results.parquet"
 RECORD_FILE = "result.json"  # Tune's per-trial record: one JSON line per report
-# Final statuses: how each trial ended.
-COMPLETED, STOPPED, DIVERGED, ERROR, RUNNING = "COMPLETED", "STOPPED", "DIVERGED", "ERROR", "RUNNING"
+# How each trial ended. INTERRUPTED: the search stopped (Ctrl-C, SIGTERM, a killed driver)
+# before the trial finished; --resume continues it from its last checkpoint.
+COMPLETED, STOPPED, DIVERGED, ERROR, INTERRUPTED = "COMPLETED", "STOPPED", "DIVERGED", "ERROR", "INTERRUPTED"
 
 
 def config_columns(space: Space) -> list[str]:
@@ -102,13 +103,13 @@ def _hint_kind(name: str) -> str:
 
 
 def trial_status(config: TrialConfig, reports: list[Mapping[str, Any]], *, done: bool, error: bool) -> str:
-    """COMPLETED (all epochs), STOPPED (early, by the scheduler), DIVERGED, ERROR or RUNNING."""
+    """COMPLETED (all epochs), STOPPED (early, by the scheduler), DIVERGED, ERROR or INTERRUPTED."""
     if error:
         return ERROR
     if reports and reports[-1].get("diverged"):
         return DIVERGED
     if not done:
-        return RUNNING
+        return INTERRUPTED
     last_epoch = max((int(r["epoch"]) for r in reports), default=0)
     return COMPLETED if last_epoch >= config.epochs else STOPPED
 

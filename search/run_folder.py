@@ -12,12 +12,17 @@ Derived files are rewritten from the record, never merged with an older copy of 
 
 from __future__ import annotations
 
+import io
+import json
 import os
+import sys
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 import yaml
 
 from search.results import RESULTS_FILE, part_bytes, results_schema
@@ -26,9 +31,30 @@ from search.storage import Storage, is_uri
 from trainable.errors import ConfigError, problem
 from trainable.yaml_file import Loader
 
+STATE_PATTERN = "experiment_state-"  # Tune's experiment state: experiment_state-<time>.json
 SPEC_FILE = "spec.yaml"
 BEST_FILE = "best.yaml"
 RUN_SECTION = "run"  # spec.yaml's record of where and with what the run started; not part of the space
+
+
+def check_storage(storage: Storage) -> None:
+    """The storage path is a usable folder (or URI) before anything starts; ConfigError otherwise."""
+    key = "experiment.storage_path"
+    if is_uri(storage.uri):
+        try:
+            pafs.FileSystem.from_uri(storage.uri)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError, ValueError) as error:
+            raise ConfigError([problem(key, f"not a storage URI pyarrow can open ({error}); use a folder, "
+                                            "s3://, gs:// or another pyarrow.fs scheme", storage.uri)]) from None
+        return
+    path = storage.uri
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ConfigError([problem(key, f"{existing} is a file, not a folder", storage.uri)])
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError([problem(key, f"cannot write in {existing} (permission denied)", storage.uri)])
 
 
 def versions() -> dict[str, str]:
@@ -98,6 +124,65 @@ class RunFolder:
         except Exception as error:
             raise ConfigError([problem("--resume", f"{where} cannot be read ({type(error).__name__}: {error}); "
                                                    "start a new run", self.name)]) from None
+
+    def _fs(self) -> tuple[pafs.FileSystem, str]:
+        return pafs.FileSystem.from_uri(self.path) if is_uri(self.path) else (pafs.LocalFileSystem(), self.path)
+
+    def newest_state(self) -> dict[str, Any]:
+        """Tune's newest experiment state; ValueError if there is none or it does not read."""
+        fs, base = self._fs()
+        names = [i.base_name for i in fs.get_file_info(pafs.FileSelector(base))]
+        states = sorted(n for n in names if n.startswith(STATE_PATTERN) and n.endswith(".json"))
+        if not states:
+            raise ValueError(f"no {STATE_PATTERN}*.json in {self.path}")
+        newest = f"{base}/{states[-1]}"
+        try:
+            with fs.open_input_stream(newest) as stream:
+                state = json.loads(stream.read().decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ValueError(f"{newest} cannot be read ({error})") from None
+        if not isinstance(state, dict) or "trial_data" not in state or "runner_data" not in state:
+            raise ValueError(f"{newest} cannot be read (trial_data or runner_data is missing)")
+        return state
+
+    def saved_trials(self) -> dict[str, tuple[str, dict[str, Any] | None]]:
+        """Trial id -> (status, config) as Tune last saved them."""
+        try:
+            state = self.newest_state()
+        except ValueError:
+            return {}
+        out = {}
+        for trial_json, _ in state["trial_data"]:
+            trial = json.loads(trial_json) if isinstance(trial_json, str) else trial_json
+            config = trial.get("config")
+            out[trial["trial_id"]] = (trial.get("status", "TERMINATED"), config if isinstance(config, dict) else None)
+        return out
+
+    def check_record(self) -> None:
+        """Tune's experiment state must read, or Tune would silently start the search over.
+
+        Also says which parts of results.parquet are unreadable: the end of the search
+        writes every trial's part again from Tune's records.
+        """
+        fix = ("Tune's record of this run is damaged, and resuming would start the search over. "
+               "Restore the file from a copy, or start a new run (its finished trials stay in "
+               "results.parquet and in the trial folders)")
+        try:
+            self.newest_state()
+        except ValueError as error:
+            raise ConfigError([problem("--resume", f"{error}. {fix}", self.name)]) from None
+        fs, base = self._fs()
+        parts = f"{base}/{RESULTS_FILE}"
+        if fs.get_file_info(parts).type == pafs.FileType.Directory:
+            for info in fs.get_file_info(pafs.FileSelector(parts)):
+                if not info.base_name.endswith(".parquet"):
+                    continue
+                try:
+                    with fs.open_input_file(info.path) as stream:
+                        pq.read_table(io.BytesIO(stream.read()))
+                except (pa.ArrowException, OSError) as error:
+                    print(f"note: {info.path} is unreadable ({error}); it is rebuilt from Tune's records when "
+                          "the search ends", file=sys.stderr, flush=True)
 
     def write_part(self, space: Space, trial_id: str, rows: list[dict[str, Any]]) -> None:
         """One trial's rows as its part of results.parquet (replacing an earlier part)."""

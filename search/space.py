@@ -61,6 +61,7 @@ class Experiment:
     reduction_factor: int = 2  #: asha: keep the top 1/reduction_factor at each rung
     max_failures: int = 2  #: restarts of a crashed trial, from its last checkpoint
     storage_path: str = "./runs"  #: local folder or pyarrow.fs URI (s3://..., gs://...)
+    connect_timeout: float = 60.0  #: seconds to wait for the cluster at --address before giving up
 
 
 @dataclass(frozen=True)
@@ -104,17 +105,19 @@ _RULES = {
                         "must be letters, digits, '_', '.' or '-' (it names a folder)"),
     "experiment.metric": (lambda v: v in METRICS, f"must be a metric the trainable reports: {', '.join(METRICS)}"),
     "experiment.mode": (lambda v: v in MODES, "must be max or min"),
-    "experiment.num_samples": (lambda v: _is_int(v) and v > 0, "must be an integer > 0"),
-    "experiment.max_concurrent": (lambda v: _is_int(v) and v > 0, "must be an integer > 0"),
+    "experiment.num_samples": (lambda v: _is_int(v) and 0 < v <= 1_000_000, "must be an integer in [1, 1000000]"),
+    "experiment.max_concurrent": (lambda v: _is_int(v) and 0 < v <= 10_000, "must be an integer in [1, 10000]"),
     "experiment.seed": (lambda v: _is_int(v) and 0 <= v < 2**32, "must be an integer in [0, 2**32)"),
     "experiment.scheduler": (lambda v: v in SCHEDULERS, f"must be one of {', '.join(SCHEDULERS)}"),
-    "experiment.grace_period": (lambda v: _is_int(v) and v > 0, "must be an integer > 0 (epochs)"),
-    "experiment.reduction_factor": (lambda v: _is_int(v) and v > 1, "must be an integer > 1"),
-    "experiment.max_failures": (lambda v: _is_int(v) and v >= 0, "must be an integer >= 0"),
+    "experiment.grace_period": (lambda v: _is_int(v) and 0 < v <= 100_000, "must be an integer in [1, 100000] (epochs)"),
+    "experiment.reduction_factor": (lambda v: _is_int(v) and 1 < v <= 1000, "must be an integer in [2, 1000]"),
+    "experiment.max_failures": (lambda v: _is_int(v) and 0 <= v <= 1000, "must be an integer in [0, 1000]"),
+    "experiment.connect_timeout": (lambda v: _is_number(v) and 0 < v <= 86_400, "must be a number of seconds in (0, 86400]"),
     "experiment.storage_path": (lambda v: isinstance(v, str) and v != "", "must be a folder or URI"),
-    "resources.cpus": (lambda v: _is_number(v) and v > 0, "must be a number > 0"),
-    "resources.gpus": (lambda v: _is_number(v) and v >= 0 and (v <= 1 or float(v).is_integer()),
-                       "must be a number >= 0, a fraction only below 1 (0.25, 0.5) or whole (1, 2)"),
+    # Ray counts resources in units of 1/10000; below 0.01 CPU a trial is a rounding error
+    "resources.cpus": (lambda v: _is_number(v) and 0.01 <= v <= 1024, "must be a number in [0.01, 1024]"),
+    "resources.gpus": (lambda v: _is_number(v) and (v == 0 or 0.01 <= v <= 1 or (float(v).is_integer() and v <= 64)),
+                       "must be 0, a fraction in [0.01, 1] (0.25 packs four trials per GPU) or whole up to 64"),
     "data.root": (lambda v: v is None or (isinstance(v, str) and v != ""), "must be a folder (or null for the default)"),
 }
 
@@ -213,6 +216,14 @@ def _distribution(name: str, spec: Mapping[str, Any], problems: list[str]) -> Di
 
 
 
+def max_epochs(searched: tuple[Distribution, ...] | list[Distribution], fixed_epochs: int) -> int:
+    """The most epochs any trial of the search runs (epochs may be searched)."""
+    for d in searched:
+        if d.name == "epochs":
+            return int(max(d.values) if d.distribution == "choice" else d.high)
+    return fixed_epochs
+
+
 def _base_folder(source: str) -> Path:
     """Where a relative FILE.py reference points from: the space file's folder."""
     path = Path(source)
@@ -291,6 +302,11 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
             fixed[key] = _fixed_field(path, key, value, problems)
     if not problems:
         problems += cross_field_problems(fixed, "data.")
+    if not problems and experiment.scheduler == "asha":
+        epochs = max_epochs(searched, TrialConfig.from_mapping(fixed).epochs)
+        if experiment.grace_period > epochs:
+            problems.append(problem("experiment.grace_period", f"must be <= the epochs a trial runs ({epochs}) "
+                                                               "for asha", experiment.grace_period))
     if not problems and not searched:
         problems.append(problem("space", "must search at least one field (e.g. lr: {distribution: loguniform, "
                                          "low: 0.01, high: 0.3})", raw.get("space")))

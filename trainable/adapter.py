@@ -8,9 +8,11 @@ one result (report.epoch_report + a checkpoint in report's format) per epoch.
 from __future__ import annotations
 
 import socket
+import sys
 import tempfile
 from typing import Any
 
+import pyarrow.fs as pafs
 import ray
 import torch
 from ray import tune
@@ -19,7 +21,7 @@ from trainable.config import TrialConfig
 from trainable.data import Data
 from trainable.device import get_default_device
 from trainable.loop import build_run, train_and_evaluate
-from trainable.report import Placement, epoch_report, load_checkpoint, save_checkpoint
+from trainable.report import CheckpointError, Placement, epoch_report, load_checkpoint, save_checkpoint
 
 
 def assigned_accelerators() -> str:
@@ -40,6 +42,30 @@ def trial_device() -> torch.device:
     return get_default_device() if assigned_accelerators() else torch.device("cpu")
 
 
+def newest_readable_state(latest: tune.Checkpoint) -> dict[str, Any] | None:
+    """The state of `latest`, or of the newest earlier checkpoint of the trial that reads.
+
+    A checkpoint cut short (a full disk, a killed node) would otherwise fail the trial on
+    every restart. None: no checkpoint reads, and the trial starts over from epoch 0.
+    """
+    folder, _, _ = latest.path.rstrip("/").rpartition("/")
+    siblings = [i.path for i in latest.filesystem.get_file_info(pafs.FileSelector(folder))
+                if i.type == pafs.FileType.Directory and i.base_name.startswith("checkpoint_")]
+    candidates = [latest.path] + sorted((p for p in siblings if p != latest.path), reverse=True)
+    for path in candidates:
+        try:
+            with tune.Checkpoint(path, filesystem=latest.filesystem).as_directory() as where:
+                state = load_checkpoint(where).state
+        except CheckpointError as error:
+            print(f"hpsearch: skipping an unreadable checkpoint: {error}", file=sys.stderr, flush=True)
+            continue
+        if path != latest.path:
+            print(f"hpsearch: resuming from the earlier checkpoint {path}", file=sys.stderr, flush=True)
+        return state
+    print("hpsearch: no readable checkpoint; the trial starts over", file=sys.stderr, flush=True)
+    return None
+
+
 def tune_trial(config: dict[str, Any], *, data: Data) -> None:
     """A Tune function trainable. `data` arrives once through Ray's object store."""
     trial = TrialConfig.from_mapping(config)
@@ -49,8 +75,9 @@ def tune_trial(config: dict[str, Any], *, data: Data) -> None:
     run = build_run(trial, data, device)
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:  # Tune restarted this trial (failure or resume)
-        with checkpoint.as_directory() as folder:
-            run.load_state_dict(load_checkpoint(folder).state)
+        state = newest_readable_state(checkpoint)
+        if state is not None:
+            run.load_state_dict(state)
     placement = Placement(node=ray.get_runtime_context().get_node_id()[:12], hostname=socket.gethostname(),
                           device=str(device), accelerator_ids=assigned_accelerators())
     for record in train_and_evaluate(run):
