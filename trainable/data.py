@@ -13,8 +13,10 @@ with `split_seed` draws it from `train`.
 
 from __future__ import annotations
 
+import gzip
 import inspect
 import os
+import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -107,17 +109,31 @@ def load_dataset(name: str, root: str | Path | None = None, *, train: bool = Tru
     except Exception as error:  # no network, bad md5, a truncated or corrupt file (torchvision asserts)
         folder = raw_folder(name, root)
         present = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+        corrupt = [p.name for p in sorted(folder.glob("*.gz")) if not gzip_intact(p)] if folder.is_dir() else []
         files = ("cifar-10-python.tar.gz or its unpacked batches" if name == "cifar10"
                  else ", ".join(f"{f}.gz" for f in RAW_FILES))
+        if corrupt:  # torchvision would blame a failed download
+            raise DataError(f"dataset {name}: {', '.join(corrupt)} in {folder} is corrupt or truncated; "
+                            f"replace it with an intact copy (and delete its unpacked file, if any)") from None
         raise DataError(
             f"dataset {name}: could not read it from {folder} ({type(error).__name__}: {error}); "
             f"files there: {', '.join(present) or 'none'}.\n"
-            f"Put its files there ({files}), replacing any that are truncated or corrupt, "
-            f"or choose another folder with --data-root or HPSEARCH_DATA."
+            f"Put its files there ({files}), or choose another folder with --data-root or HPSEARCH_DATA."
         ) from None
     arrays = Arrays(np.asarray(dataset.data), np.asarray(dataset.targets, dtype=np.int64))
     check_labels(arrays, BUILTIN_CLASSES, f"dataset {name} ({'train' if train else 'test'})")
     return arrays
+
+
+def gzip_intact(path: Path) -> bool:
+    """True if the .gz file decompresses to its end (a truncated download does not)."""
+    try:
+        with gzip.open(path, "rb") as stream:
+            while stream.read(1 << 20):
+                pass
+        return True
+    except (OSError, EOFError, zlib.error):
+        return False
 
 
 def check_labels(arrays: Arrays, num_classes: int, where: str) -> None:

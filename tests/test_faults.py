@@ -1,0 +1,300 @@
+"""Nothing lost, nothing silent: stops, damaged files and hostile input, each tried as a user would."""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from search.results import COMPLETED, INTERRUPTED
+from tests.helpers import SMALL
+from tests.test_resume import wait_for
+from tests.test_trainable_data import write_idx
+from trainable.data import RAW_FILES, load_dataset
+from trainable.errors import DataError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def space_file(tmp_path: Path, data_root: Path, **sections) -> Path:
+    raw = copy.deepcopy(SMALL)
+    raw["experiment"].update(storage_path=str(tmp_path / "runs"))
+    raw["data"].update(root=str(data_root))
+    for section, values in sections.items():
+        raw.setdefault(section, {}).update(values)
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def search_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "search", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def no_traceback(done: subprocess.CompletedProcess) -> bool:
+    return "Traceback" not in done.stderr and "Traceback" not in done.stdout
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, data_root):
+    """One finished search (4 trials x 2 epochs) whose run folder tests copy and damage."""
+    base = tmp_path_factory.mktemp("finished")
+    space = space_file(base, data_root)
+    done = search_cli("--space", str(space), "--name", "done")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return space, base / "runs" / "done"
+
+
+def copy_run(finished, tmp_path: Path, name: str = "done") -> tuple[Path, Path]:
+    """The finished run at the same storage path (Tune's records point there), as a fresh copy."""
+    space, run = finished
+    raw = yaml.safe_load(space.read_text())
+    raw["experiment"]["storage_path"] = str(tmp_path / "runs")
+    copied = tmp_path / "space.yaml"
+    copied.write_text(yaml.safe_dump(raw))
+    shutil.copytree(run, tmp_path / "runs" / name, symlinks=True)
+    spec = tmp_path / "runs" / name / "spec.yaml"  # the copy is the run now: it says where it lives
+    spec.write_text(spec.read_text().replace(str(run), str(tmp_path / "runs" / name)))
+    return copied, tmp_path / "runs" / name
+
+
+# ---- results lost or recorded falsely ----
+
+@pytest.mark.slow
+def test_a_damaged_experiment_state_refuses_to_resume_and_keeps_every_row(finished, tmp_path):
+    space, run = copy_run(finished, tmp_path)
+    before = pd.read_parquet(run / "results.parquet")
+    [state] = run.glob("experiment_state-*.json")
+    state.write_bytes(state.read_bytes()[: len(state.read_bytes()) // 3])  # truncated mid-write
+    done = search_cli("--space", str(space), "--name", "done", "--resume")
+    assert done.returncode == 2 and no_traceback(done), done.stderr[-2000:]
+    assert "cannot be read" in done.stderr and "resuming would start the search over" in done.stderr
+    after = pd.read_parquet(run / "results.parquet")
+    pd.testing.assert_frame_equal(after.sort_values(["trial_id", "epoch"]).reset_index(drop=True),
+                                  before.sort_values(["trial_id", "epoch"]).reset_index(drop=True))
+
+
+@pytest.mark.slow
+def test_a_copied_run_folder_is_refused_not_resumed_into_the_original(finished, tmp_path):
+    space, run = finished
+    shutil.copytree(run, tmp_path / "runs" / "copy")
+    raw = yaml.safe_load(space.read_text())
+    raw["experiment"]["storage_path"] = str(tmp_path / "runs")
+    moved = tmp_path / "space.yaml"
+    moved.write_text(yaml.safe_dump(raw))
+    done = search_cli("--space", str(moved), "--name", "copy", "--resume")
+    assert done.returncode == 2 and no_traceback(done)
+    assert f"this run was started at {run}" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_corrupt_best_checkpoint_falls_back_to_the_next_best(finished, tmp_path):
+    space, run = copy_run(finished, tmp_path)
+    best = yaml.safe_load((run / "best.yaml").read_text())["result"]
+    frame = pd.read_parquet(run / "results.parquet")
+    row = frame[(frame["trial_id"] == best["trial_id"]) & (frame["epoch"] == best["epoch"])]
+    [checkpoint] = [p for p in (run / f"trial_{best['trial_id']}").glob("checkpoint_*")
+                    if int(p.name.split("_")[1]) == best["epoch"] - 1]
+    (checkpoint / "state.pt").write_bytes(b"\x00" * 100)
+    done = search_cli("--space", str(space), "--name", "done", "--resume")  # derives the outputs again
+    assert done.returncode == 0 and no_traceback(done), done.stderr[-2000:]
+    again = yaml.safe_load((run / "best.yaml").read_text())["result"]
+    assert "skipped" in again["note"] and str(checkpoint / "state.pt") in again["note"]
+    assert (again["trial_id"], again["epoch"]) != (best["trial_id"], best["epoch"])
+    assert again["val_acc"] <= row["val_acc"].iloc[0] and again["test_acc"] is not None
+
+
+@pytest.mark.slow
+def test_a_corrupt_results_part_is_rebuilt_from_tunes_records_and_said(finished, tmp_path):
+    space, run = copy_run(finished, tmp_path)
+    before = pd.read_parquet(run / "results.parquet")
+    part = sorted((run / "results.parquet").glob("*.parquet"))[0]
+    part.write_bytes(b"garbage")
+    done = search_cli("--space", str(space), "--name", "done", "--resume")
+    assert done.returncode == 0 and no_traceback(done), done.stderr[-2000:]
+    assert f"{part} is unreadable" in done.stderr and "rebuilt from Tune's records" in done.stderr
+    after = pd.read_parquet(run / "results.parquet")
+    columns = ["trial_id", "epoch", "seed", "lr", "val_acc"]
+    pd.testing.assert_frame_equal(after.sort_values(["trial_id", "epoch"])[columns].reset_index(drop=True),
+                                  before.sort_values(["trial_id", "epoch"])[columns].reset_index(drop=True))
+
+
+def test_an_unreadable_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):
+    from ray import tune
+
+    from trainable.adapter import newest_readable_state
+    from trainable.config import TrialConfig
+    from trainable.report import save_checkpoint
+
+    trial = tmp_path / "trial_x"
+    for epoch in range(3):
+        (trial / f"checkpoint_00000{epoch}").mkdir(parents=True)
+        save_checkpoint(trial / f"checkpoint_00000{epoch}", TrialConfig(), (1, 28, 28), 10,
+                        {"epoch": epoch + 1, "model": {"w": torch.ones(1)}})
+    (trial / "checkpoint_000002" / "state.pt").write_bytes(b"cut sho")
+    state = newest_readable_state(tune.Checkpoint(str(trial / "checkpoint_000002")))
+    assert state["epoch"] == 2, "the newest readable one: epoch 2, not the corrupt epoch 3"
+    (trial / "checkpoint_000001" / "state.pt").unlink()
+    (trial / "checkpoint_000000" / "state.pt").write_bytes(b"")
+    assert newest_readable_state(tune.Checkpoint(str(trial / "checkpoint_000002"))) is None
+
+
+@pytest.mark.slow
+def test_two_searches_with_one_name_give_one_search_and_one_refusal(tmp_path, data_root):
+    space = space_file(tmp_path, data_root, experiment={"num_samples": 2}, training={"epochs": 1})
+    command = [sys.executable, "-m", "search", "--space", str(space), "--name", "same"]
+    first, second = (subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                     for _ in range(2))
+    outputs = [p.communicate(timeout=300) for p in (first, second)]
+    codes = sorted(p.returncode for p in (first, second))
+    assert codes == [0, 2], [o[1][-2000:] for o in outputs]
+    refused = next(err for (out, err), p in zip(outputs, (first, second)) if p.returncode == 2)
+    assert "already holds a search" in refused and "Traceback" not in refused
+    frame = pd.read_parquet(tmp_path / "runs" / "same" / "results.parquet")
+    assert frame["trial_id"].nunique() == 2, "the one search's trials, nobody else's"
+
+
+@pytest.mark.parametrize("name", ["../outside", "/tmp/absolute", "name\n", "a/b", ".."])
+def test_run_names_that_leave_the_storage_path_are_refused(tmp_path, name):
+    space = space_file(tmp_path, tmp_path / "data")
+    done = search_cli("--space", str(space), "--name", name)
+    assert done.returncode == 2 and no_traceback(done)
+    assert "--name: must be letters, digits" in done.stderr
+    assert not (tmp_path / "outside").exists() and not (tmp_path / "runs").exists()
+
+
+# ---- interruptions and hangs ----
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_stopped_search_exits_130_marks_unfinished_trials_and_resumes(tmp_path, data_root, stop):
+    space = space_file(tmp_path, data_root, experiment={"num_samples": 4},
+                       training={"epochs": 4}, data={"train_size": 3000})
+    run = tmp_path / "runs" / "stopped"
+    driver = subprocess.Popen([sys.executable, "-m", "search", "--space", str(space), "--name", "stopped"],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def a_trial_mid_way():
+        for record in run.glob("trial_*/result.json"):
+            lines = record.read_text().splitlines()
+            if lines and json.loads(lines[-1])["epoch"] < 4:
+                return True
+        return None
+
+    wait_for(a_trial_mid_way, 180, "a trial between epochs")
+    driver.send_signal(stop)
+    out, err = driver.communicate(timeout=120)
+    assert driver.returncode == 130, err[-3000:]
+    assert f"--resume --name stopped" in out and "Interrupted:" in out
+    frame = pd.read_parquet(run / "results.parquet")
+    assert (frame["status"] == INTERRUPTED).any() or frame["trial_id"].nunique() < 4
+    assert "STOPPED" not in set(frame["status"]), "an interrupted trial is not one the scheduler stopped"
+
+    resumed = search_cli("--space", str(space), "--name", "stopped", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    frame = pd.read_parquet(run / "results.parquet")
+    assert frame["trial_id"].nunique() == 4 and set(frame["status"]) == {COMPLETED}
+    assert (frame.groupby("trial_id")["epoch"].apply(sorted).map(lambda e: e == [1, 2, 3, 4])).all()
+
+
+def test_an_unreachable_address_gives_up_within_the_bound(tmp_path):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    space = space_file(tmp_path, tmp_path / "data",
+                       data={"dataset": "blobs.py:blobs", "train_size": None, "val_size": 10})
+    (tmp_path / "blobs.py").write_text("import torch\n\ndef blobs(root):\n"
+                                       "    return (torch.randn(60, 4), torch.arange(60) % 2), None\n")
+    done = search_cli("--space", str(space), "--address", f"127.0.0.1:{port}", "--connect-timeout", "2",
+                      timeout=120)
+    assert done.returncode == 2 and no_traceback(done), done.stderr[-2000:]
+    assert f"no Ray cluster answered at 127.0.0.1:{port} within 2 s" in done.stderr
+
+
+def test_a_corrupt_test_part_is_found_before_any_trial(tmp_path, data_root):
+    root = tmp_path / "data"
+    shutil.copytree(data_root / "MNIST" / "raw", root / "MNIST" / "raw",
+                    ignore=shutil.ignore_patterns("t10k-*"))  # only the packed files: torchvision unpacks them
+    for name in RAW_FILES:
+        unpacked = root / "MNIST" / "raw" / name
+        if unpacked.exists():
+            unpacked.unlink()
+    packed = (data_root / "MNIST" / "raw" / "t10k-labels-idx1-ubyte.gz").read_bytes()
+    (root / "MNIST" / "raw" / "t10k-labels-idx1-ubyte.gz").write_bytes(packed[: len(packed) // 2])
+    shutil.copy(data_root / "MNIST" / "raw" / "t10k-images-idx3-ubyte.gz", root / "MNIST" / "raw")
+    space = space_file(tmp_path, root)
+    done = search_cli("--space", str(space), "--name", "x")
+    assert done.returncode == 2 and no_traceback(done), done.stderr[-2000:]
+    assert "t10k-labels-idx1-ubyte.gz" in done.stderr and "corrupt or truncated" in done.stderr
+    assert not (tmp_path / "runs").exists(), "found before the run folder was even claimed"
+
+
+@pytest.mark.parametrize("storage, words", [
+    ("a_file", "is a file, not a folder"),
+    ("nosuchscheme://bucket/path", "not a storage URI pyarrow can open"),
+])
+def test_bad_storage_paths_exit_2_before_ray(tmp_path, storage, words):
+    (tmp_path / "a_file").write_text("")
+    target = str(tmp_path / storage) if "://" not in storage else storage
+    space = space_file(tmp_path, tmp_path / "data", experiment={"storage_path": target})
+    done = search_cli("--space", str(space))
+    assert done.returncode == 2 and no_traceback(done), done.stderr[-2000:]
+    assert "experiment.storage_path" in done.stderr and words in done.stderr
+    assert "Started a local Ray" not in done.stderr
+
+
+# ---- input that validation let through ----
+
+@pytest.mark.parametrize("sets, words", [
+    (["resources.cpus=0.000001"], "resources.cpus: must be a number in [0.01, 1024]"),
+    (["experiment.scheduler=asha", "experiment.grace_period=5"], "experiment.grace_period: must be <= the epochs"),
+    (["experiment.seed=18446744073709551616"], "experiment.seed: must be an integer in [0, 2**32)"),
+    (["training.batch_size=1180591620717411303424"], "batch_size: must be in [1, 2**24]"),
+    (["model.depth=99999999999999999999"], "model.depth: must be plain data"),
+    (["training.weight_decay=1e9"], "training.weight_decay: must be in [0, 10]"),
+    (["model.hidden_sizes=[1000000000]"], "hidden_sizes must be a non-empty list of integers in [1, 65536]"),
+])
+def test_values_that_used_to_crash_later_are_refused_up_front(tmp_path, data_root, sets, words):
+    space = space_file(tmp_path, data_root)
+    done = search_cli("--space", str(space), *[a for s in sets for a in ("--set", s)])
+    assert done.returncode == 2 and no_traceback(done), done.stderr[-2000:]
+    assert words in done.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_labels_outside_the_classes_are_caught_at_load(tmp_path):
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for part, n in (("train", 50), ("t10k", 10)):
+        labels = rng.integers(0, 10, n)
+        labels[3] = 12
+        write_idx(raw / f"{part}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28)))
+        write_idx(raw / f"{part}-labels-idx1-ubyte", labels)
+    with pytest.raises(DataError, match=r"labels must lie in \[0, 10\), got 1 outside it \(e.g. 12\)"):
+        load_dataset("mnist", tmp_path)
+
+
+def test_a_corrupt_gz_is_named_not_blamed_on_a_download(tmp_path, data_root):
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in RAW_FILES:
+        shutil.copy(data_root / "MNIST" / "raw" / f"{name}.gz", raw)
+    packed = (raw / "train-labels-idx1-ubyte.gz").read_bytes()
+    (raw / "train-labels-idx1-ubyte.gz").write_bytes(packed[:-20])
+    assert gzip.decompress(packed)  # the original is fine; only the copy is cut
+    with pytest.raises(DataError, match="train-labels-idx1-ubyte.gz in .* is corrupt or truncated"):
+        load_dataset("mnist", tmp_path)
