@@ -83,8 +83,8 @@ def make_scheduler(space: Space) -> TrialScheduler:
     experiment = space.experiment
     if experiment.scheduler == "asha":
         return ASHAScheduler(time_attr="training_iteration", metric=experiment.metric, mode=experiment.mode,
-                             max_t=max_epochs(space.searched, space.trial_defaults().epochs), grace_period=experiment.grace_period,
-                             reduction_factor=experiment.reduction_factor)
+                             max_t=max_epochs(space.searched, space.trial_defaults().epochs),
+                             grace_period=experiment.grace_period, reduction_factor=experiment.reduction_factor)
     return FIFOScheduler()
 
 
@@ -136,7 +136,10 @@ def start_ray(address: str | None, connect_timeout: float = 60.0) -> bool:
         raise ConfigError([problem("--address", f"no Ray cluster answered at {target} within "
                                                 f"{connect_timeout:g} s (experiment.connect_timeout); is it up, "
                                                 "and is the port open?", target)])
-    ray.init(address=address, log_to_driver=False)
+    try:
+        ray.init(address=address, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as error:  # e.g. "auto" with no cluster running
+        raise ConfigError([problem("--address", f"cannot join a Ray cluster there ({error})", target)]) from None
     return True
 
 

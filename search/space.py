@@ -116,7 +116,7 @@ _RULES = {
     "experiment.storage_path": (lambda v: isinstance(v, str) and v != "", "must be a folder or URI"),
     # Ray counts resources in units of 1/10000; below 0.01 CPU a trial is a rounding error
     "resources.cpus": (lambda v: _is_number(v) and 0.01 <= v <= 1024, "must be a number in [0.01, 1024]"),
-    "resources.gpus": (lambda v: _is_number(v) and (v == 0 or 0.01 <= v <= 1 or (float(v).is_integer() and v <= 64)),
+    "resources.gpus": (lambda v: _is_number(v) and (v == 0 or 0.01 <= v <= 1 or (float(v).is_integer() and 1 <= v <= 64)),
                        "must be 0, a fraction in [0.01, 1] (0.25 packs four trials per GPU) or whole up to 64"),
     "data.root": (lambda v: v is None or (isinstance(v, str) and v != ""), "must be a folder (or null for the default)"),
 }

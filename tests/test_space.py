@@ -73,11 +73,11 @@ def test_shipped_mnist_space_searches_the_four_fields():
     ({"space": {"train_size": {"distribution": "choice", "values": [1000]}}},
      "space.train_size: cannot be searched: it is set by the data section"),
     ({"space": {"resources": {"gpus": -1}}}, "space.resources: unknown field of the trial config"),
-    ({"resources": {"gpus": -1}}, "resources.gpus: must be a number >= 0"),
-    ({"resources": {"gpus": 1.5}}, "resources.gpus: must be a number >= 0, a fraction only below 1"),
+    ({"resources": {"gpus": -1}}, "resources.gpus: must be 0, a fraction in [0.01, 1]"),
+    ({"resources": {"gpus": 1.5}}, "resources.gpus: must be 0, a fraction in [0.01, 1]"),
     ({"experiment": {"scheduler": "hyperband"}}, "experiment.scheduler: must be one of fifo, asha, got 'hyperband'"),
     ({"experiment": {"metric": "accuracy"}}, "experiment.metric: must be a metric the trainable reports"),
-    ({"experiment": {"num_samples": "many"}}, "experiment.num_samples: must be an integer > 0, got 'many'"),
+    ({"experiment": {"num_samples": "many"}}, "experiment.num_samples: must be an integer in [1, 1000000], got 'many'"),
     ({"experiment": {"colour": "blue"}}, "experiment.colour: unknown key"),
     ({"experiment": {"name": "../up"}}, "experiment.name: must be letters, digits, '_', '.' or '-'"),
     ({"training": {"lr": 0.1}, "space": {"lr": {"distribution": "uniform", "low": 0.1, "high": 0.2}}},
@@ -275,7 +275,7 @@ def test_cli_bad_flag_value_exits_2(tmp_path):
     done = run_cli("--space", "spaces/mnist.yaml", "--scheduler", "pbt", "--max-concurrent", "0")
     assert done.returncode == 2
     assert "experiment.scheduler: must be one of fifo, asha, got 'pbt'" in done.stderr
-    assert "experiment.max_concurrent: must be an integer > 0, got 0" in done.stderr
+    assert "experiment.max_concurrent: must be an integer in [1, 10000], got 0" in done.stderr
 
 
 def test_cli_resume_without_a_run_exits_2(tmp_path):

@@ -54,8 +54,8 @@ def blob_space(tmp_path: Path, **sections) -> dict:
                        "storage_path": str(tmp_path / "runs")},
         "model": {"factory": "net.py:tiny"},
         "data": {"dataset": "data.py:blobs", "args": {"n": 600}, "val_size": 150},
-        "training": {"epochs": 2, "optimizer": "adamw"},
-        "space": {"lr": {"distribution": "loguniform", "low": 0.003, "high": 0.03},
+        "training": {"epochs": 2, "optimizer": "adamw", "batch_size": 32},
+        "space": {"lr": {"distribution": "loguniform", "low": 0.01, "high": 0.1},
                   "model.width": {"distribution": "choice", "values": [8, 32]}},
     }
     for section, values in sections.items():
@@ -79,7 +79,8 @@ def test_a_dataset_function_and_model_file_are_tuned_through_the_python_api(ray_
     assert set(frame["model.width"]) <= {8, 32}, "a searched factory keyword is a column of its own"
     assert (frame["model.factory"] == f"{tmp_path / 'net.py'}:tiny").all(), "references are stored absolute"
     assert frame["val_acc"].max() > 0.9, "the blobs are separable"
-    best = outcome.best
+    best = {**outcome.best["config"], "result": outcome.best["result"]}  # as best.yaml holds it
+    assert best == {k: v for k, v in yaml.safe_load((Path(outcome.path) / "best.yaml").read_text()).items()}
     assert best["model"]["factory"] == f"{tmp_path / 'net.py'}:tiny" and best["model"]["width"] in (8, 32)
     assert best["data_args"] == {"n": 600}
     assert 0.9 < best["result"]["test_acc"] <= 1, "the function's test part scores the best checkpoint"
