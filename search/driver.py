@@ -91,7 +91,7 @@ def make_scheduler(space: Space) -> TrialScheduler:
 def param_space(space: Space) -> dict[str, Any]:
     """The fixed part of every trial's config; the searcher adds the searched fields and seed."""
     fixed = space.trial_defaults().to_flat()
-    for name in [d.name for d in space.searched] + ["seed"]:  # the searcher sets these per trial
+    for name in [d.name for d in space.searched] + ["seed", "trial_number"]:  # the searcher sets these per trial
         fixed.pop(name, None)
     # torch threads = the trial's CPU share, so concurrent trials don't oversubscribe cores
     return {**fixed, "num_threads": max(1, math.floor(space.resources.cpus))}
@@ -253,6 +253,7 @@ def best_entry(best: pd.Series, test: tuple[float, float] | None, note: str, met
     return {
         "config": config_from_row(best, schema),
         "result": {
+            "trial_number": None if pd.isna(best["trial_number"]) else int(best["trial_number"]),
             "trial_id": best["trial_id"],
             "epoch": int(best["epoch"]),
             "metric": metric,
@@ -274,6 +275,24 @@ def best_yaml(entry: dict[str, Any], path: str, space: Space) -> str:
               f"# It prints val_acc {result['val_acc']:.4f} on epoch {result['epoch']} (same machine).\n"
               f"# test_acc: the checkpoint of that epoch on the dataset's test part (null if it has none).\n")
     return header + yaml.safe_dump({**entry["config"], "result": result}, sort_keys=False)
+
+
+def search_notes(space: Space, folder: RunFolder, timing: Timing) -> str:
+    """How reproducible the search was, and what reproducibility cost in waiting slots."""
+    experiment = space.experiment
+    if not experiment.reproducible:
+        return ("Search: asynchronous (experiment.reproducible: false): Optuna saw results in arrival order, "
+                "so a rerun with the same seed can pick other configs" if experiment.max_concurrent > 1 else
+                "Search: one trial at a time, reproducible")
+    waits = folder.searcher_state().get("waits", {})
+    slot_seconds = timing.wall_seconds * timing.slots
+    line = (f"Search: reproducible ({experiment.sampler}, seed {experiment.seed}): trial n's config depends only "
+            f"on the seed and n; {len(waits)} trial(s) waited for earlier results, {sum(waits.values()):.1f} s "
+            f"in all ({100 * sum(waits.values()) / slot_seconds if slot_seconds else 0:.0f}% of slot time)")
+    if experiment.scheduler == "asha":
+        line += ("\n      note: ASHA stops trials by the order results arrive, so which trials stop early "
+                 "(and what TPE then sees) is not reproducible; use scheduler: fifo for that")
+    return line
 
 
 def run_search(space: Space, *, name: str | None = None, address: str | None = None, resume: bool = False,
@@ -346,6 +365,7 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
             if result.error is not None:  # after max_failures restarts; Tune keeps the traceback
                 first_line = str(result.error).strip().splitlines()[-1][:200]
                 summary += f"\nFailed: {result.path}: {first_line} (traceback in error.txt there)"
+        summary += "\n" + search_notes(space, folder, timing)
         if interrupted:
             unfinished = frame.loc[frame["status"] == INTERRUPTED, "trial_id"].nunique()
             summary += (f"\nInterrupted: {unfinished} trial(s) unfinished, "

@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 import sys
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -157,6 +158,20 @@ class RunFolder:
             config = trial.get("config")
             out[trial["trial_id"]] = (trial.get("status", "TERMINATED"), config if isinstance(config, dict) else None)
         return out
+
+    def searcher_state(self) -> dict[str, Any]:
+        """The searcher's newest saved state (OrderedSearch's counters), {} if none is readable."""
+        fs, base = self._fs()
+        names = sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(base))
+                       if i.base_name.startswith("searcher-state-") and i.base_name.endswith(".pkl"))
+        if not names:
+            return {}
+        try:
+            with fs.open_input_stream(f"{base}/{names[-1]}") as stream:
+                state = pickle.loads(stream.read())  # written by this run's own searcher
+        except Exception:  # a searcher other than ours, or a damaged file: no counters to show
+            return {}
+        return state if isinstance(state, dict) else {}
 
     def check_record(self) -> None:
         """Tune's experiment state must read, or Tune would silently start the search over.

@@ -1,8 +1,13 @@
-"""Optuna's TPE as Tune's searcher, asked through a define-by-run function.
+"""Optuna inside Tune, asked through a define-by-run function.
 
 Define-by-run (rather than a Tune param space) lets each trial's seed come from the
 experiment seed and Optuna's trial number, a counter that is part of the searcher's
 saved state: a resumed search hands out the same seeds it would have without the stop.
+
+Two searchers: `OrderedSearch` (search/ordered.py, `experiment.reproducible: true`, the
+default), whose trial n depends only on the seed and n; and Tune's `OptunaSearch` behind a
+ConcurrencyLimiter, which tells Optuna results as they arrive (reproducible only with
+max_concurrent 1).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import optuna
 from ray.tune.search import ConcurrencyLimiter, Searcher
 from ray.tune.search.optuna import OptunaSearch
 
+from search.ordered import OrderedSearch, make_sampler
 from search.space import Distribution, Space
 from trainable.config import is_integer_field
 from trainable.seed import derive_seed
@@ -31,7 +37,7 @@ def suggest(trial: optuna.Trial, searched: tuple[Distribution, ...], experiment_
     Returned values are constants that Tune adds to the trial config (overriding a
     captured suggestion of the same name).
     """
-    constants: dict[str, Any] = {"seed": derive_seed(experiment_seed, trial.number)}
+    constants: dict[str, Any] = {"seed": derive_seed(experiment_seed, trial.number), "trial_number": trial.number}
     for d in searched:
         if d.distribution == "choice":
             if all(_scalar(v) for v in d.values):
@@ -51,13 +57,13 @@ def suggest(trial: optuna.Trial, searched: tuple[Distribution, ...], experiment_
 
 
 def make_searcher(space: Space) -> Searcher:
-    """OptunaSearch with a seeded TPESampler, at most `max_concurrent` trials at once."""
+    """The search's searcher, seeded, at most `max_concurrent` trials at once."""
     experiment = space.experiment
-    optuna_search = OptunaSearch(
-        # a partial of a module-level function: Tune pickles the searcher into its state
-        space=functools.partial(suggest, searched=space.searched, experiment_seed=experiment.seed),
-        metric=experiment.metric,
-        mode=experiment.mode,
-        sampler=optuna.samplers.TPESampler(seed=experiment.seed),
-    )
+    # a partial of a module-level function: Tune pickles the searcher into its state
+    ask = functools.partial(suggest, searched=space.searched, experiment_seed=experiment.seed)
+    if experiment.reproducible:
+        return OrderedSearch(ask, metric=experiment.metric, mode=experiment.mode, experiment_seed=experiment.seed,
+                             sampler=experiment.sampler, lag=experiment.max_concurrent)
+    optuna_search = OptunaSearch(space=ask, metric=experiment.metric, mode=experiment.mode,
+                                 sampler=make_sampler(experiment.sampler, experiment.seed, 0))
     return ConcurrencyLimiter(optuna_search, max_concurrent=experiment.max_concurrent)

@@ -30,6 +30,7 @@ from trainable.errors import ConfigError, problem
 from trainable.metrics import METRICS
 
 SCHEDULERS = ("fifo", "asha")
+SAMPLERS = ("tpe", "random", "qmc", "cmaes", "gp")  # search/ordered.py builds them; kept here so validation imports no Optuna
 MODES = ("max", "min")
 DISTRIBUTIONS = ("loguniform", "uniform", "randint", "choice")
 # Trial config fields of the data section: one split for the whole search, never searched.
@@ -38,7 +39,7 @@ DATA_FIELDS = ("dataset", "data_args", "train_size", "val_size", "split_seed", "
                "pin_memory", "persistent_workers", "drop_last")
 DATA_KEYS = {"args": "data_args"}  # data section key -> trial config field, where they differ
 # Set by the driver for each trial (seed from experiment.seed, threads from resources.cpus).
-DRIVER_FIELDS = ("seed", "num_threads")
+DRIVER_FIELDS = ("seed", "num_threads", "trial_number")
 # Fields whose change would change the data every trial is judged on.
 NOT_SEARCHABLE = ("dataset", "data_args", "train_size", "val_size", "split_seed") + DRIVER_FIELDS
 TRAINING_FIELDS = tuple(n for n in FIELDS if n not in DATA_FIELDS and n not in DRIVER_FIELDS
@@ -55,7 +56,9 @@ class Experiment:
     mode: str = "max"  #: max or min
     num_samples: int = 16  #: trials in total
     max_concurrent: int = 2  #: trials running at once (ConcurrencyLimiter)
-    seed: int = 0  #: seeds the TPE sampler and, with the trial number, every trial's seed
+    seed: int = 0  #: seeds the sampler and, with the trial number, every trial's seed
+    sampler: str = "tpe"  #: tpe, random, qmc, cmaes or gp (Optuna's samplers; settings pinned in search/ordered.py)
+    reproducible: bool = True  #: trial n's config depends only on seed and n, whatever finishes first (search/ordered.py)
     scheduler: str = "fifo"  #: fifo (every trial runs all epochs) or asha (stops poor trials early)
     grace_period: int = 1  #: asha: epochs every trial gets before it can be stopped
     reduction_factor: int = 2  #: asha: keep the top 1/reduction_factor at each rung
@@ -108,6 +111,8 @@ _RULES = {
     "experiment.num_samples": (lambda v: _is_int(v) and 0 < v <= 1_000_000, "must be an integer in [1, 1000000]"),
     "experiment.max_concurrent": (lambda v: _is_int(v) and 0 < v <= 10_000, "must be an integer in [1, 10000]"),
     "experiment.seed": (lambda v: _is_int(v) and 0 <= v < 2**32, "must be an integer in [0, 2**32)"),
+    "experiment.sampler": (lambda v: v in SAMPLERS, f"must be one of {', '.join(SAMPLERS)}"),
+    "experiment.reproducible": (lambda v: isinstance(v, bool), "must be true or false"),
     "experiment.scheduler": (lambda v: v in SCHEDULERS, f"must be one of {', '.join(SCHEDULERS)}"),
     "experiment.grace_period": (lambda v: _is_int(v) and 0 < v <= 100_000, "must be an integer in [1, 100000] (epochs)"),
     "experiment.reduction_factor": (lambda v: _is_int(v) and 1 < v <= 1000, "must be an integer in [2, 1000]"),

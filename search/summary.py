@@ -71,7 +71,8 @@ def format_table(frame: pd.DataFrame, metric: str, mode: str, searched: list[str
         return "(no trials)"
     table = pd.DataFrame(per_trial)
     table = table.sort_values(metric, ascending=(mode == "min"), na_position="last").head(top)
-    columns = ["trial_id", "status", "epoch", metric, *[c for c in searched if c != metric]]
+    table["trial_number"] = table["trial_number"].map(lambda v: "-" if pd.isna(v) else f"#{int(v)}")
+    columns = ["trial_number", "trial_id", "status", "epoch", metric, *[c for c in searched if c != metric]]
     return table[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}")
 
 
@@ -91,7 +92,8 @@ def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Tim
         flat = TrialConfig.from_mapping(best["config"]).to_flat()
         config = ", ".join(f"{k}={flat.get(k)!r}" for k in searched) or "(nothing searched)"
         lines += [
-            f"Best: trial {result['trial_id']} epoch {result['epoch']}: {metric} {result[metric]:.4f}, "
+            f"Best: trial #{result['trial_number']} ({result['trial_id']}) epoch {result['epoch']}: "
+            f"{metric} {result[metric]:.4f}, "
             f"test_acc {'n/a' if result['test_acc'] is None else format(result['test_acc'], '.4f')} "
             f"(seed {best['config']['seed']})" + (f"\n      note: {result['note']}" if result.get("note") else ""),
             f"      {config}",

@@ -83,3 +83,13 @@ def test_killed_search_resumes_without_losing_trials(tmp_path, data_root):
     pd.testing.assert_frame_equal(kept[columns].reset_index(drop=True),
                                   before.sort_values(["trial_id", "epoch"])[columns].reset_index(drop=True))
     assert "Top trials by val_acc (max), 6 trials" in resumed.stdout
+
+    # and the resumed search equals one that was never stopped: same trials, same numbers
+    space_file.write_text(yaml.safe_dump(raw))
+    straight_command = command[:-1] + ["straight"]
+    straight = subprocess.run(straight_command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    never_stopped = pd.read_parquet(tmp_path / "runs" / "straight" / "results.parquet")
+    table = ["trial_number", "epoch", "seed", "lr", "batch_size", "t_max", "clip_norm", "val_acc", "val_loss"]
+    pd.testing.assert_frame_equal(after.sort_values(["trial_number", "epoch"])[table].reset_index(drop=True),
+                                  never_stopped.sort_values(["trial_number", "epoch"])[table].reset_index(drop=True))

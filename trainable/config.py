@@ -78,6 +78,7 @@ class TrialConfig:
     # run
     seed: int = 0  #: seeds weight init and shuffling
     num_threads: int | None = None  #: torch CPU threads; None keeps torch's default
+    trial_number: int | None = None  #: the trial's number in its search (Optuna's); the key to compare searches on
 
     def __post_init__(self) -> None:
         for name in ("data_args", "model_args"):  # a non-mapping is left for check_fields to name
@@ -265,6 +266,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "clip_norm": (lambda v: v is None or (math.isfinite(v) and v > 0), "must be > 0 (or null to disable)"),
     "seed": (lambda v: 0 <= v <= MAX_INT, "must be in [0, 2**63)"),
     "num_threads": (lambda v: v is None or 0 < v <= 1024, "must be in [1, 1024] (or null for torch's default)"),
+    "trial_number": (lambda v: v is None or 0 <= v <= MAX_INT, "must be >= 0 (or null outside a search)"),
 }
 
 

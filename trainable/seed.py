@@ -25,12 +25,14 @@ def set_seed(seed: int, *, deterministic: bool = True, benchmark: bool = False,
     return torch.Generator().manual_seed(seed)
 
 
-def derive_seed(experiment_seed: int, index: int) -> int:
+def derive_seed(experiment_seed: int, index: int, stream: int = 0) -> int:
     """The seed of trial number `index` of an experiment: stable, distinct, 31 bits.
 
-    SeedSequence mixes both numbers well, so trials 0, 1, 2 get unrelated seeds.
+    SeedSequence mixes the numbers well, so trials 0, 1, 2 get unrelated seeds. `stream`
+    gives other uses (the searcher's sampler) seeds unrelated to the trials' own.
     """
-    return int(np.random.SeedSequence([experiment_seed, index]).generate_state(1)[0] >> 1)
+    entropy = [experiment_seed, index] if stream == 0 else [experiment_seed, index, stream]
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0] >> 1)
 
 
 def seed_worker(worker_id: int) -> None:

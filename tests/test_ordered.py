@@ -1,0 +1,100 @@
+"""OrderedSearch on its own (no Ray): trial n's config depends only on the seed and n."""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import pytest
+
+from search.ordered import OrderedSearch
+from search.searcher import suggest
+from search.space import SAMPLERS, parse_space
+
+SPACE = parse_space({"space": {"lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3},
+                               "batch_size": {"distribution": "choice", "values": [32, 64]},
+                               "momentum": {"distribution": "uniform", "low": 0.5, "high": 0.9}}})
+
+
+def searcher(sampler: str, seed: int = 5, lag: int = 3) -> OrderedSearch:
+    ask = functools.partial(suggest, searched=SPACE.searched, experiment_seed=seed)
+    return OrderedSearch(ask, metric="val_acc", mode="max", experiment_seed=seed, sampler=sampler, lag=lag)
+
+
+def score(config) -> float:
+    return -abs(config["lr"] - 0.05) - abs(config["momentum"] - 0.7) - (config["batch_size"] == 64) * 0.01
+
+
+def run(s: OrderedSearch, order_seed: int, total: int = 14, stop_after: int | None = None) -> dict[int, dict]:
+    """Drive the searcher as Tune would: ask while it gives configs, else finish a running trial.
+
+    Which running trial finishes next is drawn with `order_seed`: the finishing order.
+    """
+    finish_order = random.Random(order_seed)
+    running, configs, asked = [], {}, 0
+    while len(configs) < total or running:
+        if stop_after is not None and asked >= stop_after:
+            return configs
+        config = s.suggest(f"t{asked}") if len(configs) < total else None
+        if config is not None:
+            configs[config["trial_number"]] = config
+            running.append((f"t{asked}", config))
+            asked += 1
+            continue
+        assert running, "the searcher waits only while an earlier trial runs"
+        trial_id, config = running.pop(finish_order.randrange(len(running)))
+        for epoch in (1, 2):
+            s.on_trial_result(trial_id, {"val_acc": score(config) * epoch / 2, "epoch": epoch})
+        s.on_trial_complete(trial_id, {"val_acc": score(config)})
+    return configs
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_any_finishing_order_gives_the_same_configs(sampler):
+    first, second = run(searcher(sampler), order_seed=1), run(searcher(sampler), order_seed=2)
+    assert sorted(first) == list(range(14))
+    assert first == second
+    assert len({round(c["lr"], 12) for c in first.values()}) > 10, "and they are a search, not one point"
+
+
+def test_another_seed_gives_other_configs():
+    assert run(searcher("tpe", seed=5), 1) != run(searcher("tpe", seed=6), 1)
+
+
+def test_trial_n_waits_for_the_results_of_trials_up_to_n_minus_lag_minus_1():
+    s = searcher("tpe", lag=2)
+    assert s.suggest("a")["trial_number"] == 0 and s.suggest("b")["trial_number"] == 1
+    assert s.suggest("c") is None, "two running: every slot is busy"
+    s.on_trial_complete("b", {"val_acc": 0.5})
+    assert s.suggest("c")["trial_number"] == 2, "trial 2 needs no result (2 - 2 - 1 < 0)"
+    s.on_trial_complete("c", {"val_acc": 0.5})
+    assert s.suggest("d") is None, "trial 3 needs trial 0's result"
+    s.on_trial_complete("a", {"val_acc": 0.5})
+    assert s.suggest("d")["trial_number"] == 3
+    assert list(s.waits) == [3], "the wait is counted for trial 3"
+
+
+def test_a_restored_searcher_continues_as_if_never_stopped(tmp_path):
+    straight = run(searcher("tpe"), order_seed=3)
+    s = searcher("tpe")
+    partial = run(s, order_seed=3, stop_after=7)
+    s.save(str(tmp_path / "state.pkl"))
+    restored = searcher("tpe")
+    restored.restore(str(tmp_path / "state.pkl"))
+    # Tune restarts the unfinished trials with their configs and asks for the rest
+    resumed = dict(partial)
+    running = [(tid, partial[n]) for tid, n in restored.numbers.items() if n not in restored.finished]
+    finish_order = random.Random(4)
+    asked = len(restored.asked)
+    while len(resumed) < 14 or running:
+        config = restored.suggest(f"r{asked}") if len(resumed) < 14 else None
+        if config is not None:
+            resumed[config["trial_number"]] = config
+            running.append((f"r{asked}", config))
+            asked += 1
+            continue
+        trial_id, config = running.pop(finish_order.randrange(len(running)))
+        for epoch in (1, 2):
+            restored.on_trial_result(trial_id, {"val_acc": score(config) * epoch / 2, "epoch": epoch})
+        restored.on_trial_complete(trial_id, {"val_acc": score(config)})
+    assert resumed == straight
