@@ -7,7 +7,7 @@ export HPSEARCH_DATA ?= $(HOME)/.cache/hpsearch
 # Offline copies of MNIST's four raw files, used when present (see README, "Data").
 MNIST_RAW ?= ../shared/data/MNIST/raw
 
-.PHONY: run test install data bench gpu-check clean
+.PHONY: run test install browser data bench gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,7 +28,14 @@ data:
 run: install data
 	$(PY) -m search --space spaces/mnist.yaml
 
-test: install
+# report.html is tested in headless Chromium (Debian's package); installed here when missing and
+# this user may (root, as in CI). Without it the browser test says so and fails.
+browser:
+	@command -v chromium >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
+	  (apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null) || \
+	  echo "could not install chromium (apt-get); the report's browser test will fail"
+
+test: install browser
 	$(PY) -m pytest
 
 bench: install data

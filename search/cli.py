@@ -1,5 +1,7 @@
 """`python -m search --space FILE` (also the `hpsearch` command): flags, overrides, exit codes.
 
+`python -m search report RUN_FOLDER` writes a search's report.html again.
+
 Every flag is a shorthand for `--set section.key=value` on the space file; overrides are
 applied to the file's contents and validated with it, so a bad flag reads like a bad file.
 Exit codes: 0 done, 2 bad input (nothing started), 130 interrupted (Ctrl-C or SIGTERM; the
@@ -97,7 +99,42 @@ def load_space(path: str, pairs: list[tuple[str, Any]]) -> Space:
     return parse_space(set_keys(read_yaml_mapping(path), pairs), source=path)
 
 
+def report_main(argv: Sequence[str]) -> int:
+    """`python -m search report RUN_FOLDER`: write report.html and the PNGs again from the folder."""
+    parser = argparse.ArgumentParser(prog="python -m search report",
+                                     description="Write report.html and report/*.png of a search's run folder.")
+    parser.add_argument("run", help="the run folder, e.g. runs/mnist-20261130-101500")
+    args = parser.parse_args(argv)
+    import pandas as pd
+    import yaml
+
+    from search.report import write_report
+    from search.results import RESULTS_FILE
+    from search.run_folder import BEST_FILE, RunFolder
+    from search.storage import Storage
+
+    run = args.run.rstrip("/")
+    parent, _, name = run.rpartition("/")
+    folder = RunFolder(Storage.at(parent or "."), name)
+    try:
+        space, _ = folder.read_spec()
+        frame = pd.read_parquet(f"{folder.path}/{RESULTS_FILE}")
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as error:
+        print(f"error: {run}: no readable {RESULTS_FILE} ({error})", file=sys.stderr)
+        return 2
+    best = folder.storage.read(f"{name}/{BEST_FILE}")
+    best_trial = yaml.safe_load(best)["result"]["trial_id"] if best else None
+    print(write_report(folder, space, frame, best_trial))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["report"]:
+        return report_main(argv[1:])
     args = parse_args(argv)
     try:
         space = load_space(args.space, assignments(args))

@@ -8,6 +8,7 @@ Everything a user can get wrong fails before Ray starts.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import signal
@@ -28,6 +29,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 from search.capacity import check_capacity
 from search.progress import Progress, number
 from search.results import INTERRUPTED, config_from_row, read_record, results_schema, to_frame, trial_rows
+from search.report import write_report
 from search.run_folder import RunFolder, check_storage
 from search.searcher import make_searcher
 from search.space import MODEL, Space, example_config, is_run_name, max_epochs, to_raw
@@ -160,15 +162,62 @@ def sigterm_as_sigint():
         signal.signal(signal.SIGTERM, previous)
 
 
+# tracker -> (module it needs, the pip extra that installs it)
+MLFLOW_DB = "mlflow.db"
+TRACKER_PACKAGES = {"mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}
+
+
+def tracker_callbacks(space: Space, folder: RunFolder) -> list:
+    """Tune's logger callbacks for experiment.loggers (TensorBoard event files Tune writes anyway)."""
+    callbacks = []
+    if "mlflow" in space.experiment.loggers:
+        from ray.air.integrations.mlflow import MLflowLoggerCallback
+
+        # a SQLite file in the run folder: MLflow 3 has put its ./mlruns file store in maintenance mode
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{folder.path}/{MLFLOW_DB}"
+        callbacks.append(MLflowLoggerCallback(tracking_uri=uri, experiment_name=folder.name, save_artifact=False))
+    if "wandb" in space.experiment.loggers:
+        from ray.air.integrations.wandb import WandbLoggerCallback
+
+        callbacks.append(WandbLoggerCallback(project=folder.name, mode="offline", dir=folder.path))
+    return callbacks
+
+
 def check_search(space: Space) -> Data:
     """Load the data (test part included) and try the model once; ConfigError/DataError on failure.
 
     All of it runs before Ray starts, so a bad reference, keyword or dataset costs seconds.
     """
+    for tracker in space.experiment.loggers:
+        module, extra = TRACKER_PACKAGES.get(tracker, (None, None))
+        if module and importlib.util.find_spec(module) is None:
+            raise ConfigError([problem("experiment.loggers", f"{tracker} needs its package: "
+                                                             f"pip install -e '.[{extra}]'", list(space.experiment.loggers))])
+    if ("mlflow" in space.experiment.loggers and is_uri(space.experiment.storage_path)
+            and not os.environ.get("MLFLOW_TRACKING_URI")):
+        raise ConfigError([problem("experiment.loggers", "mlflow with a storage URI needs MLFLOW_TRACKING_URI "
+                                                         "(its default is a SQLite file in a local run folder)",
+                                   list(space.experiment.loggers))])
     data = load_data(space.trial_defaults(), space.data_root, key="data.dataset")
     searched_keys = tuple(d.name[len(MODEL) + 1:] for d in space.searched if d.name.startswith(MODEL + "."))
     check_model(example_config(space), data.sample(), data.num_classes, searched_keys)
     return data
+
+
+def differing_keys(now: dict[str, Any], then: dict[str, Any], ignore: tuple[str, ...]) -> list[str]:
+    """`section.key` of every value two space files (as to_raw writes them) disagree on."""
+    changed = []
+    for section in then:
+        for key in sorted(set(then[section]) | set(now.get(section, {}))):
+            path = f"{section}.{key}"
+            if path not in ignore and then[section].get(key) != now.get(section, {}).get(key):
+                changed.append(path)
+    return changed
+
+
+def trial_id_of(result) -> str:
+    """The Tune trial id of a Result, from its folder (trial_<id>, see trial_folder_name)."""
+    return result.path.rstrip("/").rsplit("/", 1)[-1].removeprefix("trial_")
 
 
 def spec_for_resume(space: Space, folder: RunFolder) -> Space:
@@ -180,11 +229,7 @@ def spec_for_resume(space: Space, folder: RunFolder) -> Space:
                                                "Resume it where it was started", folder.path)])
     if space.data_root is not None and space.data_root != stored.data_root:
         stored = replace(stored, data_root=space.data_root)  # where the files are, not what they are
-    now, then = to_raw(space), to_raw(stored)
-    changed = [f"{section}.{key}" for section in then for key in
-               sorted(set(then[section]) | set(now.get(section, {})))
-               if section != "experiment" or key != "name"
-               if then[section].get(key) != now.get(section, {}).get(key) and (section, key) != ("data", "root")]
+    changed = differing_keys(to_raw(space), to_raw(stored), ignore=("experiment.name", "data.root"))
     if changed:
         print(f"note: {space.source} differs from the stored spec of this run in {', '.join(changed)}; "
               f"--resume runs the stored spec ({folder.path}/spec.yaml)", file=sys.stderr, flush=True)
@@ -200,7 +245,7 @@ def derive(folder: RunFolder, space: Space, grid) -> pd.DataFrame:
     rows = []
     saved = folder.saved_trials()
     for result in grid:
-        trial_id = result.path.rstrip("/").rsplit("/", 1)[-1].removeprefix("trial_")
+        trial_id = trial_id_of(result)
         status, config = saved.get(trial_id, ("TERMINATED", None))
         reports = read_record(result.filesystem, result.path)
         if not reports and result.error is None and status == "PENDING":
@@ -225,7 +270,7 @@ def test_score(grid, rows: pd.DataFrame, data: Data) -> tuple[pd.Series | None, 
     """
     checkpoints = {}
     for result in grid:
-        trial_id = result.path.rstrip("/").rsplit("/", 1)[-1].removeprefix("trial_")
+        trial_id = trial_id_of(result)
         for checkpoint, metrics in result.best_checkpoints:
             checkpoints[(trial_id, metrics.get("epoch"))] = checkpoint
     skipped = []
@@ -340,7 +385,7 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
                     checkpoint_config=tune.CheckpointConfig(checkpoint_score_attribute=experiment.metric,
                                                             checkpoint_score_order=experiment.mode),
                     failure_config=tune.FailureConfig(max_failures=experiment.max_failures),
-                    callbacks=[Progress(folder, space)],
+                    callbacks=[Progress(folder, space), *tracker_callbacks(space, folder)],
                     verbose=0,
                 ),
             )
@@ -366,6 +411,8 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
                 first_line = str(result.error).strip().splitlines()[-1][:200]
                 summary += f"\nFailed: {result.path}: {first_line} (traceback in error.txt there)"
         summary += "\n" + search_notes(space, folder, timing)
+        report = write_report(folder, space, frame, None if entry is None else entry["result"]["trial_id"], summary)
+        summary += f"\nReport: {report} (figures in {folder.path}/report/; the study: {folder.path}/optuna.journal)"
         if interrupted:
             unfinished = frame.loc[frame["status"] == INTERRUPTED, "trial_id"].nunique()
             summary += (f"\nInterrupted: {unfinished} trial(s) unfinished, "

@@ -1,21 +1,29 @@
-"""What a running search shows: a line per epoch, and each finished trial's part of results.parquet.
+"""What a running search shows: progress on the terminal, and each finished trial in
+results.parquet and in the Optuna journal (`optuna-dashboard runs/<name>/optuna.journal`).
 
 A Tune callback in the driver. It keeps no copy of the reports: a trial's rows are derived
 from Tune's record (its result.json) when the trial ends, so the work per finished trial
 stays the same however many came before.
+
+On a terminal the progress is one line redrawn in place (done/total, running, best, ETA);
+elsewhere (CI logs, `| tee`) it is a plain line per epoch.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import sys
+import time
 from typing import Any
 
 import pyarrow.fs as pafs
 from ray.tune import Callback
 
-from search.results import read_record, trial_rows
+from search.results import read_record, results_schema, to_frame, trial_rows
 from search.run_folder import RunFolder
 from search.space import Space
+from search.storage import is_uri
 
 
 def is_better(value: float, best: float | None, mode: str) -> bool:
@@ -32,25 +40,48 @@ def number(value: Any) -> float | None:
 
 
 class Progress(Callback):
-    """Prints `[done/total] trial epoch metric | best`, writes a trial's rows when it ends."""
+    """Shows progress, writes a trial's rows and journal entry when it ends."""
 
     def __init__(self, folder: RunFolder, space: Space):
         self.folder, self.space = folder, space
         self.metric, self.mode = space.experiment.metric, space.experiment.mode
         self.total = space.experiment.num_samples
         self.ended: set[str] = set()
+        self.running: set[str] = set()
         self.best: float | None = None
+        self.started = time.monotonic()
+        self._journal = None  # (study, trial ids in it), opened on first use; not pickled with the callback
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_journal": None}
+
+    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        self.running.add(trial.trial_id)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         self.ended.discard(trial.trial_id)  # a restarted trial is running again
+        self.running.add(trial.trial_id)
         value = number(result.get(self.metric))
         if value is not None and is_better(value, self.best, self.mode):
             self.best = value
+        if sys.stdout.isatty():
+            self._bar()
+            return
         shown = "nan" if value is None else f"{value:.4f}"
         best = "-" if self.best is None else f"{self.best:.4f}"
         print(f"[{len(self.ended):>{len(str(self.total))}}/{self.total} done] trial {trial.trial_id} "
               f"epoch {result.get('epoch')}/{trial.config.get('epochs')} {self.metric} {shown} | best {best}",
               flush=True)
+
+    def _bar(self) -> None:
+        done, width = len(self.ended), 24
+        filled = width * done // max(self.total, 1)
+        elapsed = time.monotonic() - self.started
+        eta = f"{elapsed / done * (self.total - done):.0f} s" if done else "?"
+        best = "-" if self.best is None else f"{self.best:.4f}"
+        sys.stdout.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} done, "
+                         f"{len(self.running)} running | best {self.metric} {best} | ETA {eta}   ")
+        sys.stdout.flush()
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         self._ended(trial, error=False)
@@ -58,9 +89,33 @@ class Progress(Callback):
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         self._ended(trial, error=True)
 
+    def on_experiment_end(self, trials, **info) -> None:
+        if sys.stdout.isatty():
+            sys.stdout.write("\n")
+
     def _ended(self, trial, *, error: bool) -> None:
         self.ended.add(trial.trial_id)
+        self.running.discard(trial.trial_id)
         # Tune's JSON logger has flushed every report of this trial to its driver-side folder
         reports = read_record(pafs.LocalFileSystem(), trial.local_path)
-        self.folder.write_part(self.space, trial.trial_id,
-                               trial_rows(trial.trial_id, trial.config, reports, done=True, error=error))
+        rows = trial_rows(trial.trial_id, trial.config, reports, done=True, error=error)
+        self.folder.write_part(self.space, trial.trial_id, rows)
+        self.add_to_journal(rows)
+        if sys.stdout.isatty():
+            self._bar()
+
+    def add_to_journal(self, rows: list[dict[str, Any]]) -> None:
+        """Append one finished trial to optuna.journal (once: a trial re-run after a resume is skipped)."""
+        if is_uri(self.folder.path):
+            return  # a journal file needs a local (or shared) file system
+        from search.study import JOURNAL_FILE, frozen_trial, journal, make_study
+
+        if self._journal is None:
+            path = os.path.join(self.folder.path, JOURNAL_FILE)
+            study = make_study(to_frame([], results_schema(self.space)), self.space, journal(path), self.folder.name)
+            self._journal = (study, {t.user_attrs.get("trial_id") for t in study.get_trials(deepcopy=False)})
+        study, known = self._journal
+        trial_id = rows[0]["trial_id"]
+        if trial_id not in known:
+            study.add_trial(frozen_trial(to_frame(rows, results_schema(self.space)), self.space))
+            known.add(trial_id)

@@ -30,6 +30,7 @@ from trainable.errors import ConfigError, problem
 from trainable.metrics import METRICS
 
 SCHEDULERS = ("fifo", "asha")
+LOGGERS = ("tensorboard", "mlflow", "wandb")
 SAMPLERS = ("tpe", "random", "qmc", "cmaes", "gp")  # search/ordered.py builds them; kept here so validation imports no Optuna
 MODES = ("max", "min")
 DISTRIBUTIONS = ("loguniform", "uniform", "randint", "choice")
@@ -65,6 +66,7 @@ class Experiment:
     max_failures: int = 2  #: restarts of a crashed trial, from its last checkpoint
     storage_path: str = "./runs"  #: local folder or pyarrow.fs URI (s3://..., gs://...)
     connect_timeout: float = 60.0  #: seconds to wait for the cluster at --address before giving up
+    loggers: tuple[str, ...] = ("tensorboard",)  #: trackers: tensorboard (always written), mlflow, wandb (offline)
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,8 @@ _RULES = {
     "experiment.grace_period": (lambda v: _is_int(v) and 0 < v <= 100_000, "must be an integer in [1, 100000] (epochs)"),
     "experiment.reduction_factor": (lambda v: _is_int(v) and 1 < v <= 1000, "must be an integer in [2, 1000]"),
     "experiment.max_failures": (lambda v: _is_int(v) and 0 <= v <= 1000, "must be an integer in [0, 1000]"),
+    "experiment.loggers": (lambda v: isinstance(v, (list, tuple)) and all(x in LOGGERS for x in v),
+                           f"must be a list of {', '.join(LOGGERS)}"),
     "experiment.connect_timeout": (lambda v: _is_number(v) and 0 < v <= 86_400, "must be a number of seconds in (0, 86400]"),
     "experiment.storage_path": (lambda v: isinstance(v, str) and v != "", "must be a folder or URI"),
     # Ray counts resources in units of 1/10000; below 0.01 CPU a trial is a rounding error
@@ -160,7 +164,7 @@ def _settings(cls: type, section: str, values: Mapping[str, Any], problems: list
         elif not _RULES[path][0](value):
             problems.append(problem(path, _RULES[path][1], value))
         else:
-            kept[key] = value
+            kept[key] = tuple(value) if isinstance(value, list) else value
     return cls(**kept)
 
 
@@ -344,7 +348,7 @@ def to_raw(space: Space) -> dict[str, Any]:
     training = {k: v for k, v in defaults.items() if k in TRAINING_FIELDS and k not in searched}
     model = {k: v for k, v in model.items() if f"{MODEL}.{k}" not in searched}
     return {
-        "experiment": asdict(space.experiment),
+        "experiment": plain(asdict(space.experiment)),
         "resources": asdict(space.resources),
         MODEL: model,
         "data": data_section,

@@ -1,0 +1,114 @@
+"""See the search: report.html (opened in headless Chromium), PNGs, the Optuna journal, trackers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pandas as pd
+import pytest
+
+from search.driver import run_search
+from search.study import JOURNAL_FILE, journal
+from tests.helpers import small_space
+
+pytestmark = pytest.mark.slow
+FIGURES = ("history", "parallel", "importance", "curves", "timeline", "time")
+
+
+@pytest.fixture(scope="module")
+def searched(ray_local, tmp_path_factory, data_root):
+    space = small_space(tmp_path_factory.mktemp("runs"), data_root,
+                        experiment={"num_samples": 4, "loggers": ["tensorboard", "mlflow"]})
+    return space, run_search(space, name="seen")
+
+
+def test_a_search_writes_report_html_and_a_png_per_figure(searched):
+    _, outcome = searched
+    run = Path(outcome.path)
+    page = (run / "report.html").read_text()
+    assert page.count('src="data:image/png;base64,') == len(FIGURES), "every figure inside the page"
+    assert "http://" not in page and "https://" not in page, "nothing to fetch: it opens offline"
+    for name in FIGURES:
+        image = plt_image(run / "report" / f"{name}.png")
+        assert image.shape[0] > 100 and image.std() > 0.01, f"{name}.png holds a picture"
+    assert f"Report: {run}/report.html" in outcome.summary
+
+
+def plt_image(path: Path) -> np.ndarray:
+    import matplotlib.image
+
+    return matplotlib.image.imread(path)
+
+
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        pytest.fail("chromium is not installed: `make test` installs Debian's package with apt-get (as root)")
+    return found
+
+
+def test_report_html_renders_in_headless_chromium(searched, tmp_path):
+    _, outcome = searched
+    page = Path(outcome.path) / "report.html"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+             f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0"]
+    dom = subprocess.run([chromium(), *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True,
+                         timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert f'data-figures-shown="{len(FIGURES)}"' in dom.stdout, "every figure decoded, with a size"
+    console_errors = [line for line in dom.stderr.splitlines() if "CONSOLE" in line and "rror" in line]
+    assert not console_errors, console_errors
+    shot = tmp_path / "report.png"
+    done = subprocess.run([chromium(), *flags, f"--screenshot={shot}", "--window-size=1000,1800", page.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
+    pixels = plt_image(shot)[..., :3]
+    assert pixels.std() > 0.05, "the screenshot is not blank"
+    assert (pixels.reshape(-1, 3).std(axis=1) > 0.1).mean() > 0.01, "and it has colour: the plots"
+
+
+def test_the_optuna_journal_holds_every_trial_with_values_as_in_results(searched):
+    space, outcome = searched
+    study = optuna.load_study(study_name=outcome.name, storage=journal(str(Path(outcome.path) / JOURNAL_FILE)))
+    assert len(study.trials) == space.experiment.num_samples
+    best_epoch = outcome.results.groupby("trial_id")["val_acc"].max()
+    for trial in study.trials:
+        assert trial.value == best_epoch[trial.user_attrs["trial_id"]], "the value: the trial's best epoch"
+        rows = outcome.results[outcome.results["trial_id"] == trial.user_attrs["trial_id"]]
+        assert trial.intermediate_values == dict(zip(rows["epoch"], rows["val_acc"]))
+        assert trial.user_attrs["seed"] == rows["seed"].iloc[0]
+    assert study.best_value == outcome.best["result"]["val_acc"], "and it agrees with best.yaml"
+
+
+def test_tensorboard_finds_event_files_for_every_trial(searched):
+    _, outcome = searched
+    trials = sorted(Path(outcome.path).glob("trial_*"))
+    assert len(trials) == 4
+    for trial in trials:
+        [events] = trial.glob("events.out.tfevents.*")
+        assert b"ray/tune/val_acc" in events.read_bytes(), "the metric is in the event file"
+
+
+def test_mlflow_records_one_run_per_trial(searched):
+    mlflow = pytest.importorskip("mlflow", reason="the test extra installs mlflow-skinny")
+    _, outcome = searched
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{outcome.path}/mlflow.db")
+    [experiment] = [e for e in client.search_experiments() if e.name == outcome.name]
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 4
+    assert all("val_acc" in run.data.metrics for run in runs)
+
+
+def test_the_report_command_writes_it_again(searched):
+    _, outcome = searched
+    run = Path(outcome.path)
+    (run / "report.html").unlink()
+    done = subprocess.run([os.sys.executable, "-m", "search", "report", str(run)], capture_output=True,
+                          text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (run / "report.html").exists() and done.stdout.strip() == f"{run}/report.html"
