@@ -62,8 +62,12 @@ def make_searcher(space: Space) -> Searcher:
     # a partial of a module-level function: Tune pickles the searcher into its state
     ask = functools.partial(suggest, searched=space.searched, experiment_seed=experiment.seed)
     if experiment.reproducible:
-        return OrderedSearch(ask, metric=experiment.metric, mode=experiment.mode, experiment_seed=experiment.seed,
-                             sampler=experiment.sampler, lag=experiment.max_concurrent)
-    optuna_search = OptunaSearch(space=ask, metric=experiment.metric, mode=experiment.mode,
-                                 sampler=make_sampler(experiment.sampler, experiment.seed, 0))
-    return ConcurrencyLimiter(optuna_search, max_concurrent=experiment.max_concurrent)
+        searcher = OrderedSearch(ask, metric=experiment.metric, mode=experiment.mode,
+                                 experiment_seed=experiment.seed, sampler=experiment.sampler,
+                                 lag=experiment.max_concurrent)
+    else:
+        searcher = OptunaSearch(space=ask, metric=experiment.metric, mode=experiment.mode,
+                                sampler=make_sampler(experiment.sampler, experiment.seed, 0))
+    # Tune lets a searcher that is not a ConcurrencyLimiter have one pending trial at a time,
+    # which starts trials one after another (tune_controller._get_max_pending_trials)
+    return ConcurrencyLimiter(searcher, max_concurrent=experiment.max_concurrent)
