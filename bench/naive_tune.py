@@ -24,7 +24,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import optuna
 import ray
 import torch
 from ray import tune
@@ -115,7 +114,11 @@ def main() -> None:
         "t_max": tune.randint(4, 11),  # upper bound excluded: 4..10
         "clip_norm": tune.loguniform(0.5, 10.0),
     }
-    searcher = OptunaSearch(sampler=optuna.samplers.TPESampler(seed=args.seed))
+    # the service's sampler for its asynchronous mode (TPE, settings pinned), so both sides draw
+    # the same configs; everything else here is the Ray-docs style
+    from search.ordered import make_sampler
+
+    searcher = OptunaSearch(sampler=make_sampler("tpe", args.seed, 0))
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(train_mnist, data_dir=str(Path(args.data_root).resolve()),
                                                  epochs=args.epochs),

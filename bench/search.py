@@ -49,7 +49,8 @@ WORK = dict(num_samples=8, epochs=2, max_concurrent=2, cpus_per_trial=1)  # flag
 # things. bench/naive_tune.py hard-codes the same values; the bench checks that both
 # sides drew the same configs.
 PINNED = {
-    "training.hidden_sizes": [128],
+    "model.factory": "mlp",
+    "model.hidden_sizes": [128],
     "training.optimizer": "sgd",
     "training.momentum": 0.9,
     "training.weight_decay": 0.0,
@@ -59,6 +60,7 @@ PINNED = {
     "data.split_seed": 0,
     "experiment.seed": 0,
     "experiment.scheduler": "fifo",
+    "experiment.reproducible": False,  # Tune's OptunaSearch, as the naive side uses
     "space.lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3},
     "space.batch_size": {"distribution": "choice", "values": [64, 128, 256]},
     "space.t_max": {"distribution": "randint", "low": 4, "high": 10},

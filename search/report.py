@@ -20,6 +20,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; no display on a server or in CI
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import optuna  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -52,6 +53,7 @@ def learning_curves(frame: pd.DataFrame, metric: str, best_trial: str | None) ->
         else:
             axes.plot(rows["epoch"], rows[metric], color="tab:gray", alpha=0.5, linewidth=1)
     axes.set(xlabel="epoch", ylabel=metric, title=f"Learning curves ({metric} per epoch, every trial)")
+    axes.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     axes.legend(loc="best")
     figure.tight_layout()
     return figure
