@@ -74,7 +74,7 @@ class Resources:
     """What one trial reserves from Ray."""
 
     cpus: float = 1.0  #: CPUs per trial (also its torch thread count, at least 1)
-    gpus: float = 0.0  #: GPUs per trial: a fraction < 1 packs trials on a GPU, or a whole number
+    gpus: float = 0.0  #: GPUs per trial: 0, or a fraction <= 1 (0.25 packs four trials on a GPU)
 
 
 @dataclass(frozen=True)
@@ -125,8 +125,10 @@ _RULES = {
     "experiment.storage_path": (lambda v: isinstance(v, str) and v != "", "must be a folder or URI"),
     # Ray counts resources in units of 1/10000; below 0.01 CPU a trial is a rounding error
     "resources.cpus": (lambda v: _is_number(v) and 0.01 <= v <= 1024, "must be a number in [0.01, 1024]"),
-    "resources.gpus": (lambda v: _is_number(v) and (v == 0 or 0.01 <= v <= 1 or (float(v).is_integer() and 1 <= v <= 64)),
-                       "must be 0, a fraction in [0.01, 1] (0.25 packs four trials per GPU) or whole up to 64"),
+    # a trial trains on one device (the loop has no data parallelism), so more than one GPU would idle
+    "resources.gpus": (lambda v: _is_number(v) and (v == 0 or 0.01 <= v <= 1),
+                       "must be 0 or a fraction in [0.01, 1] (0.25 packs four trials per GPU; a trial uses "
+                       "one GPU at most)"),
     "data.root": (lambda v: v is None or (isinstance(v, str) and v != ""), "must be a folder (or null for the default)"),
 }
 

@@ -335,3 +335,15 @@ def test_on_the_accelerator_batches_live_there_and_runs_repeat(small_data):
         for name in ("train_loss", "train_acc", "val_loss", "val_acc", "epoch_lr"):
             assert getattr(a, name) == pytest.approx(getattr(b, name), rel=1e-3, abs=1e-3)
     assert first[-1].val_acc > 0.5
+
+
+def test_seeding_prepares_deterministic_cuda_without_the_memory_fill(monkeypatch):
+    """cuBLAS needs a fixed workspace to be deterministic; filling fresh memory costs kernels for nothing."""
+    import os
+
+    from trainable.seed import set_seed
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    set_seed(0)
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert torch.utils.deterministic.fill_uninitialized_memory is False

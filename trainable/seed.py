@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
@@ -18,8 +19,15 @@ def set_seed(seed: int, *, deterministic: bool = True, benchmark: bool = False,
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+    # cuBLAS is deterministic only with a fixed workspace; it reads this when CUDA starts, so a
+    # trial sets it before its first CUDA call (a no-op on CPU)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     # warn_only: some CUDA kernels have no deterministic version; warn rather than fail.
     torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+    # filling fresh memory with NaN adds a kernel to many ops and protects nothing here: every
+    # tensor the loop reads is written first
+    torch.utils.deterministic.fill_uninitialized_memory = False
     torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = benchmark
     return torch.Generator().manual_seed(seed)
