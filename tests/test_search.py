@@ -67,10 +67,12 @@ def test_summary_names_the_best_and_the_overhead(four_trials):
 def test_searcher_gets_one_report_per_epoch(four_trials):
     _, outcome = four_trials
     [state_file] = Path(outcome.path).glob("searcher-state-*.pkl")
-    # OptunaSearch saves its attributes; the study holds what Optuna was told
-    study = pickle.loads(state_file.read_bytes())["_ot_study"]
-    assert len(study.trials) == 4
-    assert all(sorted(t.intermediate_values) == [1, 2] for t in study.trials)
+    # OrderedSearch saves what it was told: per trial number, the metric of every epoch and a value
+    state = pickle.loads(state_file.read_bytes())
+    assert len(state["asked"]) == 4 and sorted(state["finished"]) == [0, 1, 2, 3]
+    assert all(sorted(curve) == [1, 2] for curve in state["curves"].values())
+    best = outcome.results.groupby("trial_number")["val_acc"].max()
+    assert {n: v for n, v in state["finished"].items()} == best.to_dict(), "a trial's value: its best epoch"
 
 
 def test_same_seed_same_trials(ray_local, tmp_path, data_root):
