@@ -152,8 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, CapacityError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # before Tune started (it handles Ctrl-C itself once running)
-        print("interrupted before the search started; nothing ran", file=sys.stderr)
+    except KeyboardInterrupt:  # before Tune started, or a second Ctrl-C (Tune handles the first)
+        print("interrupted", file=sys.stderr)
         return 130
     print(outcome.summary, flush=True)
     return 130 if outcome.interrupted else 0

@@ -26,7 +26,7 @@ import yaml
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
-from search.capacity import check_capacity
+from search.capacity import CapacityError, check_capacity
 from search.progress import Progress, number
 from search.results import INTERRUPTED, config_from_row, read_record, results_schema, to_frame, trial_rows
 from search.report import write_report
@@ -315,11 +315,24 @@ def best_yaml(entry: dict[str, Any], path: str, space: Space) -> str:
     result = entry["result"]
     header = (f"# Best trial of search {result['search']} ({space.source}), by {result['metric']} "
               f"at epoch {result['epoch']}.\n"
-              f"# Re-run it: python -m trainable --config {path if not is_uri(path) else 'best.yaml'}"
-              f"{' (download it first)' if is_uri(path) else ''}\n"
+              f"# Re-run it: {rerun_command(path, space)}{' (download it first)' if is_uri(path) else ''}\n"
               f"# It prints val_acc {result['val_acc']:.4f} on epoch {result['epoch']} (same machine).\n"
               f"# test_acc: the checkpoint of that epoch on the dataset's test part (null if it has none).\n")
     return header + yaml.safe_dump({**entry["config"], "result": result}, sort_keys=False)
+
+
+def resume_command(space: Space, folder: RunFolder) -> str:
+    """The exact command that continues this run (the Python API's call for a space given as a dict)."""
+    if not space.source.endswith((".yaml", ".yml")):
+        return f"search.run(..., name={folder.name!r}, resume=True)  (storage_path {folder.storage.uri})"
+    return (f"python -m search --space {space.source} --storage-path {folder.storage.uri} "
+            f"--resume --name {folder.name}")
+
+
+def rerun_command(path: str, space: Space) -> str:
+    """The command that replays best.yaml, with the data root the search used."""
+    where = path if not is_uri(path) else "best.yaml"
+    return f"python -m trainable --config {where}" + (f" --data-root {space.data_root}" if space.data_root else "")
 
 
 def search_notes(space: Space, folder: RunFolder, timing: Timing) -> str:
@@ -359,9 +372,19 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
     # Tune snapshots its experiment state every ~10 s by default; a driver killed in between
     # would resume without the trials finished since. Snapshots of a search this size take ms.
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
-    started = start_ray(address, experiment.connect_timeout)
     try:
-        capacity = check_capacity(space.resources)  # 0 only where an autoscaler will add nodes
+        started = start_ray(address, experiment.connect_timeout)
+    except BaseException:  # an unreachable cluster, Ctrl-C: nothing ran, so no run folder either
+        if not resume:
+            folder.release()
+        raise
+    try:
+        try:
+            capacity = check_capacity(space.resources)  # 0 only where an autoscaler will add nodes
+        except CapacityError:
+            if not resume:
+                folder.release()
+            raise
         slots = min(experiment.max_concurrent, capacity) if capacity else experiment.max_concurrent
         # the arrays go into the object store once; every trial reads them from there
         wrapped = tune.with_resources(tune.with_parameters(trainable, data=data.for_trials()),
@@ -390,7 +413,11 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
                 ),
             )
         with sigterm_as_sigint():
-            grid = tuner.fit()
+            try:
+                grid = tuner.fit()
+            except KeyboardInterrupt:  # a second Ctrl-C: Tune stopped saving; its last state stands
+                print(f"interrupted; continue with:\n  {resume_command(space, folder)}", file=sys.stderr)
+                raise
         frame = derive(folder, space, grid)
         interrupted = (frame["status"] == INTERRUPTED).any() or frame["trial_id"].nunique() < experiment.num_samples
         wall = time.perf_counter() - start_wall
@@ -405,19 +432,25 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
             folder.write_best(best_yaml(entry, best_path, space))
         searched = [d.name for d in space.searched]
         summary = format_summary(frame, entry, timing, metric=experiment.metric, mode=experiment.mode,
-                                 searched=searched, gpus_per_trial=space.resources.gpus, best_yaml=best_path)
+                                 searched=searched, gpus_per_trial=space.resources.gpus,
+                                 rerun=rerun_command(best_path, space))
         for result in grid:
             if result.error is not None:  # after max_failures restarts; Tune keeps the traceback
                 first_line = str(result.error).strip().splitlines()[-1][:200]
                 summary += f"\nFailed: {result.path}: {first_line} (traceback in error.txt there)"
         summary += "\n" + search_notes(space, folder, timing)
-        report = write_report(folder, space, frame, None if entry is None else entry["result"]["trial_id"], summary)
-        summary += f"\nReport: {report} (figures in {folder.path}/report/; the study: {folder.path}/optuna.journal)"
+        try:
+            report = write_report(folder, space, frame, None if entry is None else entry["result"]["trial_id"],
+                                  summary)
+            summary += f"\nReport: {report} (figures in {folder.path}/report/; the study: {folder.path}/optuna.journal)"
+        except Exception as error:  # the results are written; a figure must not turn them into a crash
+            summary += (f"\nReport: not written ({type(error).__name__}: {error}); "
+                        f"try again with: python -m search report {folder.path}")
         if interrupted:
             unfinished = frame.loc[frame["status"] == INTERRUPTED, "trial_id"].nunique()
             summary += (f"\nInterrupted: {unfinished} trial(s) unfinished, "
                         f"{experiment.num_samples - frame['trial_id'].nunique()} not started. Continue with:\n"
-                        f"  python -m search --space {space.source} --resume --name {folder.name}")
+                        f"  {resume_command(space, folder)}")
         return Outcome(folder.name, folder.path, frame, entry, timing, summary, bool(interrupted))
     finally:
         if started:

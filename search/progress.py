@@ -55,6 +55,10 @@ class Progress(Callback):
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_journal": None}
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # unpickled by a resume: this process's clock, and the journal reopened when needed
+        self.__dict__.update(state, started=time.monotonic(), _journal=None)
+
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         self.running.add(trial.trial_id)
 
@@ -100,7 +104,11 @@ class Progress(Callback):
         reports = read_record(pafs.LocalFileSystem(), trial.local_path)
         rows = trial_rows(trial.trial_id, trial.config, reports, done=True, error=error)
         self.folder.write_part(self.space, trial.trial_id, rows)
-        self.add_to_journal(rows)
+        try:
+            self.add_to_journal(rows)
+        except Exception as error:  # the journal is a view; it must never stop the search
+            print(f"note: trial {trial.trial_id} not added to optuna.journal ({type(error).__name__}: {error})",
+                  file=sys.stderr, flush=True)
         if sys.stdout.isatty():
             self._bar()
 

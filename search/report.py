@@ -154,11 +154,22 @@ def figures(frame: pd.DataFrame, space: Space, best_trial: str | None) -> dict[s
         if len(finished) < needs:
             out[name] = (caption, _message(f"needs {needs} finished trial(s) with a finite {metric}"))
         else:
-            out[name] = (caption, _optuna_figure(plot, study))
-    out["curves"] = ("Learning curves, the best trial highlighted", learning_curves(frame, metric, best_trial))
-    out["timeline"] = ("Timeline of trials per worker slot: packing and idle time", timeline(frame))
-    out["time"] = ("Training against orchestration", time_breakdown(frame, space.experiment.max_concurrent))
+            out[name] = (caption, _guarded(lambda: _optuna_figure(plot, study)))
+    out["curves"] = ("Learning curves, the best trial highlighted",
+                     _guarded(lambda: learning_curves(frame, metric, best_trial)))
+    out["timeline"] = ("Timeline of trials per worker slot: packing and idle time", _guarded(lambda: timeline(frame)))
+    out["time"] = ("Training against orchestration",
+                   _guarded(lambda: time_breakdown(frame, space.experiment.max_concurrent)))
     return out
+
+
+def _guarded(draw: Callable[[], plt.Figure]) -> plt.Figure:
+    """One figure that cannot be drawn becomes a message, not a report (or a search) that fails."""
+    try:
+        return draw()
+    except Exception as error:
+        plt.close("all")
+        return _message(f"this figure could not be drawn: {type(error).__name__}: {error}")
 
 
 def png(figure: plt.Figure) -> bytes:

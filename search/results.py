@@ -163,7 +163,8 @@ def part_bytes(rows: list[dict[str, Any]], schema: pa.Schema) -> bytes:
 
 def to_frame(rows: list[dict[str, Any]], schema: pa.Schema) -> pd.DataFrame:
     frame = table(rows, schema).to_pandas()
-    return frame.sort_values(["trial_id", "epoch"], kind="stable").reset_index(drop=True)
+    # trial_number first: Tune's trial ids are random, and ties (best epoch) go to the earlier trial
+    return frame.sort_values(["trial_number", "trial_id", "epoch"], kind="stable").reset_index(drop=True)
 
 
 def config_from_row(row: Mapping[str, Any], schema: pa.Schema) -> dict[str, Any]:

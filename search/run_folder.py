@@ -101,8 +101,17 @@ class RunFolder:
         except FileExistsError:
             raise taken from None
 
+    def release(self) -> None:
+        """Undo claim() when the search could not start: remove the folder if it holds only spec.yaml."""
+        if is_uri(self.path) or not os.path.isdir(self.path):
+            return
+        if set(os.listdir(self.path)) <= {SPEC_FILE}:
+            for entry in os.listdir(self.path):
+                os.remove(os.path.join(self.path, entry))
+            os.rmdir(self.path)
+
     def write_spec(self, space: Space) -> None:
-        run = {"name": self.name, "path": self.path, "versions": versions()}
+        run = {"name": self.name, "path": self.path, "source": space.source, "versions": versions()}
         header = (f"# The resolved spec of search {self.name}: {space.source} after defaults and flags.\n"
                   f"# --resume runs this file, not the space file. Do not edit.\n")
         text = yaml.safe_dump({RUN_SECTION: run, **to_raw(space)}, sort_keys=False)
@@ -119,7 +128,8 @@ class RunFolder:
         try:
             raw = yaml.load(data.decode("utf-8"), Loader=Loader)
             run = raw.pop(RUN_SECTION)
-            return parse_space(raw, source=where), run
+            # messages and the printed commands name the space file the run was started from
+            return parse_space(raw, source=run.get("source") or where), run
         except ConfigError:
             raise
         except Exception as error:

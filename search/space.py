@@ -12,7 +12,7 @@ A space file has six sections, all optional (defaults below):
 
 Every problem is collected and reported at once as `path.to.key: rule, got value`.
 Nothing here touches Ray, data or user code, so a bad file fails in a second, not after
-start-up (search/checks.py then imports the references and tries the model once).
+start-up (search/driver.check_search then imports the references and tries the model once).
 `to_raw` writes a Space back as a space file: the run folder's spec.yaml.
 """
 
@@ -255,6 +255,8 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
     if not isinstance(raw, Mapping):
         raise ConfigError([problem("(top level)", "must be a mapping of sections", raw)], source)
     for key in raw:
+        if key == "run":  # spec.yaml's record of where the run lives: not part of the space
+            continue
         if key not in SECTIONS:
             problems.append(problem(str(key), f"unknown section (known: {', '.join(SECTIONS)})", raw[key]))
     base = _base_folder(source)

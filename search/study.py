@@ -38,6 +38,8 @@ def optuna_distribution(d: Distribution) -> BaseDistribution:
 def _param(d: Distribution, value: Any) -> Any:
     if hasattr(value, "tolist"):
         value = value.tolist()
+    if isinstance(value, float) and math.isnan(value) and d.distribution == "choice" and None in d.values:
+        value = None  # a null choice in a float column reads back as NaN
     if d.distribution == "choice" and not all(_scalar(v) for v in d.values):
         return json.dumps(value if not isinstance(value, str) else json.loads(value))
     return int(value) if isinstance(optuna_distribution(d), IntDistribution) else value

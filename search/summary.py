@@ -78,7 +78,7 @@ def format_table(frame: pd.DataFrame, metric: str, mode: str, searched: list[str
 
 def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Timing, *,
                    metric: str, mode: str, searched: list[str], gpus_per_trial: float,
-                   best_yaml: str) -> str:
+                   rerun: str) -> str:
     counts = frame.drop_duplicates("trial_id")["status"].value_counts().to_dict()
     lines = [
         "",
@@ -97,7 +97,7 @@ def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Tim
             f"test_acc {'n/a' if result['test_acc'] is None else format(result['test_acc'], '.4f')} "
             f"(seed {best['config']['seed']})" + (f"\n      note: {result['note']}" if result.get("note") else ""),
             f"      {config}",
-            f"      re-run: python -m trainable --config {best_yaml}",
+            f"      re-run: {rerun}",
         ]
     lines.append(
         f"Wall time {timing.wall_seconds:.1f} s: training {timing.training_seconds:.1f} trial-s over "

@@ -145,8 +145,10 @@ def test_an_unreadable_latest_checkpoint_falls_back_to_the_previous_one(tmp_path
         save_checkpoint(trial / f"checkpoint_00000{epoch}", TrialConfig(), (1, 28, 28), 10,
                         {"epoch": epoch + 1, "model": {"w": torch.ones(1)}})
     (trial / "checkpoint_000002" / "state.pt").write_bytes(b"cut sho")
+    (trial / "checkpoint_000003").mkdir()  # newer than Tune's record (a killed driver wrote it): never used
+    save_checkpoint(trial / "checkpoint_000003", TrialConfig(), (1, 28, 28), 10, {"epoch": 4, "model": {}})
     state = newest_readable_state(tune.Checkpoint(str(trial / "checkpoint_000002")))
-    assert state["epoch"] == 2, "the newest readable one: epoch 2, not the corrupt epoch 3"
+    assert state["epoch"] == 2, "the newest readable earlier one: epoch 2, not the corrupt 3 nor the unknown 4"
     (trial / "checkpoint_000001" / "state.pt").unlink()
     (trial / "checkpoint_000000" / "state.pt").write_bytes(b"")
     assert newest_readable_state(tune.Checkpoint(str(trial / "checkpoint_000002"))) is None
@@ -198,7 +200,7 @@ def test_a_stopped_search_exits_130_marks_unfinished_trials_and_resumes(tmp_path
     driver.send_signal(stop)
     out, err = driver.communicate(timeout=120)
     assert driver.returncode == 130, err[-3000:]
-    assert f"--resume --name stopped" in out and "Interrupted:" in out
+    assert f"--storage-path {tmp_path / 'runs'} --resume --name stopped" in out and "Interrupted:" in out
     frame = pd.read_parquet(run / "results.parquet")
     assert (frame["status"] == INTERRUPTED).any() or frame["trial_id"].nunique() < 4
     assert "STOPPED" not in set(frame["status"]), "an interrupted trial is not one the scheduler stopped"

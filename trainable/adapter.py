@@ -51,7 +51,8 @@ def newest_readable_state(latest: tune.Checkpoint) -> dict[str, Any] | None:
     folder, _, _ = latest.path.rstrip("/").rpartition("/")
     siblings = [i.path for i in latest.filesystem.get_file_info(pafs.FileSelector(folder))
                 if i.type == pafs.FileType.Directory and i.base_name.startswith("checkpoint_")]
-    candidates = [latest.path] + sorted((p for p in siblings if p != latest.path), reverse=True)
+    # only earlier ones: a newer folder (left by a driver killed after it was written) is not in Tune's record
+    candidates = [latest.path] + sorted((p for p in siblings if p < latest.path), reverse=True)
     for path in candidates:
         try:
             with tune.Checkpoint(path, filesystem=latest.filesystem).as_directory() as where:
