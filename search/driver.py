@@ -81,6 +81,19 @@ def run_folder_name(space: Space, storage: Storage, name: str | None, resume: bo
     return prefix + time.strftime("%Y%m%d-%H%M%S")
 
 
+def claim(folder: RunFolder, *, automatic: bool) -> RunFolder:
+    """Claim the run folder; an automatic name taken in the same second gets a suffix (-2, -3, ...)."""
+    for attempt in range(1, 100 if automatic else 2):
+        candidate = folder if attempt == 1 else RunFolder(folder.storage, f"{folder.name}-{attempt}")
+        try:
+            candidate.claim()
+            return candidate
+        except ConfigError:
+            if not automatic:
+                raise
+    raise ConfigError([problem("--name", "no free automatic name; pass --name", folder.name)])
+
+
 def make_scheduler(space: Space) -> TrialScheduler:
     experiment = space.experiment
     if experiment.scheduler == "asha":
@@ -367,7 +380,7 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
     if resume:
         folder.check_record()
     else:
-        folder.claim()
+        folder = claim(folder, automatic=name is None)
         folder.write_spec(space)
     # Tune snapshots its experiment state every ~10 s by default; a driver killed in between
     # would resume without the trials finished since. Snapshots of a search this size take ms.

@@ -56,8 +56,10 @@ class Progress(Callback):
         return {**self.__dict__, "_journal": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        # unpickled by a resume: this process's clock, and the journal reopened when needed
+        # unpickled by a resume (Tune keeps the callback as it was at start): this process's
+        # clock, the trials that already ended (their results parts), the journal reopened later
         self.__dict__.update(state, started=time.monotonic(), _journal=None)
+        self.ended = set(self.folder.ended_trials())
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         self.running.add(trial.trial_id)

@@ -209,6 +209,15 @@ class RunFolder:
                     print(f"note: {info.path} is unreadable ({error}); it is rebuilt from Tune's records when "
                           "the search ends", file=sys.stderr, flush=True)
 
+    def ended_trials(self) -> list[str]:
+        """Ids of the trials whose part of results.parquet is written (they ended)."""
+        fs, base = self._fs()
+        parts = f"{base}/{RESULTS_FILE}"
+        if fs.get_file_info(parts).type != pafs.FileType.Directory:
+            return []
+        return [i.base_name[:-len(".parquet")] for i in fs.get_file_info(pafs.FileSelector(parts))
+                if i.base_name.endswith(".parquet")]
+
     def write_part(self, space: Space, trial_id: str, rows: list[dict[str, Any]]) -> None:
         """One trial's rows as its part of results.parquet (replacing an earlier part)."""
         self.storage.write(f"{self.name}/{RESULTS_FILE}/{trial_id}.parquet", part_bytes(rows, results_schema(space)))

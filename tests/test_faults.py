@@ -300,3 +300,16 @@ def test_a_corrupt_gz_is_named_not_blamed_on_a_download(tmp_path, data_root):
     assert gzip.decompress(packed)  # the original is fine; only the copy is cut
     with pytest.raises(DataError, match="train-labels-idx1-ubyte.gz in .* is corrupt or truncated"):
         load_dataset("mnist", tmp_path)
+
+
+def test_automatic_names_taken_in_the_same_second_get_a_suffix_given_names_do_not(tmp_path):
+    from search.driver import claim
+    from search.run_folder import RunFolder
+    from search.storage import Storage
+    from trainable.errors import ConfigError
+
+    folder = RunFolder(Storage.at(str(tmp_path)), "mnist-20261130-101500")
+    names = [claim(folder, automatic=True).name for _ in range(3)]
+    assert names == ["mnist-20261130-101500", "mnist-20261130-101500-2", "mnist-20261130-101500-3"]
+    with pytest.raises(ConfigError, match="already holds a search"):
+        claim(folder, automatic=False)
