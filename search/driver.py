@@ -27,8 +27,8 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
 from search.capacity import CapacityError, check_capacity
-from search.progress import Progress, number
-from search.results import INTERRUPTED, config_from_row, read_record, results_schema, to_frame, trial_rows
+from search.progress import Progress
+from search.results import INTERRUPTED, config_from_row, ranked, read_record, results_schema, to_frame, trial_rows
 from search.report import write_report
 from search.run_folder import RunFolder, check_storage
 from search.searcher import make_searcher
@@ -268,12 +268,6 @@ def derive(folder: RunFolder, space: Space, grid) -> pd.DataFrame:
         folder.write_part(space, trial_id, trial)
         rows += trial
     return to_frame(rows, results_schema(space))
-
-
-def ranked(frame: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame:
-    """Rows with a finite metric, best first (ties: the earlier trial and epoch)."""
-    scored = frame[frame[metric].map(lambda v: number(v) is not None)]
-    return scored.sort_values(metric, ascending=(mode == "min"), kind="stable")
 
 
 def test_score(grid, rows: pd.DataFrame, data: Data) -> tuple[pd.Series | None, tuple[float, float] | None, str]:

@@ -16,7 +16,6 @@ So trial n waits only while one of trials 0 .. n-L-1 is unfinished; those waits 
 
 from __future__ import annotations
 
-import math
 import pickle
 import time
 import warnings
@@ -26,6 +25,7 @@ import optuna
 from optuna.trial import TrialState, create_trial
 from ray.tune.search import Searcher
 
+from search.results import best_of, score
 from search.space import SAMPLERS  # the names the space file accepts
 from trainable.seed import derive_seed
 # Pinned: Optuna 5 changed TPE's defaults, which silently changes every seeded search.
@@ -105,16 +105,15 @@ class OrderedSearch(Searcher):
         return {**trial.params, **constants}
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
-        value = result.get(self.metric)
-        if trial_id in self.numbers and _finite(value) and result.get("epoch") is not None:
-            self.curves.setdefault(self.numbers[trial_id], {})[int(result["epoch"])] = float(value)
+        value = score(result.get(self.metric))
+        if trial_id in self.numbers and value is not None and result.get("epoch") is not None:
+            self.curves.setdefault(self.numbers[trial_id], {})[int(result["epoch"])] = value
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if trial_id not in self.numbers:
             return
         n = self.numbers[trial_id]
-        values = list(self.curves.get(n, {}).values())
-        self.finished[n] = None if error or not values else (max(values) if self.mode == "max" else min(values))
+        self.finished[n] = None if error else best_of(self.curves.get(n, {}).values(), self.mode)
 
     def save(self, checkpoint_path: str) -> None:
         state = {k: v for k, v in self.__dict__.items() if k != "_waiting_since"}
@@ -125,7 +124,3 @@ class OrderedSearch(Searcher):
         with open(checkpoint_path, "rb") as f:
             self.__dict__.update(pickle.load(f))
         self._waiting_since = None
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -11,7 +11,6 @@ elsewhere (CI logs, `| tee`) it is a plain line per epoch.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time
@@ -20,7 +19,7 @@ from typing import Any
 import pyarrow.fs as pafs
 from ray.tune import Callback
 
-from search.results import read_record, results_schema, to_frame, trial_rows
+from search.results import read_record, results_schema, score, to_frame, trial_rows
 from search.run_folder import RunFolder
 from search.space import Space
 from search.storage import is_uri
@@ -28,15 +27,6 @@ from search.storage import is_uri
 
 def is_better(value: float, best: float | None, mode: str) -> bool:
     return best is None or (value > best if mode == "max" else value < best)
-
-
-def number(value: Any) -> float | None:
-    """A finite float, or None (NaN, inf and missing values are no score)."""
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
 
 
 class Progress(Callback):
@@ -67,7 +57,7 @@ class Progress(Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         self.ended.discard(trial.trial_id)  # a restarted trial is running again
         self.running.add(trial.trial_id)
-        value = number(result.get(self.metric))
+        value = score(result.get(self.metric))
         if value is not None and is_better(value, self.best, self.mode):
             self.best = value
         if sys.stdout.isatty():

@@ -102,6 +102,27 @@ def _hint_kind(name: str) -> str:
     return "json"  # mappings (data_args)
 
 
+def score(value: Any) -> float | None:
+    """A metric as a score: a finite float, or None (NaN, inf and missing values are no score)."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def best_of(values: Iterable[Any], mode: str) -> float | None:
+    """The best score among `values` (a trial's value: its best epoch), None if none is finite."""
+    scores = [s for s in map(score, values) if s is not None]
+    return (max(scores) if mode == "max" else min(scores)) if scores else None
+
+
+def ranked(frame: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame:
+    """Rows with a finite metric, best first; ties keep the frame's order (trial number, epoch)."""
+    scored = frame[frame[metric].map(lambda v: score(v) is not None)]
+    return scored.sort_values(metric, ascending=(mode == "min"), kind="stable")
+
+
 def trial_status(config: TrialConfig, reports: list[Mapping[str, Any]], *, done: bool, error: bool) -> str:
     """COMPLETED (all epochs), STOPPED (early, by the scheduler), DIVERGED, ERROR or INTERRUPTED."""
     if error:

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from trainable.config import (FIELDS, MODEL, TrialConfig, check_value, coerce, cross_field_problems,
-                              is_integer_field, is_reference, plain)
+from trainable.config import (FIELDS, MODEL, MOVED, TrialConfig, absolute_reference, check_value, coerce,
+                              cross_field_problems, is_integer_field, plain)
 from trainable.errors import ConfigError, problem
 from trainable.metrics import METRICS
 
@@ -241,14 +241,6 @@ def _base_folder(source: str) -> Path:
     return path.parent.resolve() if path.is_file() else Path.cwd()
 
 
-def _absolute(reference: Any, base: Path) -> Any:
-    """FILE.py:NAME made absolute, so spec.yaml and best.yaml run from any folder."""
-    if not isinstance(reference, str) or not is_reference(reference) or ".py:" not in reference:
-        return reference
-    file, name = reference.rsplit(":", 1)
-    return f"{(base / Path(file).expanduser()).resolve()}:{name}"
-
-
 def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
     """Validate a whole space mapping; raise one ConfigError listing every problem."""
     problems: list[str] = []
@@ -266,7 +258,7 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
     fixed: dict[str, Any] = {}
     for key, value in _section(raw, MODEL, problems).items():
         name = f"{MODEL}.{key}"
-        fixed[name] = _fixed_field(name, name, _absolute(value, base) if key == "factory" else value, problems)
+        fixed[name] = _fixed_field(name, name, absolute_reference(value, base) if key == "factory" else value, problems)
 
     data = dict(_section(raw, "data", problems))
     data_root = data.pop("root", None)
@@ -286,7 +278,7 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
                         f"unknown key (known: {', '.join(_section_keys(section))})")
                 problems.append(problem(path, rule, value))
             else:
-                fixed[field_name] = _fixed_field(path, field_name, _absolute(value, base)
+                fixed[field_name] = _fixed_field(path, field_name, absolute_reference(value, base)
                                                  if field_name == "dataset" else value, problems)
 
     searched = []
@@ -329,7 +321,7 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
 
 
 SECTIONS = ("experiment", "resources", "model", "data", "training", "space")
-MOVED_KEYS = {"hidden_sizes": "model.hidden_sizes (in the model section, or space: model.hidden_sizes)"}
+MOVED_KEYS = {key: f"{to} (in the model section, or space: {to})" for key, to in MOVED.items()}
 
 
 def _section_keys(section: str) -> list[str]:

@@ -17,6 +17,7 @@ import pandas as pd
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
+from search.results import best_of, score
 from search.searcher import _scalar
 from search.space import Distribution, Space
 from trainable.config import is_integer_field
@@ -49,9 +50,9 @@ def frozen_trial(rows: pd.DataFrame, space: Space) -> FrozenTrial:
     """One trial's rows (one per epoch) as a finished Optuna trial."""
     metric, mode = space.experiment.metric, space.experiment.mode
     first = rows.iloc[0]
-    curve = {int(r["epoch"]): float(r[metric]) for _, r in rows.iterrows()
-             if not pd.isna(r["epoch"]) and isinstance(r[metric], float) and math.isfinite(r[metric])}
-    value = (max(curve.values()) if mode == "max" else min(curve.values())) if curve else None
+    curve = {int(r["epoch"]): score(r[metric]) for _, r in rows.iterrows()
+             if not pd.isna(r["epoch"]) and score(r[metric]) is not None}
+    value = best_of(curve.values(), mode)
     return create_trial(
         state=TrialState.COMPLETE if value is not None else TrialState.FAIL,
         value=value,

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
+from search.results import ranked
 from trainable.config import TrialConfig
 
 
@@ -31,10 +31,8 @@ class Timing:
 
 def best_row(frame: pd.DataFrame, metric: str, mode: str) -> pd.Series | None:
     """The (trial, epoch) row with the best metric; ties go to the earlier row."""
-    scored = frame[frame[metric].map(lambda v: v is not None and math.isfinite(v))]  # NaN/inf: no score
-    if scored.empty:
-        return None
-    return scored.loc[scored[metric].idxmax() if mode == "max" else scored[metric].idxmin()]
+    scored = ranked(frame, metric, mode)  # NaN/inf: no score
+    return None if scored.empty else scored.iloc[0]
 
 
 def max_trials_per_gpu(frame: pd.DataFrame) -> int:

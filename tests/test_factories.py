@@ -14,7 +14,8 @@ from torch import nn
 
 from trainable.config import TrialConfig
 from trainable.errors import ConfigError
-from trainable.factories import absolute_reference, build_model, check_model, resolve
+from trainable.config import absolute_reference
+from trainable.factories import build_model, check_model, resolve
 from trainable.model import make_cnn, make_mlp
 
 BATCH = torch.zeros(2, 1, 28, 28)  # what MNIST gives a model

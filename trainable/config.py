@@ -17,6 +17,7 @@ import math
 import re
 import typing
 from collections import abc
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -37,6 +38,15 @@ MAX_INT = 2**63 - 1  # Parquet's int64: a larger integer would fail at the first
 def is_reference(value: str) -> bool:
     """True for FILE.py:NAME and package.module:NAME (as opposed to a built-in name)."""
     return REFERENCE.fullmatch(value) is not None
+
+
+def absolute_reference(reference: Any, base: Path) -> Any:
+    """FILE.py:NAME with FILE made absolute against `base`, so spec.yaml and best.yaml run from
+    any folder; built-in names, package.module:NAME and non-strings stay as they are."""
+    match = REFERENCE.fullmatch(reference) if isinstance(reference, str) else None
+    if match is None or not match["module"].endswith(".py"):
+        return reference
+    return f"{(base / Path(match['module']).expanduser()).resolve()}:{match['name']}"
 
 
 def frozen_mapping(values: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -282,8 +282,5 @@ def load_data(config: TrialConfig, root: str | Path | None = None, *, key: str =
     else:
         train = subset(train_part, config.train_size, config.split_seed, "train_size")
         val = subset(val_part, config.val_size, config.split_seed, "val_size")
-    for part, which in ((val, "val"), (test, "test")):
-        if part is not None:
-            check_labels(part, num_classes, f"{key} ({which})")
     input_shape = tuple(prepare_inputs(torch.from_numpy(train.inputs[:1].copy()), standardize).shape[1:])
     return Data(train, val, test, num_classes, input_shape, standardize)

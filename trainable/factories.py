@@ -96,14 +96,6 @@ def resolve(reference: str, key: str) -> Callable[..., Any]:
     return found
 
 
-def absolute_reference(reference: str, base: Path) -> str:
-    """FILE.py:NAME with FILE made absolute against `base` (so it runs from any folder)."""
-    match = REFERENCE.fullmatch(reference)
-    if match is None or not match["module"].endswith(".py"):
-        return reference
-    return f"{(base / Path(match['module']).expanduser()).resolve()}:{match['name']}"
-
-
 def keyword_problems(function: Callable, keywords: Mapping[str, Any] | list[str], prefix: str,
                      reference: str, *, given: tuple[str, ...] = ()) -> list[str]:
     """Keywords `function` does not accept, and required parameters nobody gives."""
