@@ -32,6 +32,7 @@ from search.results import INTERRUPTED, config_from_row, ranked, read_record, re
 from search.report import write_report
 from search.run_folder import RunFolder, check_storage
 from search.searcher import make_searcher
+from search.snapshot import SnapshotOnTrialEnd
 from search.space import MODEL, Space, example_config, is_run_name, max_epochs, to_raw
 from search.storage import Storage, is_uri
 from search.summary import Timing, format_summary
@@ -42,7 +43,7 @@ from trainable.factories import check_model
 from trainable.loop import evaluate_model
 from trainable.metrics import METRICS
 from trainable.report import CheckpointError, load_checkpoint
-from trainable.adapter import tune_trial
+from trainable.adapter import DataHandle, run_trial, tune_trial
 
 
 @dataclass(frozen=True)
@@ -257,6 +258,7 @@ def derive(folder: RunFolder, space: Space, grid) -> pd.DataFrame:
     """
     rows = []
     saved = folder.saved_trials()
+    suggested = folder.searcher_state().get("suggested", {})  # trial number -> (when, seconds); OrderedSearch's
     for result in grid:
         trial_id = trial_id_of(result)
         status, config = saved.get(trial_id, ("TERMINATED", None))
@@ -264,7 +266,9 @@ def derive(folder: RunFolder, space: Space, grid) -> pd.DataFrame:
         if not reports and result.error is None and status == "PENDING":
             continue
         ended = status in ("TERMINATED", "ERROR")
-        trial = trial_rows(trial_id, result.config or config, reports, done=ended, error=result.error is not None)
+        trial_config = result.config or config
+        trial = trial_rows(trial_id, trial_config, reports, done=ended, error=result.error is not None,
+                           suggested=suggested.get((trial_config or {}).get("trial_number")))
         folder.write_part(space, trial_id, trial)
         rows += trial
     return to_frame(rows, results_schema(space))
@@ -376,9 +380,6 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
     else:
         folder = claim(folder, automatic=name is None)
         folder.write_spec(space)
-    # Tune snapshots its experiment state every ~10 s by default; a driver killed in between
-    # would resume without the trials finished since. Snapshots of a search this size take ms.
-    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
     try:
         started = start_ray(address, experiment.connect_timeout)
     except BaseException:  # an unreachable cluster, Ctrl-C: nothing ran, so no run folder either
@@ -394,8 +395,10 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
             raise
         slots = min(experiment.max_concurrent, capacity) if capacity else experiment.max_concurrent
         # the arrays go into the object store once; every trial reads them from there
-        wrapped = tune.with_resources(tune.with_parameters(trainable, data=data.for_trials()),
-                                      {"cpu": space.resources.cpus, "gpu": space.resources.gpus})
+        wrapped = tune.with_resources(
+            tune.with_parameters(run_trial, data=DataHandle.put(data.for_trials()), trial_function=trainable,
+                                 checkpoint_every=experiment.checkpoint_every),
+            {"cpu": space.resources.cpus, "gpu": space.resources.gpus})
         if resume:
             tuner = tune.Tuner.restore(folder.path, trainable=wrapped,
                                        resume_unfinished=True, resume_errored=True)
@@ -409,13 +412,15 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
                 run_config=tune.RunConfig(
                     name=folder.name,
                     storage_path=storage.uri,
-                    # every checkpoint is kept: with num_to_keep, a driver killed between Tune
-                    # deleting an old checkpoint and saving its state resumes a trial from the
-                    # deleted one and fails it (seen in tests/test_resume.py)
-                    checkpoint_config=tune.CheckpointConfig(checkpoint_score_attribute=experiment.metric,
+                    # num_to_keep keeps the best by metric and always the latest; a driver killed
+                    # after Tune deleted a checkpoint its last snapshot names resumes that trial
+                    # from an earlier one that reads, or from the start (adapter.newest_readable_state)
+                    checkpoint_config=tune.CheckpointConfig(num_to_keep=experiment.num_to_keep,
+                                                            checkpoint_score_attribute=experiment.metric,
                                                             checkpoint_score_order=experiment.mode),
                     failure_config=tune.FailureConfig(max_failures=experiment.max_failures),
-                    callbacks=[Progress(folder, space), *tracker_callbacks(space, folder)],
+                    # the snapshot first: a trial's part of results.parquet is written once Tune's record holds it
+                    callbacks=[SnapshotOnTrialEnd(), Progress(folder, space), *tracker_callbacks(space, folder)],
                     verbose=0,
                 ),
             )

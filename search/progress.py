@@ -3,7 +3,9 @@ results.parquet and in the Optuna journal (`optuna-dashboard runs/<name>/optuna.
 
 A Tune callback in the driver. It keeps no copy of the reports: a trial's rows are derived
 from Tune's record (its result.json) when the trial ends, so the work per finished trial
-stays the same however many came before.
+stays the same however many came before. They are written at the end of the controller
+step, after search/snapshot.py has saved Tune's state: a part in results.parquet always
+belongs to a trial that a resume knows has ended.
 
 On a terminal the progress is one line redrawn in place (done/total, running, best, ETA);
 elsewhere (CI logs, `| tee`) it is a plain line per epoch.
@@ -41,14 +43,15 @@ class Progress(Callback):
         self.best: float | None = None
         self.started = time.monotonic()
         self._journal = None  # (study, trial ids in it), opened on first use; not pickled with the callback
+        self._ending: list[tuple[Any, bool]] = []  # (trial, error) that ended in this step, written at its end
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_journal": None}
+        return {**self.__dict__, "_journal": None, "_ending": []}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # unpickled by a resume (Tune keeps the callback as it was at start): this process's
         # clock, the trials that already ended (their results parts), the journal reopened later
-        self.__dict__.update(state, started=time.monotonic(), _journal=None)
+        self.__dict__.update(state, started=time.monotonic(), _journal=None, _ending=[])
         self.ended = set(self.folder.ended_trials())
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
@@ -86,12 +89,21 @@ class Progress(Callback):
         self._ended(trial, error=True)
 
     def on_experiment_end(self, trials, **info) -> None:
+        self.on_step_end(iteration=None, trials=trials)
         if sys.stdout.isatty():
             sys.stdout.write("\n")
+
+    def on_step_end(self, iteration, trials, **info) -> None:
+        ending, self._ending = self._ending, []
+        for trial, error in ending:
+            self._write(trial, error=error)
 
     def _ended(self, trial, *, error: bool) -> None:
         self.ended.add(trial.trial_id)
         self.running.discard(trial.trial_id)
+        self._ending.append((trial, error))
+
+    def _write(self, trial, *, error: bool) -> None:
         # Tune's JSON logger has flushed every report of this trial to its driver-side folder
         reports = read_record(pafs.LocalFileSystem(), trial.local_path)
         rows = trial_rows(trial.trial_id, trial.config, reports, done=True, error=error)

@@ -27,6 +27,7 @@ import pandas as pd  # noqa: E402
 from search.run_folder import RunFolder  # noqa: E402
 from search.space import Space  # noqa: E402
 from search.study import make_study  # noqa: E402
+from search.summary import PHASES  # noqa: E402
 
 REPORT_FILE = "report.html"
 FIGURE_FOLDER = "report"
@@ -62,7 +63,10 @@ def learning_curves(frame: pd.DataFrame, metric: str, best_trial: str | None) ->
 def trial_spans(frame: pd.DataFrame) -> pd.DataFrame:
     """Per trial: its slot (node + device), start (first epoch's start), end and training seconds."""
     rows = frame.dropna(subset=["finished_at"])
-    rows = rows.assign(started=rows["finished_at"] - rows["epoch_seconds"])
+    started = rows["finished_at"] - rows["epoch_seconds"]
+    if "started_at" in rows:  # the trial's start in its actor, set-up and data fetch included
+        started = rows["started_at"].fillna(started)
+    rows = rows.assign(started=started)
     return rows.groupby("trial_id").agg(
         number=("trial_number", "first"), node=("node", "first"), device=("device", "first"),
         gpus=("accelerator_ids", "first"), start=("started", "min"), end=("finished_at", "max"),
@@ -107,25 +111,30 @@ def timeline(frame: pd.DataFrame) -> plt.Figure:
 
 
 def time_breakdown(frame: pd.DataFrame, slots: int) -> plt.Figure:
-    """Slot time: training, trial overhead (between epochs), idle or orchestration (between trials)."""
+    """Slot time by phase (results.parquet's *_seconds columns), and what no phase explains."""
     spans = trial_spans(frame)
-    figure, axes = plt.subplots(figsize=(8, 3.6))
+    figure, axes = plt.subplots(figsize=(8, 4.4))
     if spans.empty:
         return figure
     wall = spans["end"].max() - spans["start"].min()
-    training = spans["training"].sum()
-    in_trials = (spans["end"] - spans["start"]).sum() - training
-    outside = max(0.0, wall * slots - training - in_trials)
-    parts = {"training": training, "in trials, between epochs (checkpoint, report)": in_trials,
-             "between trials (start, scheduling, idle)": outside}
+    # the searcher runs in the driver, beside the slots, so its time is not slot time
+    phases = [p for p in PHASES if p != "suggest_seconds" and p in frame and frame[p].notna().any()]
+    if phases:
+        parts = {PHASES[p]: float(frame[p].fillna(0).sum()) for p in phases}
+    else:  # a run from before the phase columns
+        in_trials = (spans["end"] - spans["start"]).sum() - spans["training"].sum()
+        parts = {"training": spans["training"].sum(), "in trials, between epochs (checkpoint, report)": in_trials}
+    parts["idle, or in no phase"] = max(0.0, wall * slots - sum(parts.values()))
     left = 0.0
-    for (label, seconds), color in zip(parts.items(), ("tab:green", "tab:orange", "tab:gray")):
-        axes.barh(0, seconds, left=left, color=color, label=f"{label}: {seconds:.1f} s")
+    colors = matplotlib.colormaps["tab10"].colors
+    for i, (label, seconds) in enumerate(parts.items()):
+        axes.barh(0, seconds, left=left, color="lightgray" if label.startswith("idle") else colors[i % 10],
+                  label=f"{label}: {seconds:.1f} s")
         left += seconds
     axes.set_yticks([])
     axes.set(xlabel=f"slot-seconds ({slots} slot(s) x {wall:.1f} s from first start to last end)",
              title="Where the slot time went")
-    axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.5), ncol=1, fontsize=8, frameon=False)
+    axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.5), ncol=2, fontsize=8, frameon=False)
     figure.tight_layout()
     return figure
 

@@ -48,8 +48,13 @@ def config_columns(space: Space) -> list[str]:
     return ordered
 
 
+# Derived where the searcher's record meets the trial's, on the first row of each run of a
+# trial: the searcher's time to suggest it, its wait for an actor, the actor's start or reuse.
+SEARCH_COLUMNS = ["suggest_seconds", "queue_seconds", "start_seconds"]
+
+
 def columns(space: Space) -> list[str]:
-    return ["trial_id", "status", *config_columns(space), *REPORT_COLUMNS]
+    return ["trial_id", "status", *config_columns(space), *REPORT_COLUMNS, *SEARCH_COLUMNS]
 
 
 JSON = {b"json": b"1"}  # field metadata: the column holds JSON text of nested or mixed values
@@ -90,7 +95,7 @@ def results_schema(space: Space) -> pa.Schema:
             out.append(pa.field(name, types[_hint_kind(name)]))
     report_types = {"epoch": pa.int64(), "diverged": pa.bool_(), "node": pa.string(), "hostname": pa.string(),
                     "device": pa.string(), "accelerator_ids": pa.string()}
-    out += [pa.field(c, report_types.get(c, pa.float64())) for c in REPORT_COLUMNS]
+    out += [pa.field(c, report_types.get(c, pa.float64())) for c in REPORT_COLUMNS + SEARCH_COLUMNS]
     return pa.schema(out)
 
 
@@ -139,8 +144,30 @@ def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
+def search_phases(report: Mapping[str, Any], suggested: tuple[float, float] | None,
+                  first: bool) -> dict[str, float | None]:
+    """suggest/queue/start seconds of a row: where a run of the trial began, else None.
+
+    `suggested`: (unix time the searcher returned the trial, seconds it took), None if the
+    searcher kept no record (reproducible: false). The actor was free from `ready_at`; the
+    trial queued from its suggestion until then, and started from then until `started_at`.
+    """
+    out = dict.fromkeys(SEARCH_COLUMNS)
+    ready, started = report.get("ready_at"), report.get("started_at")
+    if _missing(ready) or _missing(started):
+        return out
+    if suggested is not None and first:  # a restart waited for a free slot again, not for the searcher
+        at, out["suggest_seconds"] = suggested
+        free = max(ready, at)
+        out["queue_seconds"] = max(0.0, free - at)
+    else:
+        free = ready
+    out["start_seconds"] = max(0.0, started - free)  # clocks of two machines may disagree by a little
+    return out
+
+
 def trial_rows(trial_id: str, config: Mapping[str, Any], reports: Iterable[Mapping[str, Any]], *,
-               done: bool, error: bool) -> list[dict[str, Any]]:
+               done: bool, error: bool, suggested: tuple[float, float] | None = None) -> list[dict[str, Any]]:
     """One row per reported epoch (the last report of an epoch wins, e.g. after a restart)."""
     trial = TrialConfig.from_mapping(config)
     by_epoch = {int(r["epoch"]): r for r in reports if not _missing(r.get("epoch"))}
@@ -148,8 +175,9 @@ def trial_rows(trial_id: str, config: Mapping[str, Any], reports: Iterable[Mappi
     status = trial_status(trial, ordered, done=done, error=error)
     base = {"trial_id": trial_id, "status": status, **trial.to_flat()}
     if not ordered:  # failed before its first epoch: keep it visible
-        return [{**base, **{c: None for c in REPORT_COLUMNS}}]
-    return [{**base, **{c: r.get(c) for c in REPORT_COLUMNS}} for r in ordered]
+        return [{**base, **{c: None for c in REPORT_COLUMNS + SEARCH_COLUMNS}}]
+    return [{**base, **{c: r.get(c) for c in REPORT_COLUMNS}, **search_phases(r, suggested, first=i == 0)}
+            for i, r in enumerate(ordered)]
 
 
 def read_record(fs: pafs.FileSystem, trial_path: str) -> list[dict[str, Any]]:

@@ -64,6 +64,8 @@ class Experiment:
     grace_period: int = 1  #: asha: epochs every trial gets before it can be stopped
     reduction_factor: int = 2  #: asha: keep the top 1/reduction_factor at each rung
     max_failures: int = 2  #: restarts of a crashed trial, from its last checkpoint
+    checkpoint_every: int = 1  #: a trial checkpoints every N epochs; its last epoch always
+    num_to_keep: int | None = None  #: checkpoints kept per trial (the best by metric, and always the latest); null: all
     storage_path: str = "./runs"  #: local folder or pyarrow.fs URI (s3://..., gs://...)
     connect_timeout: float = 60.0  #: seconds to wait for the cluster at --address before giving up
     loggers: tuple[str, ...] = ("tensorboard",)  #: trackers: tensorboard (always written), mlflow, wandb (offline)
@@ -119,6 +121,9 @@ _RULES = {
     "experiment.grace_period": (lambda v: _is_int(v) and 0 < v <= 100_000, "must be an integer in [1, 100000] (epochs)"),
     "experiment.reduction_factor": (lambda v: _is_int(v) and 1 < v <= 1000, "must be an integer in [2, 1000]"),
     "experiment.max_failures": (lambda v: _is_int(v) and 0 <= v <= 1000, "must be an integer in [0, 1000]"),
+    "experiment.checkpoint_every": (lambda v: _is_int(v) and 0 < v <= 100_000, "must be an integer in [1, 100000] (epochs)"),
+    "experiment.num_to_keep": (lambda v: v is None or (_is_int(v) and 0 < v <= 100_000),
+                               "must be null (keep all) or an integer in [1, 100000]"),
     "experiment.loggers": (lambda v: isinstance(v, (list, tuple)) and all(x in LOGGERS for x in v),
                            f"must be a list of {', '.join(LOGGERS)}"),
     "experiment.connect_timeout": (lambda v: _is_number(v) and 0 < v <= 86_400, "must be a number of seconds in (0, 86400]"),

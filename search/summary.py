@@ -57,6 +57,37 @@ def max_trials_per_gpu(frame: pd.DataFrame) -> int:
     return most
 
 
+# results.parquet's phase columns, in the order a trial meets them, and what each one is
+PHASES = {
+    "suggest_seconds": "the searcher's suggestion",
+    "queue_seconds": "waiting for a free actor",
+    "start_seconds": "actor start or reuse",
+    "fetch_seconds": "data fetch",
+    "setup_seconds": "model and optimizer set-up",
+    "train_seconds": "training",
+    "evaluate_seconds": "validation",
+    "checkpoint_seconds": "writing checkpoints",
+    "report_seconds": "reporting (checkpoint upload, Tune taking the result)",
+}
+
+
+def time_breakdown(frame: pd.DataFrame) -> str | None:
+    """Where the trials' time went (sums over trials), naming the biggest phase outside training."""
+    present = [p for p in PHASES if p in frame and frame[p].notna().any()]
+    if "train_seconds" not in present:
+        return None
+    totals = {p: float(frame[p].fillna(0).sum()) for p in present}
+    trials = max(frame["trial_id"].nunique(), 1)
+    outside = {p: v for p, v in totals.items() if p not in ("train_seconds", "evaluate_seconds")}
+    line = "Trial time (mean per trial): " + ", ".join(
+        f"{p.removesuffix('_seconds')} {v / trials:.3g} s" for p, v in totals.items())
+    if outside:
+        biggest = max(outside, key=outside.get)
+        line += (f"\n      biggest outside training and validation: {PHASES[biggest]} "
+                 f"({biggest}, {outside[biggest]:.1f} s in all)")
+    return line
+
+
 def format_table(frame: pd.DataFrame, metric: str, mode: str, searched: list[str], top: int = 5) -> str:
     """The top trials by their best epoch, one line each."""
     per_trial = []
@@ -101,6 +132,9 @@ def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Tim
         f"Wall time {timing.wall_seconds:.1f} s: training {timing.training_seconds:.1f} trial-s over "
         f"{timing.slots} slot(s); outside training {timing.overhead_seconds:.1f} s "
         f"({100 * timing.overhead_share:.0f}%)")
+    breakdown = time_breakdown(frame)
+    if breakdown:
+        lines.append(breakdown)
     if gpus_per_trial:
         lines.append(f"GPUs: {gpus_per_trial:g} per trial; at most {max_trials_per_gpu(frame)} "
                      f"trial(s) ran on one GPU at once")

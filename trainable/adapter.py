@@ -3,6 +3,11 @@
 The only module of `trainable/` that imports Ray. It turns Tune's (flat) config into a
 TrialConfig, restores from Tune's checkpoint when the trial is restarted, and reports
 one result (report.epoch_report + a checkpoint in report's format) per epoch.
+
+It also times where a trial's slot time goes (report.Phases): the actor's start or reuse,
+the data fetch, and per epoch the report of the epoch before, the checkpoint, training and
+validation. `run_trial` is what Tune runs: it fetches the data (once per actor: a reused
+actor keeps it) and calls the trainable.
 """
 
 from __future__ import annotations
@@ -10,7 +15,9 @@ from __future__ import annotations
 import socket
 import sys
 import tempfile
-from typing import Any
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import pyarrow.fs as pafs
 import ray
@@ -21,7 +28,58 @@ from trainable.config import TrialConfig
 from trainable.data import Data
 from trainable.device import get_default_device
 from trainable.loop import build_run, train_and_evaluate
-from trainable.report import CheckpointError, Placement, epoch_report, load_checkpoint, save_checkpoint
+from trainable.report import CheckpointError, Phases, Placement, epoch_report, load_checkpoint, save_checkpoint
+
+
+@dataclass(frozen=True)
+class DataHandle:
+    """The trials' data in Ray's object store. A reference inside an object is not fetched
+    by Tune, so the trial fetches it itself: timed, and once per actor."""
+
+    ref: ray.ObjectRef
+
+    @classmethod
+    def put(cls, data: Data) -> "DataHandle":
+        return cls(ray.put(data))
+
+
+@dataclass(frozen=True)
+class TrialStart:
+    """What run_trial measured before the trainable started, for its reports."""
+
+    ready_at: float  #: when this actor could take the trial: its process started, or its last trial ended
+    started_at: float  #: when run_trial began
+    fetch_seconds: float  #: the data from the object store (0 for a reused actor that holds it)
+    checkpoint_every: int = 1
+
+
+# Per actor process: a reused actor runs trials one after another, never two at once.
+_fetched: dict[str, Data] = {}  # object id -> data: a reused actor keeps what it fetched
+_last_end: float | None = None  # when this actor's previous trial made its last report
+_start: TrialStart | None = None  # the running trial's, set by run_trial
+
+
+def process_started_at() -> float:
+    import psutil  # a dependency of Ray
+
+    return psutil.Process().create_time()
+
+
+def run_trial(config: dict[str, Any], *, data: DataHandle, trial_function: Callable[..., None],
+              checkpoint_every: int = 1) -> None:
+    """What Tune runs: fetch the data (timed, once per actor), then run the trainable."""
+    global _start
+    started_at = time.time()
+    ready_at = _last_end if _last_end is not None else process_started_at()
+    key = data.ref.hex()
+    if key not in _fetched:
+        _fetched.clear()  # another search's data: drop it
+        _fetched[key] = ray.get(data.ref)
+    _start = TrialStart(ready_at, started_at, time.time() - started_at, checkpoint_every)
+    try:
+        trial_function(config, data=_fetched[key])
+    finally:
+        _start = None
 
 
 def assigned_accelerators() -> str:
@@ -68,7 +126,9 @@ def newest_readable_state(latest: tune.Checkpoint) -> dict[str, Any] | None:
 
 
 def tune_trial(config: dict[str, Any], *, data: Data) -> None:
-    """A Tune function trainable. `data` arrives once through Ray's object store."""
+    """A Tune function trainable: one trial, a report and (every checkpoint_every epochs) a checkpoint per epoch."""
+    global _last_end
+    start = _start or TrialStart(time.time(), time.time(), 0.0)
     trial = TrialConfig.from_mapping(config)
     device = trial_device()
     if device.type == "cuda":
@@ -81,7 +141,29 @@ def tune_trial(config: dict[str, Any], *, data: Data) -> None:
             run.load_state_dict(state)
     placement = Placement(node=ray.get_runtime_context().get_node_id()[:12], hostname=socket.gethostname(),
                           device=str(device), accelerator_ids=assigned_accelerators())
+    # Each row accounts for the slot time since the previous row's report was made (the first,
+    # since run_trial began), so a trial's rows add up to its time in the slot.
+    fetch_seconds, setup_seconds = start.fetch_seconds, time.time() - start.started_at - start.fetch_seconds
+    report_seconds = 0.0  # the previous epoch's tune.report: its cost is known only once it returns
+    run_first_epoch = run.epoch + 1
     for record in train_and_evaluate(run):
+        # the last epoch always keeps its checkpoint: best.yaml's test score and a resume read it
+        last = record.epoch >= trial.epochs or record.diverged
+        keep = last or record.epoch % start.checkpoint_every == 0
         with tempfile.TemporaryDirectory() as folder:
-            save_checkpoint(folder, trial, run.input_shape, run.num_classes, run.state_dict())
-            tune.report(epoch_report(record, placement, device), checkpoint=tune.Checkpoint.from_directory(folder))
+            saving = time.time()
+            if keep:
+                save_checkpoint(folder, trial, run.input_shape, run.num_classes, run.state_dict())
+            first = record.epoch == run_first_epoch
+            phases = Phases(ready_at=start.ready_at if first else None,
+                            started_at=start.started_at if first else None, fetch_seconds=fetch_seconds,
+                            setup_seconds=setup_seconds, report_seconds=report_seconds,
+                            checkpoint_seconds=time.time() - saving)
+            reporting = time.time()
+            # any report may be the trial's last (a scheduler stops trials early); the next
+            # trial on this actor counts its start from here, so no time falls between trials
+            _last_end = reporting
+            tune.report(epoch_report(record, placement, device, phases),
+                        checkpoint=tune.Checkpoint.from_directory(folder) if keep else None)
+            report_seconds = time.time() - reporting
+            fetch_seconds = setup_seconds = 0.0  # once per trial, on its first row

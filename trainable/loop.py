@@ -90,6 +90,8 @@ class EpochRecord:
     val_acc: float
     epoch_lr: float  #: learning rate used during this epoch (the config field lr is the initial one)
     epoch_seconds: float  #: wall time of training + validation in this epoch
+    train_seconds: float  #: of which training
+    evaluate_seconds: float  #: of which validation
 
     @property
     def diverged(self) -> bool:
@@ -193,10 +195,12 @@ def train_and_evaluate(run: Run) -> Iterator[EpochRecord]:
         train_loss, train_acc = train(run.model, run.train_batches, run.loss_fn, run.optimizer,
                                       run.train_metric, run.device, run.config.clip_norm)
         run.scheduler.step()  # after this epoch's optimizer.step() calls
+        trained = time.perf_counter()
         val_loss, val_acc = evaluate(run.model, run.val_batches, run.loss_fn, run.val_metric, run.device)
         run.epoch += 1
+        end = time.perf_counter()
         record = EpochRecord(run.epoch, train_loss, train_acc, val_loss, val_acc, epoch_lr,
-                             time.perf_counter() - start)
+                             end - start, trained - start, end - trained)
         yield record
         if record.diverged:
             return

@@ -35,17 +35,36 @@ class Placement:
     accelerator_ids: str  #: GPU ids Ray assigned, "0,1"; "" for none
 
 
+@dataclass(frozen=True)
+class Phases:
+    """Where a row's slot time went besides training and validation (EpochRecord has those).
+
+    A row accounts for the time since the trial's previous report was made (the first row:
+    since the trial began in its actor), so a trial's rows add up to its time in the slot.
+    """
+
+    ready_at: float | None  #: unix time the actor could take the trial: its process started, or its last trial reported
+    started_at: float | None  #: unix time the trial (or its restart) began in its actor; both on that run's first row only
+    fetch_seconds: float  #: the data from Ray's object store (first row; 0 on an actor that already held it)
+    setup_seconds: float  #: model, optimizer, batches and a restored checkpoint (first row)
+    report_seconds: float  #: the previous epoch's tune.report: its checkpoint's upload and Tune taking it
+    checkpoint_seconds: float  #: writing this epoch's checkpoint (0 when checkpoint_every skips it)
+
+
 EPOCH_COLUMNS = [f.name for f in dataclasses.fields(EpochRecord)]
 PLACEMENT_COLUMNS = [f.name for f in dataclasses.fields(Placement)]
-REPORT_COLUMNS = [*EPOCH_COLUMNS, "diverged", *PLACEMENT_COLUMNS, "gpu_memory_mb", "finished_at"]
+PHASE_COLUMNS = [f.name for f in dataclasses.fields(Phases)]
+REPORT_COLUMNS = [*EPOCH_COLUMNS, "diverged", *PLACEMENT_COLUMNS, "gpu_memory_mb", *PHASE_COLUMNS, "finished_at"]
 
 
-def epoch_report(record: EpochRecord, placement: Placement, device: torch.device) -> dict[str, Any]:
+def epoch_report(record: EpochRecord, placement: Placement, device: torch.device,
+                 phases: Phases | None = None) -> dict[str, Any]:
     """One epoch's report: metrics (the names experiment.metric may use), placement, timing."""
     return {
         **dataclasses.asdict(record),
         "diverged": record.diverged,
         **dataclasses.asdict(placement),
+        **(dataclasses.asdict(phases) if phases is not None else {c: None for c in PHASE_COLUMNS}),
         # peak allocated by tensors of this trial (reset when the trial starts)
         "gpu_memory_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
         "finished_at": time.time(),

@@ -1,0 +1,199 @@
+"""Thousands of small trials: the service's cost per trial against plain Ray Tune, side by side.
+
+Both sides run N trials, 2 at a time with 1 CPU each, of the same near-empty work: build
+the MLP (64,), train one step on 64 MNIST images, validate on 64, checkpoint, report once.
+What is left is orchestration: the searcher, Tune, actors, checkpoints, results.
+
+- service: `python -m search` on a space of that size (OrderedSearch over lr, batch_size,
+  t_max, clip_norm; Tune's state snapshotted when a trial ends; results.parquet parts);
+- plain: this file with --plain: a Tune + OptunaSearch (seeded TPE) script in the style of
+  Ray's docs, calling the same trainable.loop functions, every checkpoint kept, Tune's
+  default snapshots.
+
+Each side is a subprocess; the sides alternate per N (order flipping) so machine noise
+falls on both. Cost per trial = the span from the first trial's start to the last trial's
+report, over N (start-up and the end of the search excluded: they do not grow with N; the
+start-up comparison is bench/search.py's). Printed per N: ms per trial for each side, their
+ratio, and for the service the growth exponent of its span against N (1.0: flat cost per
+trial) and where its slot time went (results.parquet's phase columns, ms per trial).
+
+    .venv/bin/python bench/scale.py --data-root DIR [--sizes 100 1000] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if sys.path and Path(sys.path[0]).resolve() == REPO / "bench":
+    sys.path[0] = str(REPO)  # else bench/search.py hides the search package from the plain side
+SLOTS = 2
+SPACE = {
+    "experiment": {"name": "scale", "max_concurrent": SLOTS, "seed": 0, "max_failures": 0, "loggers": []},
+    "resources": {"cpus": 1},
+    "data": {"dataset": "mnist", "train_size": 64, "val_size": 64},
+    "model": {"factory": "mlp", "hidden_sizes": [64]},
+    "training": {"epochs": 1, "batch_size": 64},
+    "space": {
+        "lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3},
+        "momentum": {"distribution": "uniform", "low": 0.5, "high": 0.99},
+        "t_max": {"distribution": "randint", "low": 2, "high": 10},
+        "clip_norm": {"distribution": "loguniform", "low": 0.5, "high": 10.0},
+    },
+}
+# where the service's slot time goes: results.parquet columns, in the order a trial meets them
+PHASES = ["queue_seconds", "start_seconds", "fetch_seconds", "setup_seconds", "train_seconds",
+          "evaluate_seconds", "checkpoint_seconds", "report_seconds"]
+WORK = ["setup_seconds", "train_seconds", "evaluate_seconds", "checkpoint_seconds"]  # the trial's own
+
+
+def plain(n: int, data_root: str, storage: str, out: str) -> None:
+    """The plain Tune side (runs in its own process)."""
+    import ray
+    from ray import tune
+    from ray.tune.search import ConcurrencyLimiter
+    from ray.tune.search.optuna import OptunaSearch
+
+    from search.ordered import make_sampler
+    from trainable.config import TrialConfig
+    from trainable.data import load_data
+    from trainable.loop import build_run, train_and_evaluate
+    from trainable.report import save_checkpoint
+
+    fixed = TrialConfig.from_mapping({"train_size": 64, "val_size": 64, "batch_size": 64, "epochs": 1,
+                                      "model.factory": "mlp", "model.hidden_sizes": [64], "num_threads": 1})
+    data = load_data(fixed, data_root)
+
+    def trial(config, data=None):
+        started = time.time()
+        run = build_run(TrialConfig.from_mapping({**fixed.to_flat(), **config}), data, torch_cpu())
+        for record in train_and_evaluate(run):
+            with tempfile.TemporaryDirectory() as folder:
+                save_checkpoint(folder, run.config, run.input_shape, run.num_classes, run.state_dict())
+                tune.report({"val_acc": record.val_acc, "started_at": started, "finished_at": time.time()},
+                            checkpoint=tune.Checkpoint.from_directory(folder))
+
+    ray.init(address="local", include_dashboard=False, log_to_driver=False)
+    try:
+        space = {"lr": tune.loguniform(0.01, 0.3), "momentum": tune.uniform(0.5, 0.99),
+                 "t_max": tune.randint(2, 11), "clip_norm": tune.loguniform(0.5, 10.0)}
+        tuner = tune.Tuner(
+            tune.with_resources(tune.with_parameters(trial, data=data), {"cpu": 1}),
+            param_space=space,
+            tune_config=tune.TuneConfig(metric="val_acc", mode="max", num_samples=n, reuse_actors=True,
+                                        search_alg=ConcurrencyLimiter(OptunaSearch(sampler=make_sampler("tpe", 0, 0)),
+                                                                      max_concurrent=SLOTS)),
+            run_config=tune.RunConfig(name="plain", storage_path=storage, verbose=0),
+        )
+        grid = tuner.fit()
+        frame = grid.get_dataframe()
+        Path(out).write_text(json.dumps({"started_at": frame["started_at"].tolist(),
+                                         "finished_at": frame["finished_at"].tolist(), "errors": len(grid.errors)}))
+    finally:
+        ray.shutdown()
+
+
+def torch_cpu():
+    import torch
+
+    return torch.device("cpu")
+
+
+def run_side(side: str, n: int, data_root: str, folder: Path) -> dict:
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / f"{side}-{n}.log"
+    if side == "service":
+        import yaml
+
+        space = json.loads(json.dumps(SPACE))
+        space["experiment"].update(num_samples=n, storage_path=str(folder / "runs"))
+        space["data"]["root"] = data_root
+        space_file = folder / f"space-{n}.yaml"
+        space_file.write_text(yaml.safe_dump(space))
+        command = [sys.executable, "-m", "search", "--space", str(space_file), "--name", f"service-{n}"]
+    else:
+        out = folder / f"plain-{n}.json"
+        command = [sys.executable, __file__, "--plain", str(n), "--data-root", data_root,
+                   "--storage-path", str(folder / "plain"), "--out", str(out)]
+    start = time.perf_counter()
+    with log.open("w") as handle:
+        code = subprocess.run(command, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT).returncode
+    wall = time.perf_counter() - start
+    if code != 0:
+        raise SystemExit(f"{side} at N={n} failed (exit {code}); see {log}")
+    if side == "service":
+        import pandas as pd
+
+        frame = pd.read_parquet(folder / "runs" / f"service-{n}" / "results.parquet")
+        spans = (frame["started_at"].min(), frame["finished_at"].max())
+        per_trial = {p: frame[p].fillna(0).sum() / frame["trial_id"].nunique() for p in PHASES}
+        return {"wall": wall, "span": spans[1] - spans[0], "trials": frame["trial_id"].nunique(), "phases": per_trial}
+    measured = json.loads((folder / f"plain-{n}.json").read_text())
+    return {"wall": wall, "span": max(measured["finished_at"]) - min(measured["started_at"]),
+            "trials": len(measured["finished_at"]), "phases": {}}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data-root", default=os.environ.get("HPSEARCH_DATA"))
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--keep", action="store_true", help="keep the run folders (printed)")
+    parser.add_argument("--plain", type=int, help=argparse.SUPPRESS)  # internal: run the plain side
+    parser.add_argument("--storage-path", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if not args.data_root:
+        parser.error("--data-root (or HPSEARCH_DATA) must name a folder holding MNIST")
+    data_root = str(Path(args.data_root).expanduser().resolve())
+    if args.plain:
+        plain(args.plain, data_root, str(Path(args.storage_path).resolve()), args.out)
+        return 0
+
+    folder = Path(tempfile.mkdtemp(prefix="hpsearch-scale-"))
+    results: dict[int, dict[str, dict]] = {}
+    try:
+        for i, n in enumerate(args.sizes):
+            order = ["service", "plain"] if i % 2 == 0 else ["plain", "service"]
+            results[n] = {side: run_side(side, n, data_root, folder) for side in order}
+            s, p = results[n]["service"], results[n]["plain"]
+            print(f"N={n}: service {1000 * s['span'] / n:.0f} ms/trial ({s['trials']} trials, wall {s['wall']:.0f} s), "
+                  f"plain {1000 * p['span'] / n:.0f} ms/trial ({p['trials']} trials, wall {p['wall']:.0f} s)",
+                  flush=True)
+    finally:
+        if args.keep:
+            print(f"run folders kept in {folder}")
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    print("\n| trials | service | plain Tune | service/plain |\n|---:|---:|---:|---:|")
+    for n, sides in results.items():
+        s, p = 1000 * sides["service"]["span"] / n, 1000 * sides["plain"]["span"] / n
+        print(f"| {n} | {s:.0f} ms/trial | {p:.0f} ms/trial | {s / p:.2f}x |")
+    sizes = sorted(results)
+    if len(sizes) >= 2:
+        a, b = sizes[-2], sizes[-1]
+        for side in ("service", "plain"):
+            growth = math.log(results[b][side]["span"] / results[a][side]["span"]) / math.log(b / a)
+            print(f"growth exponent of the {side}'s span, N={a} -> {b}: {growth:.2f} (1.00: flat cost per trial)")
+    print("\nwhere the service's slot time went, ms per trial (results.parquet columns):")
+    print("| trials | " + " | ".join(p.removesuffix("_seconds") for p in PHASES) + " | slot overhead |")
+    print("|---:|" + "---:|" * (len(PHASES) + 1))
+    for n, sides in results.items():
+        s = sides["service"]
+        overhead = s["span"] * SLOTS / n - sum(s["phases"][p] for p in WORK)
+        print(f"| {n} | " + " | ".join(f"{1000 * s['phases'][p]:.1f}" for p in PHASES) + f" | {1000 * overhead:.0f} |")
+    print("slot overhead: span x slots / N minus the trial's own work (setup, train, evaluate, checkpoint); goal <= 100 ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

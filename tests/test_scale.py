@@ -1,0 +1,95 @@
+"""Thousands of trials: where each trial's time went, fewer checkpoints, a snapshot per ended trial."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from ray import tune
+
+from search.driver import run_search
+from search.results import COMPLETED
+from search.snapshot import SnapshotOnTrialEnd
+from search.summary import PHASES
+from tests.helpers import small_space
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def sparse_checkpoints(ray_local, tmp_path_factory, data_root):
+    """4 trials x 3 epochs, a checkpoint every 2 epochs (and the last), at most 1 kept per trial."""
+    space = small_space(tmp_path_factory.mktemp("runs"), data_root, training={"epochs": 3},
+                        experiment={"checkpoint_every": 2, "num_samples": 4})
+    return space, run_search(space, name="sparse")
+
+
+def test_phase_columns_account_for_each_trial(sparse_checkpoints):
+    _, outcome = sparse_checkpoints
+    frame = pd.read_parquet(Path(outcome.path) / "results.parquet")
+    assert set(PHASES) <= set(frame.columns)
+    firsts = frame[frame["epoch"] == 1]
+    later = frame[frame["epoch"] > 1]
+    # the searcher's record meets the trial's on each trial's first row
+    assert firsts["suggest_seconds"].gt(0).all() and firsts["queue_seconds"].ge(0).all()
+    assert firsts["start_seconds"].ge(0).all() and firsts["setup_seconds"].gt(0).all()
+    assert later[["suggest_seconds", "queue_seconds", "start_seconds"]].isna().all().all()
+    assert (later[["setup_seconds", "fetch_seconds"]] == 0).all().all(), "once per trial, on its first row"
+    assert (later["report_seconds"] > 0).all(), "a later row carries the previous epoch's report"
+    assert (frame["train_seconds"] + frame["evaluate_seconds"]).sub(frame["epoch_seconds"]).abs().max() < 1e-6
+    # the first trial on each actor fetched the data; the actor's later trials reused it
+    assert (firsts["fetch_seconds"] > 0).sum() <= 2 < len(firsts)
+    # a trial's rows add up to its time in the slot: from its start to its last report
+    for _, rows in frame.groupby("trial_id"):
+        accounted = rows[["fetch_seconds", "setup_seconds", "train_seconds", "evaluate_seconds",
+                          "checkpoint_seconds", "report_seconds"]].sum().sum()
+        span = rows["finished_at"].max() - rows["started_at"].min()
+        assert accounted == pytest.approx(span, abs=0.05)
+
+
+def test_summary_names_the_biggest_phase_outside_training(sparse_checkpoints):
+    _, outcome = sparse_checkpoints
+    assert "Trial time (mean per trial): suggest " in outcome.summary
+    line = next(l for l in outcome.summary.splitlines() if "biggest outside training" in l)
+    frame = outcome.results
+    outside = {p: frame[p].fillna(0).sum() for p in PHASES if p not in ("train_seconds", "evaluate_seconds")}
+    assert f"({max(outside, key=outside.get)}," in line
+
+
+def test_checkpoint_every_and_num_to_keep(ray_local, tmp_path, data_root):
+    space = small_space(tmp_path, data_root, training={"epochs": 3},
+                        experiment={"checkpoint_every": 2, "num_to_keep": 1, "num_samples": 2})
+    outcome = run_search(space, name="kept")
+    assert set(outcome.results["status"]) == {COMPLETED}
+    for trial in Path(outcome.path).glob("trial_*"):
+        reports = [json.loads(line) for line in (trial / "result.json").read_text().splitlines()]
+        saved = {r["epoch"]: r["checkpoint_dir_name"] for r in reports if r.get("checkpoint_dir_name")}
+        assert sorted(saved) == [2, 3], "epochs 2 (every 2) and 3 (the last) wrote checkpoints"
+        # num_to_keep 1: the best by val_acc, and the latest, which Tune always keeps
+        acc = {r["epoch"]: r["val_acc"] for r in reports}
+        expected = {saved[3]} if acc[3] >= acc[2] else {saved[2], saved[3]}
+        assert {p.name for p in trial.glob("checkpoint_*")} == expected
+    # best.yaml's test score came from a checkpoint that was kept (no fallback note)
+    assert outcome.best["result"]["test_acc"] is not None
+
+
+def test_snapshot_on_every_trial_end(ray_local, tmp_path):
+    """The callback finds Tune's controller on this Ray version and snapshots once per step a trial ended in."""
+
+    def one_report(config):
+        tune.report({"x": config["i"]})
+
+    snapshot = SnapshotOnTrialEnd()
+    tuner = tune.Tuner(one_report, param_space={"i": tune.grid_search([0, 1, 2])},
+                       tune_config=tune.TuneConfig(max_concurrent_trials=1),
+                       run_config=tune.RunConfig(storage_path=str(tmp_path), name="snap", callbacks=[snapshot],
+                                                 verbose=0))
+    grid = tuner.fit()
+    assert not grid.errors
+    assert not snapshot.missing_controller
+    assert snapshot.snapshots == 3, "one trial at a time: a snapshot after each ended"
+    [state] = (tmp_path / "snap").glob("experiment_state-*.json")
+    trials = json.loads(state.read_text())["trial_data"]
+    assert len(trials) == 3
