@@ -76,7 +76,8 @@ def format_table(frame: pd.DataFrame, metric: str, mode: str, searched: list[str
 
 def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Timing, *,
                    metric: str, mode: str, searched: list[str], gpus_per_trial: float,
-                   rerun: str) -> str:
+                   rerun: str, gpu_notes: tuple[str, ...] = ()) -> str:
+    """`gpu_notes`: how the GPUs per trial were chosen (auto's probe, spreading), one line each."""
     counts = frame.drop_duplicates("trial_id")["status"].value_counts().to_dict()
     lines = [
         "",
@@ -101,7 +102,11 @@ def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Tim
         f"Wall time {timing.wall_seconds:.1f} s: training {timing.training_seconds:.1f} trial-s over "
         f"{timing.slots} slot(s); outside training {timing.overhead_seconds:.1f} s "
         f"({100 * timing.overhead_share:.0f}%)")
+    notes = [note for note in gpu_notes if note]
     if gpus_per_trial:
         lines.append(f"GPUs: {gpus_per_trial:g} per trial; at most {max_trials_per_gpu(frame)} "
                      f"trial(s) ran on one GPU at once")
+        lines += [f"      {note}" for note in notes]
+    elif notes:
+        lines.append("GPUs: " + "; ".join(notes))
     return "\n".join(lines)
