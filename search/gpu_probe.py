@@ -293,6 +293,10 @@ def resolve_auto(space: Space, data: Data, folder: RunFolder, *, resume: bool) -
         ray.cancel(pending, force=True)
         raise ConfigError([problem("resources.gpus", f"auto: no GPU could run the probe within "
                                                      f"{PROBE_TIMEOUT_S:g} s; set a fraction instead", AUTO)]) from None
+    except ray.exceptions.RayError as error:  # the task itself died (its node lost, killed for memory)
+        raise ConfigError([problem("resources.gpus", f"auto: the probe failed ({type(error).__name__}: "
+                                                     f"{str(error).strip().splitlines()[-1][:300]}); set a "
+                                                     "fraction instead", AUTO)]) from None
     rounds = [Round(**r) for r in figures["rounds"]]
     choice = choose_trials_per_gpu(rounds, figures["total_mb"])
     if not rounds or rounds[0].steps_per_s is None:
