@@ -80,7 +80,7 @@ def reports(i: int, lr: float, rng: random.Random) -> list[dict[str, Any]]:
                     "val_acc": 1 - loss / 2.8, "epoch_lr": lr * (EPOCHS - epoch + 1) / EPOCHS,
                     "epoch_seconds": seconds, "diverged": False, "node": f"{i % 4:012x}",
                     "hostname": f"worker-{i % 4}", "device": "cpu", "accelerator_ids": "",
-                    "gpu_memory_mb": None, "finished_at": now})
+                    "gpu_memory_allocated_mb": None, "gpu_memory_reserved_mb": None, "finished_at": now})
     assert list(out[0]) == REPORT_COLUMNS
     return out
 

@@ -1,8 +1,17 @@
-"""Can the cluster ever run one trial? Answer before starting, instead of PENDING forever."""
+"""What the cluster holds: can it ever run one trial (answer before starting, instead of
+PENDING forever), and what GPU fraction spreads the trials over every GPU.
+
+Why spreading is needed: Ray places fractional GPU requests by best fit, so 8 trials at
+0.125 GPU on an 8-GPU node all get GPU 0 while 7 GPUs idle (measured; see DESIGN.md).
+Ray offers no per-trial placement by GPU id, so the lever is the fraction: the largest
+1/k that still lets the cluster hold every trial that runs at once. Trials of a whole GPU
+never share one; trials of 1/k fill a GPU k at a time.
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, replace
 
 import ray
 
@@ -29,8 +38,15 @@ def trials_fit(node_resources: dict[str, float], resources: Resources) -> int:
     """Trials of `resources` that one node with `node_resources` (Ray's CPU/GPU counts) holds at once."""
     fits = round(node_resources.get("CPU", 0) * UNIT) // round(resources.cpus * UNIT)
     if resources.gpus:
-        fits = min(fits, round(node_resources.get("GPU", 0) * UNIT) // round(resources.gpus * UNIT))
+        # a fraction must fit inside one GPU: 0.4 GPU is 2 trials per GPU, not 2.5
+        gpus, share = round(node_resources.get("GPU", 0) * UNIT), round(resources.gpus * UNIT)
+        fits = min(fits, gpus // UNIT * (UNIT // share) + gpus % UNIT // share)
     return fits
+
+
+def alive_nodes() -> list[dict[str, float]]:
+    """Ray's resources (CPU, GPU, ...) of each alive node."""
+    return [node.get("Resources", {}) for node in ray.nodes() if node.get("Alive")]
 
 
 def trials_per_node(resources: Resources) -> dict[str, int]:
@@ -44,7 +60,7 @@ def check_capacity(resources: Resources) -> int:
     counts = trials_per_node(resources)
     total = sum(counts.values())
     if total == 0 and not has_autoscaler():
-        nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+        nodes = alive_nodes()
         largest = max(nodes, key=lambda r: (r.get("GPU", 0), r.get("CPU", 0)), default={})
         raise CapacityError(
             f"resources: each trial asks for {resources.cpus:g} CPU and {resources.gpus:g} GPU, "
@@ -54,3 +70,55 @@ def check_capacity(resources: Resources) -> int:
         )
     return total
 
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """The GPU fraction each trial gets, and why, for the summary."""
+
+    gpus: float  #: GPUs per trial that Tune asks Ray for
+    asked: float  #: resources.gpus (after auto)
+    note: str = ""  #: one line for the summary; "" when there is nothing to say
+
+
+def fraction(k: int) -> float:
+    """1/k in Ray's units, rounded down so that k of them still fit on one GPU (1/3 -> 0.3333)."""
+    return (UNIT // k) / UNIT
+
+
+def spread_gpus(nodes: list[dict[str, float]], resources: Resources, trials: int, *,
+                autoscaler: bool = False) -> GpuPlan:
+    """The largest fraction 1/k (>= the one asked) at which `nodes` still hold `trials` at once.
+
+    `trials`: how many run at once at most (max_concurrent, num_samples). Works per node, so
+    on a cluster of unequal nodes (GPUs, CPUs) a fraction counts only where a trial fits.
+    Not spread: no GPUs asked, resources.spread false, or a cluster whose capacity is 0 now
+    because an autoscaler adds the nodes (their GPUs are not known at start).
+    """
+    asked = float(resources.gpus)
+    if not asked:
+        return GpuPlan(0.0, 0.0)
+    holds = [n for n in nodes if trials_fit(n, resources)]
+    if not holds:
+        return GpuPlan(asked, asked, f"{asked:g} GPU per trial as asked: no node holds a trial yet; an "
+                                     "autoscaler adds them, so the GPUs the search gets are not known at start"
+                       if autoscaler else "")
+    gpus = sum(n.get("GPU", 0) for n in holds)
+    at_once = min(trials, sum(trials_fit(n, resources) for n in holds))
+    k = 1
+    while fraction(k) > asked and sum(trials_fit(n, replace(resources, gpus=fraction(k))) for n in holds) < at_once:
+        k += 1
+    chosen = max(fraction(k), asked)
+    if chosen == asked:
+        return GpuPlan(asked, asked)
+    what = f"{at_once} trials at once over {gpus:g} GPUs: {chosen:g} GPU per trial instead of {asked:g}"
+    if not resources.spread:
+        return GpuPlan(asked, asked, f"{asked:g} GPU per trial as asked (resources.spread: false); spread over "
+                                     f"the {gpus:g} GPUs, the {at_once} trials at once would get {chosen:g} each")
+    return GpuPlan(chosen, asked, f"{what} (spread: at {asked:g} Ray packs them on the fewest GPUs; "
+                                  "resources.spread: false keeps the fraction)")
+
+
+def plan_gpus(resources: Resources, trials: int) -> GpuPlan:
+    """spread_gpus on the cluster Ray sees now."""
+    return spread_gpus(alive_nodes(), resources, trials, autoscaler=has_autoscaler())

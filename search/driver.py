@@ -26,7 +26,8 @@ import yaml
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
-from search.capacity import CapacityError, check_capacity
+from search.capacity import CapacityError, check_capacity, plan_gpus
+from search.gpu_probe import resolve_auto
 from search.progress import Progress
 from search.results import INTERRUPTED, config_from_row, ranked, read_record, results_schema, to_frame, trial_rows
 from search.report import write_report
@@ -388,17 +389,19 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
         raise
     try:
         try:
-            capacity = check_capacity(space.resources)  # 0 only where an autoscaler will add nodes
-        except CapacityError:
+            resources, auto_note = resolve_auto(space, data, folder, resume=resume)  # gpus: auto, measured
+            capacity = check_capacity(resources)  # 0 only where an autoscaler will add nodes
+        except (CapacityError, ConfigError):
             if not resume:
                 folder.release()
             raise
         slots = min(experiment.max_concurrent, capacity) if capacity else experiment.max_concurrent
+        gpu_plan = plan_gpus(resources, min(slots, experiment.num_samples))  # spread over every GPU
         # the arrays go into the object store once; every trial reads them from there
         wrapped = tune.with_resources(
             tune.with_parameters(run_trial, data=DataHandle.put(data.for_trials()), trial_function=trainable,
                                  checkpoint_every=experiment.checkpoint_every),
-            {"cpu": space.resources.cpus, "gpu": space.resources.gpus})
+            {"cpu": resources.cpus, "gpu": gpu_plan.gpus})
         if resume:
             tuner = tune.Tuner.restore(folder.path, trainable=wrapped,
                                        resume_unfinished=True, resume_errored=True)
@@ -444,7 +447,8 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
             folder.write_best(best_yaml(entry, best_path, space))
         searched = [d.name for d in space.searched]
         summary = format_summary(frame, entry, timing, metric=experiment.metric, mode=experiment.mode,
-                                 searched=searched, gpus_per_trial=space.resources.gpus,
+                                 searched=searched, gpus_per_trial=gpu_plan.gpus,
+                                 gpu_notes=(auto_note, gpu_plan.note),
                                  rerun=rerun_command(best_path, space))
         for result in grid:
             if result.error is not None:  # after max_failures restarts; Tune keeps the traceback

@@ -6,6 +6,8 @@
                      the record of the search
     results.parquet  a folder of Parquet parts, one per trial, derived from the record
     best.yaml        the best trial's config and outcome, derived from the record
+    gpu_probe.json   resources.gpus: auto: the probe's figures and the choice (search/gpu_probe.py);
+                     written once, before the trials, and what --resume keeps
 
 Derived files are rewritten from the record, never merged with an older copy of themselves.
 """
@@ -35,6 +37,7 @@ from trainable.yaml_file import Loader
 STATE_PATTERN = "experiment_state-"  # Tune's experiment state: experiment_state-<time>.json
 SPEC_FILE = "spec.yaml"
 BEST_FILE = "best.yaml"
+PROBE_FILE = "gpu_probe.json"
 RUN_SECTION = "run"  # spec.yaml's record of where and with what the run started; not part of the space
 
 
@@ -102,10 +105,11 @@ class RunFolder:
             raise taken from None
 
     def release(self) -> None:
-        """Undo claim() when the search could not start: remove the folder if it holds only spec.yaml."""
+        """Undo claim() when the search could not start: remove the folder if it holds only spec.yaml
+        (and gpu_probe.json)."""
         if is_uri(self.path) or not os.path.isdir(self.path):
             return
-        if set(os.listdir(self.path)) <= {SPEC_FILE}:
+        if set(os.listdir(self.path)) <= {SPEC_FILE, PROBE_FILE}:
             for entry in os.listdir(self.path):
                 os.remove(os.path.join(self.path, entry))
             os.rmdir(self.path)
@@ -221,6 +225,18 @@ class RunFolder:
     def write_part(self, space: Space, trial_id: str, rows: list[dict[str, Any]]) -> None:
         """One trial's rows as its part of results.parquet (replacing an earlier part)."""
         self.storage.write(f"{self.name}/{RESULTS_FILE}/{trial_id}.parquet", part_bytes(rows, results_schema(space)))
+
+    def write_probe(self, figures: dict[str, Any]) -> None:
+        self.storage.write(f"{self.name}/{PROBE_FILE}", json.dumps(figures, indent=1).encode())
+
+    def read_probe(self) -> dict[str, Any] | None:
+        """gpu_probe.json's content; None if there is none or it does not read (then auto probes again)."""
+        data = self.storage.read(f"{self.name}/{PROBE_FILE}")
+        try:
+            figures = json.loads(data) if data is not None else None
+        except ValueError:
+            return None
+        return figures if isinstance(figures, dict) else None
 
     def write_best(self, text: str) -> str:
         self.storage.write(f"{self.name}/{BEST_FILE}", text.encode())

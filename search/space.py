@@ -3,7 +3,7 @@
 A space file has six sections, all optional (defaults below):
 
     experiment: name, metric, mode, num_samples, max_concurrent, seed, scheduler, ...
-    resources:  cpus, gpus             (per trial; gpus may be fractional, e.g. 0.25)
+    resources:  cpus, gpus, spread     (per trial; gpus may be fractional, e.g. 0.25, or auto)
     model:      factory (mlp, cnn, FILE.py:CALLABLE, package.module:CALLABLE) + its keyword arguments
     data:       root, dataset (built-in or FILE.py:FUNCTION), args + the trial config's data fields
     training:   fixed trial config fields (epochs, optimizer, lr, ...)
@@ -76,7 +76,11 @@ class Resources:
     """What one trial reserves from Ray."""
 
     cpus: float = 1.0  #: CPUs per trial (also its torch thread count, at least 1)
-    gpus: float = 0.0  #: GPUs per trial: 0, or a fraction <= 1 (0.25 packs four trials on a GPU)
+    gpus: float | str = 0.0  #: GPUs per trial: 0, a fraction <= 1 (0.25 packs four trials on a GPU), or auto (search/gpu_probe.py)
+    spread: bool = True  #: raise the fraction when the trials at once would leave GPUs idle (search/capacity.py)
+
+
+AUTO = "auto"  #: resources.gpus: auto, trials per GPU measured by a probe before the search
 
 
 @dataclass(frozen=True)
@@ -131,9 +135,10 @@ _RULES = {
     # Ray counts resources in units of 1/10000; below 0.01 CPU a trial is a rounding error
     "resources.cpus": (lambda v: _is_number(v) and 0.01 <= v <= 1024, "must be a number in [0.01, 1024]"),
     # a trial trains on one device (the loop has no data parallelism), so more than one GPU would idle
-    "resources.gpus": (lambda v: _is_number(v) and (v == 0 or 0.01 <= v <= 1),
-                       "must be 0 or a fraction in [0.01, 1] (0.25 packs four trials per GPU; a trial uses "
-                       "one GPU at most)"),
+    "resources.gpus": (lambda v: v == AUTO or (_is_number(v) and (v == 0 or 0.01 <= v <= 1)),
+                       "must be 0, a fraction in [0.01, 1] (0.25 packs four trials per GPU; a trial uses "
+                       "one GPU at most) or auto (measured)"),
+    "resources.spread": (lambda v: isinstance(v, bool), "must be true or false"),
     "data.root": (lambda v: v is None or (isinstance(v, str) and v != ""), "must be a folder (or null for the default)"),
 }
 

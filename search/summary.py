@@ -107,7 +107,8 @@ def format_table(frame: pd.DataFrame, metric: str, mode: str, searched: list[str
 
 def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Timing, *,
                    metric: str, mode: str, searched: list[str], gpus_per_trial: float,
-                   rerun: str) -> str:
+                   rerun: str, gpu_notes: tuple[str, ...] = ()) -> str:
+    """`gpu_notes`: how the GPUs per trial were chosen (auto's probe, spreading), one line each."""
     counts = frame.drop_duplicates("trial_id")["status"].value_counts().to_dict()
     lines = [
         "",
@@ -135,7 +136,11 @@ def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Tim
     breakdown = time_breakdown(frame)
     if breakdown:
         lines.append(breakdown)
+    notes = [note for note in gpu_notes if note]
     if gpus_per_trial:
         lines.append(f"GPUs: {gpus_per_trial:g} per trial; at most {max_trials_per_gpu(frame)} "
                      f"trial(s) ran on one GPU at once")
+        lines += [f"      {note}" for note in notes]
+    elif notes:
+        lines.append("GPUs: " + "; ".join(notes))
     return "\n".join(lines)

@@ -96,7 +96,7 @@ def check_landed(run: Path, num_samples: int) -> pd.DataFrame:
 def test_fractional_gpus_pack_two_trials_per_gpu_across_workers(cluster, tmp_path, data_root):
     space = space_file(tmp_path, data_root)
     raw = yaml.safe_load(space.read_text())
-    raw["resources"] = {"gpus": 0.5, "cpus": 0.5}
+    raw["resources"] = {"gpus": 0.5, "cpus": 0.5, "spread": False}  # packed as asked: 4 trials could spread over 4 GPUs
     space.write_text(yaml.safe_dump(raw))
     # the first 4 trials wait for each other: 4 at once need both workers (2 trials each)
     done = subprocess.run([sys.executable, str(REPO / "tests" / "barrier_driver.py"), str(space), cluster.address,

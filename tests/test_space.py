@@ -73,10 +73,13 @@ def test_shipped_mnist_space_searches_the_four_fields():
     ({"space": {"train_size": {"distribution": "choice", "values": [1000]}}},
      "space.train_size: cannot be searched: it is set by the data section"),
     ({"space": {"resources": {"gpus": -1}}}, "space.resources: unknown field of the trial config"),
-    ({"resources": {"gpus": -1}}, "resources.gpus: must be 0 or a fraction in [0.01, 1]"),
-    ({"resources": {"gpus": 1.5}}, "resources.gpus: must be 0 or a fraction in [0.01, 1]"),
-    ({"resources": {"gpus": 2}}, "resources.gpus: must be 0 or a fraction in [0.01, 1] (0.25 packs four trials "
-                                 "per GPU; a trial uses one GPU at most), got 2"),
+    ({"resources": {"gpus": -1}}, "resources.gpus: must be 0, a fraction in [0.01, 1]"),
+    ({"resources": {"gpus": 1.5}}, "resources.gpus: must be 0, a fraction in [0.01, 1]"),
+    ({"resources": {"gpus": 2}}, "resources.gpus: must be 0, a fraction in [0.01, 1] (0.25 packs four trials "
+                                 "per GPU; a trial uses one GPU at most) or auto (measured), got 2"),
+    ({"resources": {"gpus": "max"}}, "resources.gpus: must be 0, a fraction in [0.01, 1] (0.25 packs four "
+                                     "trials per GPU; a trial uses one GPU at most) or auto (measured), got 'max'"),
+    ({"resources": {"spread": "yes"}}, "resources.spread: must be true or false, got 'yes'"),
     ({"experiment": {"scheduler": "hyperband"}}, "experiment.scheduler: must be one of fifo, asha, got 'hyperband'"),
     ({"experiment": {"metric": "accuracy"}}, "experiment.metric: must be a metric the trainable reports"),
     ({"experiment": {"num_samples": "many"}}, "experiment.num_samples: must be an integer in [1, 1000000], got 'many'"),

@@ -67,7 +67,7 @@ class TrialConfig:
     split_seed: int = 0  #: seed of the train/validation split, not of the trial
     source: str = "memory"  #: batches from one tensor on the device ("memory") or a DataLoader ("loader")
     num_workers: int = 0  #: DataLoader worker processes (source "loader")
-    pin_memory: bool = False  #: DataLoader pin_memory (source "loader")
+    pin_memory: bool | None = None  #: DataLoader pin_memory (source "loader"); null: on when the trial trains on CUDA
     persistent_workers: bool = False  #: keep DataLoader workers between epochs (needs num_workers > 0)
     drop_last: bool = False  #: drop the last incomplete training batch
     # model: model.factory and the factory's keyword arguments model.<key>

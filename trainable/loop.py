@@ -149,9 +149,12 @@ def make_batches(config: TrialConfig, arrays: Arrays, standardize: Standardize |
                  shuffle: bool, generator: torch.Generator | None) -> Batches:
     drop_last = config.drop_last and shuffle  # drop_last is about training batches only
     if config.source == "loader":
+        # pinned host batches copy to the GPU asynchronously (train() moves them non_blocking);
+        # on the CPU pinning only costs
+        pin = config.pin_memory if config.pin_memory is not None else device.type == "cuda"
         return make_loader(arrays, config.batch_size, standardize=standardize, shuffle=shuffle,
                            generator=generator, drop_last=drop_last,
-                           num_workers=config.num_workers, pin_memory=config.pin_memory,
+                           num_workers=config.num_workers, pin_memory=pin,
                            persistent_workers=config.persistent_workers)
     return InMemoryBatches(arrays, config.batch_size, device, standardize=standardize,
                            shuffle=shuffle, drop_last=drop_last, generator=generator)

@@ -54,7 +54,8 @@ class Phases:
 EPOCH_COLUMNS = [f.name for f in dataclasses.fields(EpochRecord)]
 PLACEMENT_COLUMNS = [f.name for f in dataclasses.fields(Placement)]
 PHASE_COLUMNS = [f.name for f in dataclasses.fields(Phases)]
-REPORT_COLUMNS = [*EPOCH_COLUMNS, "diverged", *PLACEMENT_COLUMNS, "gpu_memory_mb", *PHASE_COLUMNS, "finished_at"]
+GPU_MEMORY_COLUMNS = ["gpu_memory_allocated_mb", "gpu_memory_reserved_mb"]
+REPORT_COLUMNS = [*EPOCH_COLUMNS, "diverged", *PLACEMENT_COLUMNS, *GPU_MEMORY_COLUMNS, *PHASE_COLUMNS, "finished_at"]
 
 
 def epoch_report(record: EpochRecord, placement: Placement, device: torch.device,
@@ -65,8 +66,11 @@ def epoch_report(record: EpochRecord, placement: Placement, device: torch.device
         "diverged": record.diverged,
         **dataclasses.asdict(placement),
         **(dataclasses.asdict(phases) if phases is not None else {c: None for c in PHASE_COLUMNS}),
-        # peak allocated by tensors of this trial (reset when the trial starts)
-        "gpu_memory_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
+        # peaks since the trial started (reset then): allocated is what its tensors held; reserved
+        # is what the caching allocator took from the GPU for them (allocated + cached blocks), the
+        # figure that decides how many trials fit one GPU (without the ~0.5 GB CUDA context)
+        "gpu_memory_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
+        "gpu_memory_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20 if device.type == "cuda" else None,
         "finished_at": time.time(),
     }
 
