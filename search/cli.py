@@ -11,6 +11,7 @@ summary prints the --resume command), 1 the search itself failed.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from typing import Any, Sequence
@@ -141,13 +142,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    # imported only now: a bad file should fail in a second, without loading Ray
-    from search.capacity import CapacityError
-    from search.driver import run_search
-
     # SIGTERM (a scheduler, `kill`) stops the search as Ctrl-C does
     signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
+    # imported only now: a bad file should fail in a second, without loading torch or Ray
+    from search import local_ray
+    from search.capacity import CapacityError
+
+    if args.address is None and "RAY_ADDRESS" not in os.environ:
+        local_ray.begin()  # a local Ray comes up while the driver imports torch and loads the data
     try:
+        from search.driver import run_search
+
         outcome = run_search(space, name=args.name, address=args.address, resume=args.resume)
     except (ConfigError, CapacityError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -155,5 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # before Tune started, or a second Ctrl-C (Tune handles the first)
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        local_ray.abandon()  # the search stopped before it took the local Ray over
     print(outcome.summary, flush=True)
     return 130 if outcome.interrupted else 0

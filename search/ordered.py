@@ -2,7 +2,7 @@
 
 Tune's OptunaSearch tells Optuna each result as it arrives, so with several trials at once
 TPE sees results in whatever order trials happen to finish, and two runs of one seed differ.
-OrderedSearch asks for trial n on a study rebuilt for it alone:
+OrderedSearch asks for trial n on a study that holds, for trial n alone:
 
 - the results of trials 0 .. n-L-1 (L = max_concurrent), told in trial-number order;
 - trials n-L .. n-1 as running, whatever they have done since (TPE's constant liar
@@ -12,14 +12,22 @@ OrderedSearch asks for trial n on a study rebuilt for it alone:
 So trial n waits only while one of trials 0 .. n-L-1 is unfinished; those waits are counted
 (`waits`: trial number -> seconds) and reported. A trial's value is its best epoch's metric
 (the epoch best.yaml picks); a trial whose metric never was finite is FAIL to Optuna.
+
+That study is kept in memory from one suggestion to the next, since trial n+1's study is
+trial n's plus trial n, with trial n-L told: rebuilding it per suggestion cost O(n) storage
+work each time, O(n^2) over a search of thousands of trials. What the searcher saves is the
+plain record (what it asked and was told); the study is a cache of it, built again from the
+record after a restore, and then equal to the one it would have kept.
 """
 
 from __future__ import annotations
 
+import copy
 import pickle
 import time
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import optuna
 from optuna.trial import TrialState, create_trial
@@ -31,13 +39,18 @@ from trainable.seed import derive_seed
 # Pinned: Optuna 5 changed TPE's defaults, which silently changes every seeded search.
 TPE_SETTINGS = {"multivariate": True, "constant_liar": True, "n_startup_trials": 10, "n_ei_candidates": 24}
 SAMPLER_STREAM = 1  # derive_seed stream of sampler seeds (stream 0 seeds the trials)
+# What save() writes: the record. The rest comes from the constructor, so a resumed search
+# takes its settings from its spec, and the in-memory study is never pickled.
+RECORD = ("numbers", "asked", "curves", "finished", "study_attrs", "waits", "suggested")
+CACHES = ("_study", "_told", "_settled")  # derived from the record, see _drop_caches
 
 
-def make_sampler(name: str, experiment_seed: int, number: int) -> optuna.samplers.BaseSampler:
+def make_sampler(name: str, experiment_seed: int, number: int,
+                 tpe_settings: Mapping[str, Any] = TPE_SETTINGS) -> optuna.samplers.BaseSampler:
     """The sampler that asks for trial `number`; its randomness is a function of (seed, number)."""
     seed = derive_seed(experiment_seed, number, stream=SAMPLER_STREAM)
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, **TPE_SETTINGS)
+        return optuna.samplers.TPESampler(seed=seed, **tpe_settings)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "qmc":  # one scrambled sequence for the whole search; trial n takes its n-th point
@@ -50,12 +63,17 @@ def make_sampler(name: str, experiment_seed: int, number: int) -> optuna.sampler
 
 
 class OrderedSearch(Searcher):
-    """Tune searcher: reproducible suggestions at up to `lag` trials at once."""
+    """Tune searcher: reproducible suggestions at up to `lag` trials at once.
+
+    `tpe_settings` replaces TPE_SETTINGS (the sampler "tpe" only): the knobs that bound
+    TPE's cost per suggestion at thousands of trials (bench/tpe_scale.py).
+    """
 
     def __init__(self, ask: Callable[[optuna.Trial], dict[str, Any]], *, metric: str, mode: str,
-                 experiment_seed: int, sampler: str, lag: int):
+                 experiment_seed: int, sampler: str, lag: int, tpe_settings: Mapping[str, Any] | None = None):
         super().__init__(metric=metric, mode=mode)
         self.ask, self.experiment_seed, self.sampler, self.lag = ask, experiment_seed, sampler, lag
+        self.tpe_settings = dict(TPE_SETTINGS if tpe_settings is None else tpe_settings)
         self.numbers: dict[str, int] = {}  # Tune trial id -> trial number
         # by number: params, distributions, system attrs (where a sampler such as CMA-ES keeps its state)
         self.asked: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = []
@@ -63,24 +81,69 @@ class OrderedSearch(Searcher):
         self.finished: dict[int, float | None] = {}  # number -> value (None: no finite metric, or an error)
         self.study_attrs: dict[str, Any] = {}  # the study's system attrs after the last ask (QMC's point counter)
         self.waits: dict[int, float] = {}  # number -> seconds its slot waited for earlier results
+        # number -> (unix time the suggestion was made, seconds it took): results.parquet's
+        # suggest_seconds, and where queue_seconds starts
+        self.suggested: dict[int, tuple[float, float]] = {}
         self._waiting_since: float | None = None
+        self._drop_caches()
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
         n = len(self.asked)
         running = n - len(self.finished)
         if running >= self.lag:
             return None  # every slot is busy
-        if any(k not in self.finished for k in range(n - self.lag)):
+        if self._result_out_before(n - self.lag):
             self._waiting_since = self._waiting_since or time.monotonic()
             return None  # an earlier result that trial n must see is still out
         if self._waiting_since is not None:
             self.waits[n] = time.monotonic() - self._waiting_since
             self._waiting_since = None
-        optuna.logging.set_verbosity(optuna.logging.WARNING)  # one "study created" line per trial is noise
+        asking = time.perf_counter()
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # one "study created" line per build is noise
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # qmc, gp: "experimental"
-            study = optuna.create_study(direction="maximize" if self.mode == "max" else "minimize",
-                                        sampler=make_sampler(self.sampler, self.experiment_seed, n))
+            study = self._study_for(n)
+            study.sampler = make_sampler(self.sampler, self.experiment_seed, n, self.tpe_settings)
+            try:
+                trial = study.ask()
+                constants = self.ask(trial)
+            except BaseException:
+                self._drop_caches()  # the study holds a half-asked trial n, which would shift every later number
+                raise
+        # a copy of the stored trial alone (study.trials[-1] would deep-copy every trial), so the
+        # record shares no object with the study
+        asked = copy.deepcopy(study._storage.get_trial(trial._trial_id))
+        self.study_attrs = dict(study._storage.get_study_system_attrs(study._study_id))
+        self.asked.append((dict(asked.params), dict(asked.distributions), dict(asked.system_attrs)))
+        self.numbers[trial_id] = n
+        self.suggested[n] = (time.time(), time.perf_counter() - asking)
+        return {**trial.params, **constants}
+
+    def _result_out_before(self, end: int) -> bool:
+        """Whether one of trials 0 .. end-1 is unfinished; amortised O(1) per suggestion, not a scan of all n."""
+        while self._settled < end and self._settled in self.finished:  # results are never taken back
+            self._settled += 1
+        return self._settled < end
+
+    def _study_for(self, n: int) -> optuna.Study:
+        """The kept study, brought to what trial n must see: trials 0 .. n-L-1 told, the rest running.
+
+        Results are written through the storage, not Study.tell: tell would call the sampler's
+        after_trial, which a study built from the record never saw. Trials are told in
+        trial-number order, as the build adds them, so the storage's best trial (ties to the
+        earlier) and the trial list read the same either way.
+        """
+        if self._study is None:
+            self._study, self._told = self._built(n), max(0, n - self.lag)
+        for k in range(self._told, n - self.lag):
+            self._tell(self._study, k)
+            self._told = k + 1
+        return self._study
+
+    def _built(self, n: int) -> optuna.Study:
+        """A study made from the record for trial n, as every suggestion made it before the study was kept."""
+        study = optuna.create_study(direction="maximize" if self.mode == "max" else "minimize",
+                                    sampler=optuna.samplers.RandomSampler())  # replaced before each ask
         for key, value in self.study_attrs.items():  # Study has no public setter for these
             study._storage.set_study_system_attr(study._study_id, key, value)
         for k in range(n):
@@ -94,33 +157,62 @@ class OrderedSearch(Searcher):
             else:
                 study.add_trial(create_trial(state=TrialState.RUNNING, params=params, distributions=distributions,
                                              system_attrs=system_attrs))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            trial = study.ask()
-            constants = self.ask(trial)
-        asked = study.trials[-1]
-        self.study_attrs = dict(study._storage.get_study_system_attrs(study._study_id))
-        self.asked.append((dict(asked.params), dict(asked.distributions), dict(asked.system_attrs)))
-        self.numbers[trial_id] = n
-        return {**trial.params, **constants}
+        return study
+
+    def _tell(self, study: optuna.Study, k: int) -> None:
+        """Trial k, running in the study, gets its result: as create_trial made it in a build."""
+        storage, value = study._storage, self.finished[k]
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study._study_id, k)
+        if value is None:
+            storage.set_trial_state_values(trial_id, TrialState.FAIL)
+            return
+        for step, metric in self.curves.get(k, {}).items():  # a finished trial takes no more of these
+            storage.set_trial_intermediate_value(trial_id, step, metric)
+        storage.set_trial_state_values(trial_id, TrialState.COMPLETE, values=[value])
+
+    def _drop_caches(self) -> None:
+        """Forget what is derived from the record; it is derived again when next needed."""
+        self._study: optuna.Study | None = None
+        self._told = 0  # trials 0 .. _told-1 have their results in the study
+        self._settled = 0  # trials 0 .. _settled-1 are finished
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         value = score(result.get(self.metric))
         if trial_id in self.numbers and value is not None and result.get("epoch") is not None:
             self.curves.setdefault(self.numbers[trial_id], {})[int(result["epoch"])] = value
+            self._drop_caches_if_told(self.numbers[trial_id])
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if trial_id not in self.numbers:
             return
         n = self.numbers[trial_id]
         self.finished[n] = None if error else best_of(self.curves.get(n, {}).values(), self.mode)
+        self._drop_caches_if_told(n)
+
+    def _drop_caches_if_told(self, n: int) -> None:
+        # Tune does not report on a trial after it completes; if it ever did, the next
+        # suggestion builds the study again from the record, which holds the news.
+        if n < self._told:
+            self._drop_caches()
 
     def save(self, checkpoint_path: str) -> None:
-        state = {k: v for k, v in self.__dict__.items() if k != "_waiting_since"}
         with open(checkpoint_path, "wb") as f:
-            pickle.dump(state, f)
+            pickle.dump({key: getattr(self, key) for key in RECORD}, f)
 
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "rb") as f:
-            self.__dict__.update(pickle.load(f))
+            record = pickle.load(f)
+        for key in RECORD:
+            setattr(self, key, record.get(key, {}) if key == "suggested" else record[key])  # not in older records
         self._waiting_since = None
+        self._drop_caches()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles its searcher (tuner.pkl); the study is rebuilt from the record on demand
+        return {key: value for key, value in self.__dict__.items() if key not in CACHES}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.__dict__.setdefault("tpe_settings", dict(TPE_SETTINGS))  # a searcher pickled before it had them
+        self.__dict__.setdefault("suggested", {})
+        self._drop_caches()

@@ -71,11 +71,12 @@ def run_trial(config: dict[str, Any], *, data: DataHandle, trial_function: Calla
     global _start
     started_at = time.time()
     ready_at = _last_end if _last_end is not None else process_started_at()
-    key = data.ref.hex()
+    key, fetch_seconds = data.ref.hex(), 0.0
     if key not in _fetched:
         _fetched.clear()  # another search's data: drop it
         _fetched[key] = ray.get(data.ref)
-    _start = TrialStart(ready_at, started_at, time.time() - started_at, checkpoint_every)
+        fetch_seconds = time.time() - started_at
+    _start = TrialStart(ready_at, started_at, fetch_seconds, checkpoint_every)
     try:
         trial_function(config, data=_fetched[key])
     finally:
