@@ -26,6 +26,7 @@ import yaml
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
+from search import local_ray
 from search.capacity import CapacityError, check_capacity, plan_gpus
 from search.gpu_probe import resolve_auto
 from search.progress import Progress
@@ -142,6 +143,9 @@ def reachable(address: str, timeout_s: float) -> bool:
 
 def start_ray(address: str | None, connect_timeout: float = 60.0) -> bool:
     """Join the cluster at `address` (or $RAY_ADDRESS), else start a local Ray; True if we started it."""
+    if address is None and local_ray.pending():  # begun by the CLI, beside the imports and data loading
+        local_ray.take()
+        return True
     if ray.is_initialized():
         return False
     if address is None and "RAY_ADDRESS" not in os.environ:
