@@ -139,6 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         space = load_space(args.space, assignments(args))
+        from search.storage import Storage, check_storage
+
+        check_storage(Storage.at(space.experiment.storage_path))  # before a local Ray begins to start
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -32,11 +32,11 @@ from search.gpu_probe import resolve_auto
 from search.progress import Progress
 from search.results import INTERRUPTED, config_from_row, ranked, read_record, results_schema, to_frame, trial_rows
 from search.report import write_report
-from search.run_folder import RunFolder, check_storage
+from search.run_folder import RunFolder
 from search.searcher import make_searcher
 from search.snapshot import SnapshotOnTrialEnd
 from search.space import MODEL, Space, example_config, is_run_name, max_epochs, to_raw
-from search.storage import Storage, is_uri
+from search.storage import Storage, check_storage, is_uri
 from search.summary import Timing, format_summary
 from trainable.data import Data, load_data
 from trainable.device import get_default_device
@@ -262,6 +262,7 @@ def derive(folder: RunFolder, space: Space, grid) -> pd.DataFrame:
     TERMINATED, the saved state RUNNING); a trial that never started has no row.
     """
     rows = []
+    schema = results_schema(space)
     saved = folder.saved_trials()
     suggested = folder.searcher_state().get("suggested", {})  # trial number -> (when, seconds); OrderedSearch's
     for result in grid:
@@ -274,9 +275,9 @@ def derive(folder: RunFolder, space: Space, grid) -> pd.DataFrame:
         trial_config = result.config or config
         trial = trial_rows(trial_id, trial_config, reports, done=ended, error=result.error is not None,
                            suggested=suggested.get((trial_config or {}).get("trial_number")))
-        folder.write_part(space, trial_id, trial)
+        folder.write_part(space, trial_id, trial, schema)
         rows += trial
-    return to_frame(rows, results_schema(space))
+    return to_frame(rows, schema)
 
 
 def test_score(grid, rows: pd.DataFrame, data: Data) -> tuple[pd.Series | None, tuple[float, float] | None, str]:
@@ -289,11 +290,11 @@ def test_score(grid, rows: pd.DataFrame, data: Data) -> tuple[pd.Series | None, 
         trial_id = trial_id_of(result)
         for checkpoint, metrics in result.best_checkpoints:
             checkpoints[(trial_id, metrics.get("epoch"))] = checkpoint
-    skipped = []
+    skipped, unsaved = [], 0
     for _, row in rows.iterrows():
         checkpoint = checkpoints.get((row["trial_id"], int(row["epoch"])))
-        if checkpoint is None:
-            skipped.append(f"trial {row['trial_id']} epoch {row['epoch']}: no checkpoint")
+        if checkpoint is None:  # checkpoint_every skipped that epoch, or num_to_keep removed it
+            unsaved += 1
             continue
         try:
             with checkpoint.as_directory() as where:
@@ -301,12 +302,17 @@ def test_score(grid, rows: pd.DataFrame, data: Data) -> tuple[pd.Series | None, 
         except CheckpointError as error:
             skipped.append(str(error))
             continue
+        notes = ([f"the best epoch with a checkpoint: {unsaved} better one(s) had none kept "
+                  "(experiment.checkpoint_every, num_to_keep)"] if unsaved else [])
+        notes += [f"skipped {s}" for s in skipped]
         if data.test is None:
-            return row, None, "the dataset has no test part"
+            return row, None, "; ".join(["the dataset has no test part", *notes])
         score = evaluate_model(saved.config, saved.state["model"], saved.input_shape, saved.num_classes,
                                data.test, data.standardize, get_default_device())
-        return row, score, "; ".join(f"skipped {s}" for s in skipped)
-    return (rows.iloc[0] if len(rows) else None), None, "no readable checkpoint: " + "; ".join(skipped)
+        return row, score, "; ".join(notes)
+    return ((rows.iloc[0] if len(rows) else None), None,
+            "no readable checkpoint" + (f" ({unsaved} epoch(s) had none kept)" if unsaved else "")
+            + "".join(f"; {s}" for s in skipped))
 
 
 def best_entry(best: pd.Series, test: tuple[float, float] | None, note: str, metric: str, name: str,
@@ -382,6 +388,10 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
     data = check_search(space)
     if resume:
         folder.check_record()
+        rerun = folder.drop_unrecorded_parts()
+        if rerun:
+            print(f"note: {len(rerun)} trial(s) ended after Tune's last snapshot of this run; they run again "
+                  f"with the same trial numbers, configs and seeds", file=sys.stderr, flush=True)
     else:
         folder = claim(folder, automatic=name is None)
         folder.write_spec(space)
@@ -395,7 +405,7 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
         try:
             resources, auto_note = resolve_auto(space, data, folder, resume=resume)  # gpus: auto, measured
             capacity = check_capacity(resources)  # 0 only where an autoscaler will add nodes
-        except (CapacityError, ConfigError):
+        except BaseException:  # no capacity, a failed probe, Ctrl-C during it: no trial ran
             if not resume:
                 folder.release()
             raise
@@ -426,8 +436,8 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
                                                             checkpoint_score_attribute=experiment.metric,
                                                             checkpoint_score_order=experiment.mode),
                     failure_config=tune.FailureConfig(max_failures=experiment.max_failures),
-                    # the snapshot first: a trial's part of results.parquet is written once Tune's record holds it
-                    callbacks=[SnapshotOnTrialEnd(), Progress(folder, space), *tracker_callbacks(space, folder)],
+                    # Tune's state saved when trials end (coalesced), then their parts of results.parquet
+                    callbacks=[SnapshotOnTrialEnd(every_trial=not experiment.reproducible), Progress(folder, space), *tracker_callbacks(space, folder)],
                     verbose=0,
                 ),
             )

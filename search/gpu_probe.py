@@ -302,8 +302,7 @@ def resolve_auto(space: Space, data: Data, folder: RunFolder, *, resume: bool) -
     if not rounds or rounds[0].steps_per_s is None:
         folder.write_probe({**figures, "choice": asdict(choice)})
         raise ConfigError([problem("resources.gpus", "auto: the largest configuration of the space failed when "
-                                                     f"trained alone on {figures['device']} ({choice.reason}); "
-                                                     f"see {PROBE_FILE}", AUTO)])
+                                                     f"trained alone on {figures['device']} ({choice.reason})", AUTO)])
     gpus = fraction(choice.trials_per_gpu)
     folder.write_probe({**figures, "choice": asdict(choice), "gpus_per_trial": gpus})
     where = "" if figures["total_mb"] else " (measured on the CPU: the GPU node has no CUDA device torch can use)"

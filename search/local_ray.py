@@ -9,58 +9,77 @@ Only for a new local instance: joining a cluster keeps its checks (driver.start_
 
 from __future__ import annotations
 
+import logging
 import threading
+from dataclasses import dataclass, field
 
-_thread: threading.Thread | None = None
-_error: list[BaseException] = []
-_started = threading.Event()
+
+@dataclass
+class _Start:
+    thread: threading.Thread | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+_current: _Start | None = None
+
+
+class _NotMainThread(logging.Filter):
+    """Ray warns that it sets no SIGTERM handler off the main thread: the CLI sets its own."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
 
 
 def begin() -> None:
-    """Start `ray.init(address="local")` on a thread (once)."""
-    global _thread
-    if _thread is not None:
+    """Start `ray.init(address="local")` on a thread (once until taken or abandoned)."""
+    global _current
+    if _current is not None:
         return
+    start = _current = _Start()
 
-    def start() -> None:
+    def run() -> None:
         import ray
 
+        logging.getLogger("ray._private.worker").addFilter(_NotMainThread())
         try:
             ray.init(address="local", include_dashboard=False, log_to_driver=False)
         except BaseException as error:  # raised again in the thread that takes the instance over
-            _error.append(error)
-            _started.set()
+            start.error = error
+            start.done.set()
             return
-        _started.set()
+        start.done.set()
         # Ray's processes get SIGKILL when the *thread* that started them ends (PR_SET_PDEATHSIG
         # is per thread), so this one stays until the process exits, after Ray's shutdown
         threading.Event().wait()
 
-    _thread = threading.Thread(target=start, name="hpsearch-ray-init", daemon=True)
-    _thread.start()
+    start.thread = threading.Thread(target=run, name="hpsearch-ray-init", daemon=True)
+    start.thread.start()
 
 
 def pending() -> bool:
-    return _thread is not None
+    return _current is not None
 
 
 def take() -> None:
-    """Wait for the start; from here the caller owns the instance (and shuts it down)."""
-    global _thread
-    thread, _thread = _thread, None
-    if thread is not None:
-        _started.wait()
-    if _error:
-        raise _error.pop()
+    """Wait for the start; from then on the caller owns the instance (and shuts it down)."""
+    global _current
+    start = _current
+    if start is None:
+        return
+    start.done.wait()  # a Ctrl-C here leaves it pending, so abandon() still shuts it down
+    _current = None
+    if start.error is not None:
+        raise start.error
 
 
 def abandon() -> None:
     """Shut down an instance begun here that nobody took over."""
-    if _thread is None:
+    if _current is None:
         return
     try:
         take()
-    except BaseException:
+    except BaseException:  # it never came up: nothing to shut down
         return
     import ray
 

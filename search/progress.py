@@ -4,8 +4,8 @@ results.parquet and in the Optuna journal (`optuna-dashboard runs/<name>/optuna.
 A Tune callback in the driver. It keeps no copy of the reports: a trial's rows are derived
 from Tune's record (its result.json) when the trial ends, so the work per finished trial
 stays the same however many came before. They are written at the end of the controller
-step, after search/snapshot.py has saved Tune's state: a part in results.parquet always
-belongs to a trial that a resume knows has ended.
+step, after search/snapshot.py may have saved Tune's state; a part whose trial that state
+does not hold is removed on resume (run_folder.drop_unrecorded_parts), as the trial runs again.
 
 On a terminal the progress is one line redrawn in place (done/total, running, best, ETA);
 elsewhere (CI logs, `| tee`) it is a plain line per epoch.
@@ -44,14 +44,15 @@ class Progress(Callback):
         self.started = time.monotonic()
         self._journal = None  # (study, trial ids in it), opened on first use; not pickled with the callback
         self._ending: list[tuple[Any, bool]] = []  # (trial, error) that ended in this step, written at its end
+        self._schema = None  # results_schema(space), made once: it takes ms, and this runs per trial
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_journal": None, "_ending": []}
+        return {**self.__dict__, "_journal": None, "_ending": [], "_schema": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # unpickled by a resume (Tune keeps the callback as it was at start): this process's
         # clock, the trials that already ended (their results parts), the journal reopened later
-        self.__dict__.update(state, started=time.monotonic(), _journal=None, _ending=[])
+        self.__dict__.update(state, started=time.monotonic(), _journal=None, _ending=[], _schema=None)
         self.ended = set(self.folder.ended_trials())
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
@@ -103,11 +104,17 @@ class Progress(Callback):
         self.running.discard(trial.trial_id)
         self._ending.append((trial, error))
 
+    @property
+    def schema(self):
+        if self._schema is None:
+            self._schema = results_schema(self.space)
+        return self._schema
+
     def _write(self, trial, *, error: bool) -> None:
         # Tune's JSON logger has flushed every report of this trial to its driver-side folder
         reports = read_record(pafs.LocalFileSystem(), trial.local_path)
         rows = trial_rows(trial.trial_id, trial.config, reports, done=True, error=error)
-        self.folder.write_part(self.space, trial.trial_id, rows)
+        self.folder.write_part(self.space, trial.trial_id, rows, self.schema)
         try:
             self.add_to_journal(rows)
         except Exception as error:  # the journal is a view; it must never stop the search
@@ -124,10 +131,10 @@ class Progress(Callback):
 
         if self._journal is None:
             path = os.path.join(self.folder.path, JOURNAL_FILE)
-            study = make_study(to_frame([], results_schema(self.space)), self.space, journal(path), self.folder.name)
+            study = make_study(to_frame([], self.schema), self.space, journal(path), self.folder.name)
             self._journal = (study, {t.user_attrs.get("trial_id") for t in study.get_trials(deepcopy=False)})
         study, known = self._journal
         trial_id = rows[0]["trial_id"]
         if trial_id not in known:
-            study.add_trial(frozen_trial(to_frame(rows, results_schema(self.space)), self.space))
+            study.add_trial(frozen_trial(to_frame(rows, self.schema), self.space))
             known.add(trial_id)

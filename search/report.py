@@ -117,8 +117,9 @@ def time_breakdown(frame: pd.DataFrame, slots: int) -> plt.Figure:
     if spans.empty:
         return figure
     wall = spans["end"].max() - spans["start"].min()
-    # the searcher runs in the driver, beside the slots, so its time is not slot time
-    phases = [p for p in PHASES if p != "suggest_seconds" and p in frame and frame[p].notna().any()]
+    # the searcher runs in the driver and a queued trial holds no slot: neither is slot time
+    phases = [p for p in PHASES if p not in ("suggest_seconds", "queue_seconds") and p in frame
+              and frame[p].notna().any()]
     if phases:
         parts = {PHASES[p]: float(frame[p].fillna(0).sum()) for p in phases}
     else:  # a run from before the phase columns

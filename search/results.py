@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from search.space import Space
 from trainable.config import FIELDS, MODEL, TrialConfig, json_text
+from trainable.metrics import score  # noqa: F401  (search's modules read it from here)
 from trainable.report import EPOCH_COLUMNS, REPORT_COLUMNS
 
 RESULTS_FILE = "results.parquet"
@@ -49,8 +50,9 @@ def config_columns(space: Space) -> list[str]:
 
 
 # Derived where the searcher's record meets the trial's, on the first row of each run of a
-# trial: the searcher's time to suggest it, its wait for an actor, the actor's start or reuse.
-SEARCH_COLUMNS = ["suggest_seconds", "queue_seconds", "start_seconds"]
+# trial: the searcher's time to suggest it, its wait for an actor, the actor's wait for it,
+# the actor's start or reuse.
+SEARCH_COLUMNS = ["suggest_seconds", "queue_seconds", "idle_seconds", "start_seconds"]
 
 
 def columns(space: Space) -> list[str]:
@@ -107,15 +109,6 @@ def _hint_kind(name: str) -> str:
     return "json"  # mappings (data_args)
 
 
-def score(value: Any) -> float | None:
-    """A metric as a score: a finite float, or None (NaN, inf and missing values are no score)."""
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
-
-
 def best_of(values: Iterable[Any], mode: str) -> float | None:
     """The best score among `values` (a trial's value: its best epoch), None if none is finite."""
     scores = [s for s in map(score, values) if s is not None]
@@ -146,11 +139,14 @@ def _missing(value: Any) -> bool:
 
 def search_phases(report: Mapping[str, Any], suggested: tuple[float, float] | None,
                   first: bool) -> dict[str, float | None]:
-    """suggest/queue/start seconds of a row: where a run of the trial began, else None.
+    """suggest/queue/idle/start seconds of a row: where a run of the trial began, else None.
 
     `suggested`: (unix time the searcher returned the trial, seconds it took), None if the
-    searcher kept no record (reproducible: false). The actor was free from `ready_at`; the
-    trial queued from its suggestion until then, and started from then until `started_at`.
+    searcher kept no record (reproducible: false). The actor was free from `ready_at` (its
+    previous trial's last report). A trial suggested before that queued until then; an actor
+    free before the suggestion idled until it (the driver was busy: results, snapshots, the
+    searcher). From the later of the two the trial started, until `started_at`. Without a
+    record, start_seconds holds the idle time too.
     """
     out = dict.fromkeys(SEARCH_COLUMNS)
     ready, started = report.get("ready_at"), report.get("started_at")
@@ -159,7 +155,7 @@ def search_phases(report: Mapping[str, Any], suggested: tuple[float, float] | No
     if suggested is not None and first:  # a restart waited for a free slot again, not for the searcher
         at, out["suggest_seconds"] = suggested
         free = max(ready, at)
-        out["queue_seconds"] = max(0.0, free - at)
+        out["queue_seconds"], out["idle_seconds"] = max(0.0, ready - at), max(0.0, at - ready)
     else:
         free = ready
     out["start_seconds"] = max(0.0, started - free)  # clocks of two machines may disagree by a little

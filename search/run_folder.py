@@ -41,26 +41,6 @@ PROBE_FILE = "gpu_probe.json"
 RUN_SECTION = "run"  # spec.yaml's record of where and with what the run started; not part of the space
 
 
-def check_storage(storage: Storage) -> None:
-    """The storage path is a usable folder (or URI) before anything starts; ConfigError otherwise."""
-    key = "experiment.storage_path"
-    if is_uri(storage.uri):
-        try:
-            pafs.FileSystem.from_uri(storage.uri)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError, ValueError) as error:
-            raise ConfigError([problem(key, f"not a storage URI pyarrow can open ({error}); use a folder, "
-                                            "s3://, gs:// or another pyarrow.fs scheme", storage.uri)]) from None
-        return
-    path = storage.uri
-    existing = path
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        raise ConfigError([problem(key, f"{existing} is a file, not a folder", storage.uri)])
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError([problem(key, f"cannot write in {existing} (permission denied)", storage.uri)])
-
-
 def versions() -> dict[str, str]:
     """Versions that change what a seeded search does (Optuna's defaults moved in 5.0)."""
     out = {}
@@ -222,9 +202,28 @@ class RunFolder:
         return [i.base_name[:-len(".parquet")] for i in fs.get_file_info(pafs.FileSelector(parts))
                 if i.base_name.endswith(".parquet")]
 
-    def write_part(self, space: Space, trial_id: str, rows: list[dict[str, Any]]) -> None:
-        """One trial's rows as its part of results.parquet (replacing an earlier part)."""
-        self.storage.write(f"{self.name}/{RESULTS_FILE}/{trial_id}.parquet", part_bytes(rows, results_schema(space)))
+    def drop_unrecorded_parts(self) -> list[str]:
+        """Remove the results parts of trials that Tune's last snapshot does not hold; their ids.
+
+        They ended after that snapshot (search/snapshot.py), before the driver was killed. A
+        resume runs them again under new ids with the same trial numbers, configs and seeds,
+        and writes their parts anew; kept, they would be counted twice.
+        """
+        recorded = set(self.saved_trials())
+        dropped = [t for t in self.ended_trials() if t not in recorded]
+        fs, base = self._fs()
+        for trial_id in dropped:
+            fs.delete_file(f"{base}/{RESULTS_FILE}/{trial_id}.parquet")
+        return dropped
+
+    def write_part(self, space: Space, trial_id: str, rows: list[dict[str, Any]],
+                   schema: pa.Schema | None = None) -> None:
+        """One trial's rows as its part of results.parquet (replacing an earlier part).
+
+        `schema`: results_schema(space), if the caller holds it (it takes ms to make, per trial).
+        """
+        self.storage.write(f"{self.name}/{RESULTS_FILE}/{trial_id}.parquet",
+                           part_bytes(rows, schema or results_schema(space)))
 
     def write_probe(self, figures: dict[str, Any]) -> None:
         self.storage.write(f"{self.name}/{PROBE_FILE}", json.dumps(figures, indent=1).encode())

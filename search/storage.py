@@ -10,7 +10,10 @@ import os
 import uuid
 from dataclasses import dataclass
 
+import pyarrow as pa
 import pyarrow.fs as pafs
+
+from trainable.errors import ConfigError, problem
 
 
 def is_uri(path: str) -> bool:
@@ -100,3 +103,23 @@ class Storage:
             return None
         with fs.open_input_stream(path) as stream:
             return stream.read()
+
+
+def check_storage(storage: Storage) -> None:
+    """The storage path is a usable folder (or URI) before anything starts; ConfigError otherwise."""
+    key = "experiment.storage_path"
+    if is_uri(storage.uri):
+        try:
+            pafs.FileSystem.from_uri(storage.uri)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError, ValueError) as error:
+            raise ConfigError([problem(key, f"not a storage URI pyarrow can open ({error}); use a folder, "
+                                            "s3://, gs:// or another pyarrow.fs scheme", storage.uri)]) from None
+        return
+    path = storage.uri
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ConfigError([problem(key, f"{existing} is a file, not a folder", storage.uri)])
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError([problem(key, f"cannot write in {existing} (permission denied)", storage.uri)])

@@ -61,6 +61,7 @@ def max_trials_per_gpu(frame: pd.DataFrame) -> int:
 PHASES = {
     "suggest_seconds": "the searcher's suggestion",
     "queue_seconds": "waiting for a free actor",
+    "idle_seconds": "an actor waiting for its next trial (the driver: results, snapshots, the searcher)",
     "start_seconds": "actor start or reuse",
     "fetch_seconds": "data fetch",
     "setup_seconds": "model and optimizer set-up",

@@ -77,11 +77,12 @@ def test_killed_search_resumes_without_losing_trials(tmp_path, data_root):
     assert after["trial_id"].nunique() == 6, "exactly num_samples trials in all"
     assert set(after["status"]) == {COMPLETED}, resumed.stdout[-3000:]
     assert (after.groupby("trial_id")["epoch"].apply(sorted).map(lambda e: e == [1, 2, 3])).all()
-    # every trial completed before the kill is kept with its rows unchanged
-    kept = after[after["trial_id"].isin(before["trial_id"])]
-    columns = ["trial_id", "epoch", "seed", "lr", "val_acc", "val_loss"]
+    # every trial completed before the kill is kept with its rows unchanged (by trial number: one
+    # that ended after Tune's last snapshot runs again under a new id, with the same results)
+    kept = after[after["trial_number"].isin(before["trial_number"])].sort_values(["trial_number", "epoch"])
+    columns = ["trial_number", "epoch", "seed", "lr", "val_acc", "val_loss"]
     pd.testing.assert_frame_equal(kept[columns].reset_index(drop=True),
-                                  before.sort_values(["trial_id", "epoch"])[columns].reset_index(drop=True))
+                                  before.sort_values(["trial_number", "epoch"])[columns].reset_index(drop=True))
     assert "Top trials by val_acc (max), 6 trials" in resumed.stdout
 
     # and the resumed search equals one that was never stopped: same trials, same numbers

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -35,7 +36,8 @@ def test_phase_columns_account_for_each_trial(sparse_checkpoints):
     # the searcher's record meets the trial's on each trial's first row
     assert firsts["suggest_seconds"].gt(0).all() and firsts["queue_seconds"].ge(0).all()
     assert firsts["start_seconds"].ge(0).all() and firsts["setup_seconds"].gt(0).all()
-    assert later[["suggest_seconds", "queue_seconds", "start_seconds"]].isna().all().all()
+    assert (firsts["queue_seconds"] * firsts["idle_seconds"] == 0).all(), "a trial queued or its actor idled"
+    assert later[["suggest_seconds", "queue_seconds", "idle_seconds", "start_seconds"]].isna().all().all()
     assert (later[["setup_seconds", "fetch_seconds"]] == 0).all().all(), "once per trial, on its first row"
     assert (later["report_seconds"] > 0).all(), "a later row carries the previous epoch's report"
     assert (frame["train_seconds"] + frame["evaluate_seconds"]).sub(frame["epoch_seconds"]).abs().max() < 1e-6
@@ -71,8 +73,13 @@ def test_checkpoint_every_and_num_to_keep(ray_local, tmp_path, data_root):
         acc = {r["epoch"]: r["val_acc"] for r in reports}
         expected = {saved[3]} if acc[3] >= acc[2] else {saved[2], saved[3]}
         assert {p.name for p in trial.glob("checkpoint_*")} == expected
-    # best.yaml's test score came from a checkpoint that was kept (no fallback note)
-    assert outcome.best["result"]["test_acc"] is not None
+    # best.yaml is the best epoch that kept a checkpoint, and says so when a better one had none
+    frame, result = outcome.results, outcome.best["result"]
+    assert result["test_acc"] is not None and result["epoch"] in (2, 3)
+    kept = frame[frame["epoch"] >= 2]
+    assert result["val_acc"] == kept["val_acc"].max()
+    better = int((frame["val_acc"] > result["val_acc"]).sum())
+    assert ("better one(s) had none kept" in result.get("note", "")) == (better > 0)
 
 
 def test_snapshot_on_every_trial_end(ray_local, tmp_path):
@@ -81,7 +88,7 @@ def test_snapshot_on_every_trial_end(ray_local, tmp_path):
     def one_report(config):
         tune.report({"x": config["i"]})
 
-    snapshot = SnapshotOnTrialEnd()
+    snapshot = SnapshotOnTrialEnd(every_trial=True)
     tuner = tune.Tuner(one_report, param_space={"i": tune.grid_search([0, 1, 2])},
                        tune_config=tune.TuneConfig(max_concurrent_trials=1),
                        run_config=tune.RunConfig(storage_path=str(tmp_path), name="snap", callbacks=[snapshot],
@@ -93,3 +100,21 @@ def test_snapshot_on_every_trial_end(ray_local, tmp_path):
     [state] = (tmp_path / "snap").glob("experiment_state-*.json")
     trials = json.loads(state.read_text())["trial_data"]
     assert len(trials) == 3
+
+
+def test_snapshots_are_coalesced_by_their_cost():
+    snapshot = SnapshotOnTrialEnd(max_gap_s=60)
+    assert not snapshot.due(), "no trial ended"
+    snapshot.on_trial_complete(0, [], None)
+    snapshot.cost, snapshot.last = 0.5, time.monotonic()
+    assert not snapshot.due(), "a 0.5 s snapshot waits 19 x 0.5 s after the last"
+    snapshot.last -= 10
+    assert snapshot.due()
+    snapshot.cost = 100.0
+    assert not snapshot.due()
+    snapshot.last -= 60
+    assert snapshot.due(), "never more than max_gap_s apart"
+    every = SnapshotOnTrialEnd(every_trial=True)
+    every.on_trial_error(0, [], None)
+    every.cost, every.last = 0.5, time.monotonic()
+    assert every.due(), "reproducible: false snapshots every ended trial"

@@ -12,6 +12,7 @@ actor keeps it) and calls the trainable.
 
 from __future__ import annotations
 
+import gc
 import socket
 import sys
 import tempfile
@@ -132,8 +133,10 @@ def tune_trial(config: dict[str, Any], *, data: Data) -> None:
     start = _start or TrialStart(time.time(), time.time(), 0.0)
     trial = TrialConfig.from_mapping(config)
     device = trial_device()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)  # a reused actor: this trial's peak only
+    if device.type == "cuda":  # a reused actor: this trial's peaks only, without the last one's cached blocks
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
     run = build_run(trial, data, device)
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:  # Tune restarted this trial (failure or resume)
@@ -148,7 +151,7 @@ def tune_trial(config: dict[str, Any], *, data: Data) -> None:
     report_seconds = 0.0  # the previous epoch's tune.report: its cost is known only once it returns
     run_first_epoch = run.epoch + 1
     for record in train_and_evaluate(run):
-        # the last epoch always keeps its checkpoint: best.yaml's test score and a resume read it
+        # every checkpoint_every epochs, and the last: a resume and best.yaml's test score read it
         last = record.epoch >= trial.epochs or record.diverged
         keep = last or record.epoch % start.checkpoint_every == 0
         with tempfile.TemporaryDirectory() as folder:

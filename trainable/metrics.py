@@ -3,4 +3,22 @@
 Kept apart from loop.py so that validating a space file does not import torch.
 """
 
+from __future__ import annotations
+
+import math
+from typing import Any
+
 METRICS = ("train_loss", "train_acc", "val_loss", "val_acc")
+
+
+def score(value: Any) -> float | None:
+    """A metric as a score: a finite float, or None (NaN, inf and missing values are no score).
+
+    The one rule of what counts as a result: the searcher, the results, best.yaml and the
+    trial's choice of which checkpoints to keep all read metrics through it.
+    """
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
