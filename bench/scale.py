@@ -51,7 +51,7 @@ SPACE = {
     },
 }
 # where the service's slot time goes: results.parquet columns, in the order a trial meets them
-PHASES = ["queue_seconds", "start_seconds", "fetch_seconds", "setup_seconds", "train_seconds",
+PHASES = ["suggest_seconds", "queue_seconds", "idle_seconds", "start_seconds", "fetch_seconds", "setup_seconds", "train_seconds",
           "evaluate_seconds", "checkpoint_seconds", "report_seconds"]
 WORK = ["setup_seconds", "train_seconds", "evaluate_seconds", "checkpoint_seconds"]  # the trial's own
 
