@@ -20,19 +20,23 @@ import argparse
 import json
 import os
 import pickle
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import ray
-import torch
-from ray import tune
-from ray.tune.search import ConcurrencyLimiter
-from ray.tune.search.optuna import OptunaSearch
-from torch import nn
-from torch.utils.data import DataLoader, random_split
-from torchvision import datasets
-from torchvision.transforms import v2
+if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)  # else bench/search.py hides the search package
+
+import ray  # noqa: E402
+import torch  # noqa: E402
+from ray import tune  # noqa: E402
+from ray.tune.search import ConcurrencyLimiter  # noqa: E402
+from ray.tune.search.optuna import OptunaSearch  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, random_split  # noqa: E402
+from torchvision import datasets  # noqa: E402
+from torchvision.transforms import v2  # noqa: E402
 
 
 def load_data(data_dir: str):

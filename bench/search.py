@@ -203,7 +203,8 @@ def main() -> int:
 
     final = table.iloc[-1]
     ratio_ok = final["naive/service"] >= 8
-    acc_ok = final["service val_acc"] >= final["naive val_acc"]
+    # to 4 places, the resolution of 10,000 validation images: the service's accuracy is a float32
+    acc_ok = round(final["service val_acc"], 4) >= round(final["naive val_acc"], 4)
     print(f"\nnaive/service >= 8x: {'met' if ratio_ok else 'MISSED'} ({final['naive/service']:.2f}x)")
     print(f"service val_acc >= naive: {'met' if acc_ok else 'MISSED'} "
           f"({final['service val_acc']:.4f} vs {final['naive val_acc']:.4f})")
