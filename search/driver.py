@@ -437,7 +437,8 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
                                                             checkpoint_score_order=experiment.mode),
                     failure_config=tune.FailureConfig(max_failures=experiment.max_failures),
                     # Tune's state saved when trials end (coalesced), then their parts of results.parquet
-                    callbacks=[SnapshotOnTrialEnd(every_trial=not experiment.reproducible), Progress(folder, space), *tracker_callbacks(space, folder)],
+                    callbacks=[SnapshotOnTrialEnd(every_trial=not experiment.reproducible), Progress(folder, space),
+                               *tracker_callbacks(space, folder)],
                     verbose=0,
                 ),
             )

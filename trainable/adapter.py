@@ -117,7 +117,7 @@ def newest_readable_state(latest: tune.Checkpoint) -> dict[str, Any] | None:
         try:
             with tune.Checkpoint(path, filesystem=latest.filesystem).as_directory() as where:
                 state = load_checkpoint(where).state
-        except CheckpointError as error:
+        except (CheckpointError, OSError) as error:  # OSError: gone from remote storage (num_to_keep)
             print(f"hpsearch: skipping an unreadable checkpoint: {error}", file=sys.stderr, flush=True)
             continue
         if path != latest.path:
