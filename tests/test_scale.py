@@ -118,3 +118,21 @@ def test_snapshots_are_coalesced_by_their_cost():
     every.on_trial_error(0, [], None)
     every.cost, every.last = 0.5, time.monotonic()
     assert every.due(), "reproducible: false snapshots every ended trial"
+
+
+def test_resume_drops_parts_of_trials_the_last_snapshot_missed(tmp_path):
+    """A trial that ended after Tune's last snapshot runs again on resume: its old part must not count twice."""
+    from search.results import RESULTS_FILE
+    from search.run_folder import STATE_PATTERN, RunFolder
+    from search.storage import Storage
+
+    folder = RunFolder(Storage.at(str(tmp_path)), "run")
+    run = tmp_path / "run"
+    (run / RESULTS_FILE).mkdir(parents=True)
+    trial = json.dumps({"trial_id": "a", "status": "TERMINATED", "config": {}})
+    (run / f"{STATE_PATTERN}2026-11-30_10-00-00.json").write_text(
+        json.dumps({"trial_data": [[trial, None]], "runner_data": {}}))
+    for trial_id in ("a", "b"):
+        (run / RESULTS_FILE / f"{trial_id}.parquet").write_bytes(b"part")
+    assert folder.drop_unrecorded_parts() == ["b"]
+    assert sorted(p.name for p in (run / RESULTS_FILE).iterdir()) == ["a.parquet"]
