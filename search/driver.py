@@ -29,7 +29,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 from search import local_ray
 from search.capacity import CapacityError, check_capacity, plan_gpus
 from search.gpu_probe import resolve_auto
-from search.progress import Progress
+from search.progress import Progress, flush_all
 from search.results import INTERRUPTED, config_from_row, ranked, read_record, results_schema, to_frame, trial_rows
 from search.report import write_report
 from search.run_folder import RunFolder
@@ -448,6 +448,7 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
             except KeyboardInterrupt:  # a second Ctrl-C: Tune stopped saving; its last state stands
                 print(f"interrupted; continue with:\n  {resume_command(space, folder)}", file=sys.stderr)
                 raise
+        flush_all()  # the live parts first: derive writes every part again, from Tune's whole record
         frame = derive(folder, space, grid)
         interrupted = (frame["status"] == INTERRUPTED).any() or frame["trial_id"].nunique() < experiment.num_samples
         wall = time.perf_counter() - start_wall

@@ -32,6 +32,17 @@ from search.space import Space
 from search.storage import is_uri
 
 
+# Every writer thread started here, so the driver can wait for them after Tune returns even
+# when Tune ended without on_experiment_end (a second Ctrl-C) or restored its own Progress.
+_writers: set[ThreadPoolExecutor] = set()
+
+
+def flush_all() -> None:
+    """Wait until every part and journal entry handed to a writer thread is written."""
+    while _writers:
+        _writers.pop().shutdown(wait=True)
+
+
 def is_better(value: float, best: float | None, mode: str) -> bool:
     return best is None or (value > best if mode == "max" else value < best)
 
@@ -108,6 +119,7 @@ class Progress(Callback):
         for trial, error in ending:
             if self._writer is None:
                 self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpsearch-results")
+                _writers.add(self._writer)
             self._written = [f for f in self._written if not f.done()]
             self._written.append(self._writer.submit(self._write, trial.trial_id, trial.config, trial.local_path,
                                                      error=error))
@@ -118,6 +130,7 @@ class Progress(Callback):
         """Wait until every ended trial's part and journal entry is written."""
         if self._writer is not None:
             self._writer.shutdown(wait=True)
+            _writers.discard(self._writer)
             self._writer, self._written = None, []
 
     def _ended(self, trial, *, error: bool) -> None:
