@@ -36,6 +36,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 if sys.path and Path(sys.path[0]).resolve() == REPO / "bench":
     sys.path[0] = str(REPO)  # else bench/search.py hides the search package from the plain side
+from search.summary import PHASES as SUMMARY_PHASES  # noqa: E402  (after the sys.path fix above)
+
 SLOTS = 2
 SPACE = {
     "experiment": {"name": "scale", "max_concurrent": SLOTS, "seed": 0, "max_failures": 0, "loggers": []},
@@ -50,9 +52,8 @@ SPACE = {
         "clip_norm": {"distribution": "loguniform", "low": 0.5, "high": 10.0},
     },
 }
-# where the service's slot time goes: results.parquet columns, in the order a trial meets them
-PHASES = ["suggest_seconds", "queue_seconds", "idle_seconds", "start_seconds", "fetch_seconds", "setup_seconds", "train_seconds",
-          "evaluate_seconds", "checkpoint_seconds", "report_seconds"]
+# where the service's time goes: results.parquet's phase columns (search/summary.py names them)
+PHASES = list(SUMMARY_PHASES)
 WORK = ["setup_seconds", "train_seconds", "evaluate_seconds", "checkpoint_seconds"]  # the trial's own
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -62,16 +62,15 @@ class Progress(Callback):
         self._ending: list[tuple[Any, bool]] = []  # (trial, error) that ended in this step, written at its end
         self._schema = None  # results_schema(space), made once: it takes ms, and this runs per trial
         self._writer: ThreadPoolExecutor | None = None  # parts and journal, off Tune's controller thread
-        self._written: list[Future] = []
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_journal": None, "_ending": [], "_schema": None, "_writer": None, "_written": []}
+        return {**self.__dict__, "_journal": None, "_ending": [], "_schema": None, "_writer": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # unpickled by a resume (Tune keeps the callback as it was at start): this process's
         # clock, the trials that already ended (their results parts), the journal reopened later
         self.__dict__.update(state, started=time.monotonic(), _journal=None, _ending=[], _schema=None,
-                             _writer=None, _written=[])
+                             _writer=None)
         self.ended = set(self.folder.ended_trials())
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
@@ -120,9 +119,7 @@ class Progress(Callback):
             if self._writer is None:
                 self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpsearch-results")
                 _writers.add(self._writer)
-            self._written = [f for f in self._written if not f.done()]
-            self._written.append(self._writer.submit(self._write, trial.trial_id, trial.config, trial.local_path,
-                                                     error=error))
+            self._writer.submit(self._write, trial.trial_id, trial.config, trial.local_path, error=error)
         if ending and sys.stdout.isatty():
             self._bar()
 
@@ -131,7 +128,7 @@ class Progress(Callback):
         if self._writer is not None:
             self._writer.shutdown(wait=True)
             _writers.discard(self._writer)
-            self._writer, self._written = None, []
+            self._writer = None
 
     def _ended(self, trial, *, error: bool) -> None:
         self.ended.add(trial.trial_id)
