@@ -24,8 +24,8 @@ def run(space: str | Path | Mapping[str, Any], *, overrides: Mapping[str, Any] |
     reference is then relative to the current folder). `overrides`: `{"section.key": value}`,
     as `--set`. `name`, `resume`, `address`: as the CLI's flags.
     """
-    from search.cli import set_keys
     from search.driver import run_search
+    from search.overrides import set_keys
     from search.space import parse_space
     from trainable.yaml_file import read_yaml_mapping
 

@@ -11,11 +11,11 @@ never share one; trials of 1/k fill a GPU k at a time.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import ray
 
-from search.space import Resources
+from search.schema import Resources
 
 # Ray's unit for fractional resources is 1/10000; compare in those units to avoid 0.1+0.2 noise.
 UNIT = 10_000
@@ -106,7 +106,7 @@ def spread_gpus(nodes: list[dict[str, float]], resources: Resources, trials: int
     gpus = sum(n.get("GPU", 0) for n in holds)
     at_once = min(trials, sum(trials_fit(n, resources) for n in holds))
     k = 1
-    while fraction(k) > asked and sum(trials_fit(n, replace(resources, gpus=fraction(k))) for n in holds) < at_once:
+    while fraction(k) > asked and sum(trials_fit(n, resources.model_copy(update={"gpus": fraction(k)})) for n in holds) < at_once:
         k += 1
     chosen = max(fraction(k), asked)
     if chosen == asked:

@@ -16,6 +16,7 @@ import signal
 import sys
 from typing import Any, Sequence
 
+from search.overrides import set_keys
 from search.space import Space, parse_space
 from trainable.errors import ConfigError, DataError, problem
 from trainable.yaml_file import flag_value, parse_value, read_yaml_mapping
@@ -61,34 +62,6 @@ def assignments(args: argparse.Namespace) -> list[tuple[str, Any]]:
             raise ConfigError([problem("--set", "must be section.key=value", item)])
         pairs.append((key, parse_value(value)))
     return pairs
-
-
-def set_keys(raw: dict[str, Any], pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """The space file's mapping with `section.key` values put in.
-
-    In the model section and in space, a key may itself hold a dot: `model.hidden_sizes`
-    in `space` is set with `space.model.hidden_sizes.values=[...]` or `space.model.hidden_sizes=[64]`.
-    """
-    problems = []
-    for key, value in pairs:
-        parts = key.split(".")
-        if parts[0] == "space" and len(parts) > 2 and parts[1] == "model":  # space.model.<key>[.<setting>]
-            parts = ["space", f"model.{parts[2]}", *parts[3:]]
-        *parents, last = parts
-        node = raw
-        for i, part in enumerate(parents):
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                problems.append(problem(".".join(parents[:i + 1]), "is not a mapping, cannot set a key in it", child))
-                break
-            node = child
-        else:
-            node[last] = value
-    if problems:
-        raise ConfigError(problems)
-    return raw
 
 
 def apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:

@@ -134,15 +134,13 @@ def largest_config(space: Space, input_shape: tuple[int, ...], num_classes: int)
     others as in example_config) has the most parameters, or the high end of a range. Other
     searched fields (lr, ...) do not change memory and keep example_config's value.
     """
-    values = dict(space.fixed)
+    values = {}
     example = example_config(space).to_flat()
     for d in space.searched:
-        values[d.name] = example.get(d.name)
-        if d.distribution != "choice":
-            if d.name == "batch_size" or d.name.startswith(MODEL + "."):
-                values[d.name] = d.high
-        elif d.name == "batch_size":
-            values[d.name] = max(d.values)
+        if d.name == "batch_size":
+            values[d.name] = d.largest()
+        elif d.name.startswith(MODEL + ".") and not d.is_choice:
+            values[d.name] = d.high
         elif d.name.startswith(MODEL + "."):
             sizes = []
             for value in d.values:
@@ -278,12 +276,12 @@ def resolve_auto(space: Space, data: Data, folder: RunFolder, *, resume: bool) -
     stored = (folder.read_probe() or {}) if resume else {}
     k = stored.get("choice", {}).get("trials_per_gpu") if isinstance(stored.get("choice"), dict) else None
     if isinstance(k, int) and k >= 0:
-        return (replace(resources, gpus=fraction(k) if k else 0.0),
+        return (resources.model_copy(update={"gpus": fraction(k) if k else 0.0}),
                 f"auto: {k} trial(s) per GPU, as chosen when this run started ({PROBE_FILE})")
     if not any(n.get("GPU", 0) for n in alive_nodes()) and not has_autoscaler():
         choice = Choice(0, "no GPU in the cluster")
         folder.write_probe({"choice": asdict(choice), "gpus_per_trial": 0.0})
-        return replace(resources, gpus=0.0), "auto: no GPU in the cluster, so CPU trials (gpus 0)"
+        return resources.model_copy(update={"gpus": 0.0}), "auto: no GPU in the cluster, so CPU trials (gpus 0)"
     config = largest_config(space, data.input_shape, data.num_classes).to_flat()
     task = ray.remote(probe_on_this_node).options(num_gpus=1, num_cpus=resources.cpus, max_retries=0)
     pending = task.remote(config, data.for_trials(), resources.cpus)
@@ -306,5 +304,5 @@ def resolve_auto(space: Space, data: Data, folder: RunFolder, *, resume: bool) -
     gpus = fraction(choice.trials_per_gpu)
     folder.write_probe({**figures, "choice": asdict(choice), "gpus_per_trial": gpus})
     where = "" if figures["total_mb"] else " (measured on the CPU: the GPU node has no CUDA device torch can use)"
-    return (replace(resources, gpus=gpus),
+    return (resources.model_copy(update={"gpus": gpus}),
             f"auto: {choice.trials_per_gpu} trial(s) per GPU{where}: {choice.reason} ({PROBE_FILE})")

@@ -23,7 +23,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from search.space import Space
-from trainable.config import FIELDS, MODEL, TrialConfig, json_text
+from optuna.distributions import IntDistribution
+
+from trainable.config import FIELDS, MODEL, TrialConfig, field_of, json_text, kind
 from trainable.metrics import score  # noqa: F401  (search's modules read it from here)
 from trainable.report import EPOCH_COLUMNS, REPORT_COLUMNS
 
@@ -78,35 +80,30 @@ def is_json(f: pa.Field) -> bool:
 
 
 def results_schema(space: Space) -> pa.Schema:
-    """The schema every part of results.parquet shares, known before the first trial ends."""
+    """The schema every part of results.parquet shares, known before the first trial ends.
+
+    A field's column has the field's type; a model keyword's, the type its distribution draws
+    (an int distribution: int64), or its fixed value's.
+    """
     searched = {d.name: d for d in space.searched}
     defaults = space.trial_defaults().to_flat()
     types = {"int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(), "str": pa.string()}
     out = [pa.field("trial_id", pa.string()), pa.field("status", pa.string())]
     for name in config_columns(space):
-        if name in searched:
-            d = searched[name]
-            integer = d.distribution == "randint" or (name in FIELDS and _hint_kind(name) == "int")
-            out.append(_field(name, list(d.values)) if d.distribution == "choice" else
-                       pa.field(name, pa.int64() if integer else pa.float64()))
-        elif name.startswith(MODEL + "."):
-            out.append(_field(name, [defaults.get(name)]))
-        elif _hint_kind(name) == "json":
+        d = searched.get(name)
+        if d is not None and d.is_choice:
+            out.append(_field(name, list(d.values)))
+        elif name.startswith(MODEL + ".") and name != f"{MODEL}.factory":
+            out.append(_field(name, [defaults.get(name)]) if d is None else
+                       pa.field(name, pa.int64() if isinstance(d.distribution, IntDistribution) else pa.float64()))
+        elif kind(field_of(name)) == "mapping":
             out.append(pa.field(name, pa.string(), metadata=JSON))
         else:
-            out.append(pa.field(name, types[_hint_kind(name)]))
+            out.append(pa.field(name, types[kind(field_of(name))]))
     report_types = {"epoch": pa.int64(), "diverged": pa.bool_(), "node": pa.string(), "hostname": pa.string(),
                     "device": pa.string(), "accelerator_ids": pa.string()}
     out += [pa.field(c, report_types.get(c, pa.float64())) for c in REPORT_COLUMNS + SEARCH_COLUMNS]
     return pa.schema(out)
-
-
-def _hint_kind(name: str) -> str:
-    hint = str(FIELDS[name].type)
-    for kind in ("bool", "int", "float", "str"):
-        if hint.startswith(kind):
-            return kind
-    return "json"  # mappings (data_args)
 
 
 def best_of(values: Iterable[Any], mode: str) -> float | None:

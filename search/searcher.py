@@ -13,7 +13,6 @@ max_concurrent 1).
 from __future__ import annotations
 
 import functools
-import json
 from typing import Any
 
 import optuna
@@ -21,38 +20,20 @@ from ray.tune.search import ConcurrencyLimiter, Searcher
 from ray.tune.search.optuna import OptunaSearch
 
 from search.ordered import OrderedSearch, make_sampler
-from search.space import Distribution, Space
-from trainable.config import is_integer_field
+from search.schema import Searched
+from search.space import Space
 from trainable.seed import derive_seed
 
 
+def suggest(trial: optuna.Trial, searched: tuple[Searched, ...], experiment_seed: int) -> dict[str, Any]:
+    """Ask Optuna for every searched field; return the trial's seed and every drawn value.
 
-def _scalar(value: Any) -> bool:
-    return value is None or isinstance(value, (bool, int, float, str))
-
-
-def suggest(trial: optuna.Trial, searched: tuple[Distribution, ...], experiment_seed: int) -> dict[str, Any]:
-    """Ask Optuna for every searched field; return the trial's seed and decoded choices.
-
-    Returned values are constants that Tune adds to the trial config (overriding a
-    captured suggestion of the same name).
+    Returned values are constants that Tune adds to the trial config, overriding Optuna's
+    param of the same name: a choice's value rather than its label.
     """
     constants: dict[str, Any] = {"seed": derive_seed(experiment_seed, trial.number), "trial_number": trial.number}
     for d in searched:
-        if d.distribution == "choice":
-            if all(_scalar(v) for v in d.values):
-                trial.suggest_categorical(d.name, list(d.values))
-            else:  # Optuna's categories must be scalars: ask for a label, pass the value on
-                labels = {json.dumps(v): v for v in d.values}
-                constants[d.name] = labels[trial.suggest_categorical(d.name, list(labels))]
-        elif d.distribution == "randint":  # both bounds included, as Optuna's suggest_int
-            trial.suggest_int(d.name, d.low, d.high)
-        else:
-            log = d.distribution == "loguniform"
-            if is_integer_field(d.name):
-                trial.suggest_int(d.name, d.low, d.high, log=log)
-            else:
-                trial.suggest_float(d.name, d.low, d.high, log=log)
+        constants[d.name] = d.ask(trial)
     return constants
 
 

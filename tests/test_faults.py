@@ -303,7 +303,7 @@ def test_a_corrupt_gz_is_named_not_blamed_on_a_download(tmp_path, data_root):
 
 
 def test_automatic_names_taken_in_the_same_second_get_a_suffix_given_names_do_not(tmp_path):
-    from search.driver import claim
+    from search.preflight import claim
     from search.run_folder import RunFolder
     from search.storage import Storage
     from trainable.errors import ConfigError

@@ -44,8 +44,8 @@ def test_every_shipped_space_is_valid(path):
 
 def test_shipped_mnist_space_searches_the_four_fields():
     space = parse_space(read_yaml_mapping(MNIST))
-    kinds = {d.name: d.distribution for d in space.searched}
-    assert kinds == {"lr": "loguniform", "batch_size": "choice", "t_max": "randint", "clip_norm": "loguniform"}
+    kinds = {d.name: d.to_raw()["distribution"] + (" log" if d.to_raw().get("log") else "") for d in space.searched}
+    assert kinds == {"lr": "float log", "batch_size": "choice", "t_max": "int", "clip_norm": "float log"}
     batch = next(d for d in space.searched if d.name == "batch_size")
     assert all(b % 8 == 0 for b in batch.values)
     # the template MLP, 784-128-10, from the model section
@@ -67,7 +67,7 @@ def test_shipped_mnist_space_searches_the_four_fields():
     ({"space": {"t_max": {"distribution": "randint", "low": 2.5, "high": 6}}},
      "space.t_max.low: must be an integer for randint, got 2.5"),
     ({"space": {"lr": {"distribution": "normal", "low": 1, "high": 2}}},
-     "space.lr.distribution: must be one of loguniform, uniform, randint, choice, got 'normal'"),
+     "space.lr.distribution: must be one of float, int, choice, loguniform, uniform, randint, got 'normal'"),
     ({"space": {"learning_rate": 0.1}}, "space.learning_rate: unknown field of the trial config, got 0.1"),
     ({"space": {"seed": 3}}, "space.seed: cannot be searched: it is set by the driver, got 3"),
     ({"space": {"train_size": {"distribution": "choice", "values": [1000]}}},
@@ -97,7 +97,7 @@ def test_shipped_mnist_space_searches_the_four_fields():
     ({"data": {"data_args": {"n": 3}}}, "data.data_args: unknown key (known: root, dataset, args, train_size"),
     ({"optimiser": {}}, "optimiser: unknown section"),
     ({"space": {"lr": {"distribuion": "loguniform", "low": 0.01, "high": 0.1}}},
-     "space.lr.distribuion: unknown key (known: distribution, high, low, values), got 'loguniform'"),
+     "space.lr.distribuion: unknown key (known: distribution, high, log, low, step, values), got 'loguniform'"),
     ({"space": {"lr": {"low": 0.01, "high": 0.1}}}, "space.lr: needs a distribution key"),
     ({"training": {"epochs": 2}}, "space: must search at least one field"),
     # the model section and searched model keywords

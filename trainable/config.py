@@ -54,41 +54,93 @@ def frozen_mapping(values: Mapping[str, Any] | None = None) -> dict[str, Any]:
     return plain(dict(values or {}))
 
 
+def fact(section: str, check: Callable[[Any], bool] | None = None, rule: str | None = None, *,
+         searchable: bool = True) -> dict[str, Any]:
+    """A field's facts, kept beside it: its space-file section, its rule beyond its type
+    (checked on typed values; distribution bounds and choices are checked with it too, so
+    "batch_size must be > 0" reads the same everywhere) and whether `space:` may search it.
+    Upper bounds keep values that would only crash later (or overflow Parquet) out."""
+    return {"section": section, "rule": (check, rule) if check else None, "searchable": searchable}
+
+
+def _reference_or(builtins: tuple[str, ...]) -> Callable[[str], bool]:
+    return lambda v: v in builtins or is_reference(v)
+
+
+# Sections: data (one split for the whole search; a change would change what every trial is
+# judged on, so not searchable), model, training, and driver (set per trial by the search).
 @dataclass(frozen=True)
 class TrialConfig:
     """One training run. Invalid values raise ConfigError listing every problem."""
 
     # data: the split is drawn from the training part with its own seed, so every trial
     # with the same data fields is judged on the same validation examples
-    dataset: str = "mnist"  #: built-in (BUILTIN_DATASETS) or FILE.py:FUNCTION / package.module:FUNCTION
-    data_args: Mapping[str, Any] = field(default_factory=frozen_mapping)  #: keyword arguments of a dataset function (space file: data.args)
-    train_size: int | None = None  #: training examples; null: all that are not validation examples
-    val_size: int | None = None  #: validation examples split off the training part; null: a sixth of it (or all of a given val part)
-    split_seed: int = 0  #: seed of the train/validation split, not of the trial
-    source: str = "memory"  #: batches from one tensor on the device ("memory") or a DataLoader ("loader")
-    num_workers: int = 0  #: DataLoader worker processes (source "loader")
-    pin_memory: bool | None = None  #: DataLoader pin_memory (source "loader"); null: on when the trial trains on CUDA
-    persistent_workers: bool = False  #: keep DataLoader workers between epochs (needs num_workers > 0)
-    drop_last: bool = False  #: drop the last incomplete training batch
+    dataset: str = field(default="mnist", metadata=fact(
+        "data", _reference_or(BUILTIN_DATASETS),
+        f"must be one of {', '.join(BUILTIN_DATASETS)} or FILE.py:FUNCTION / package.module:FUNCTION",
+        searchable=False))  #: built-in (BUILTIN_DATASETS) or FILE.py:FUNCTION / package.module:FUNCTION
+    data_args: Mapping[str, Any] = field(default_factory=frozen_mapping, metadata=fact("data", searchable=False))
+    #: keyword arguments of a dataset function (space file: data.args)
+    train_size: int | None = field(default=None, metadata=fact(
+        "data", lambda v: v is None or 0 < v <= 10**9, "must be in [1, 10**9] (or null for the rest)",
+        searchable=False))  #: training examples; null: all that are not validation examples
+    val_size: int | None = field(default=None, metadata=fact(
+        "data", lambda v: v is None or 0 < v <= 10**9, "must be in [1, 10**9] (or null for a sixth)",
+        searchable=False))  #: validation examples split off the training part; null: a sixth of it (or all of a given val part)
+    split_seed: int = field(default=0, metadata=fact(
+        "data", lambda v: 0 <= v <= MAX_INT, "must be in [0, 2**63)", searchable=False))
+    #: seed of the train/validation split, not of the trial
+    source: str = field(default="memory", metadata=fact("data", lambda v: v in SOURCES,
+                                                        f"must be one of {', '.join(SOURCES)}"))
+    #: batches from one tensor on the device ("memory") or a DataLoader ("loader")
+    num_workers: int = field(default=0, metadata=fact("data", lambda v: 0 <= v <= 256, "must be in [0, 256]"))
+    #: DataLoader worker processes (source "loader")
+    pin_memory: bool | None = field(default=None, metadata=fact("data"))
+    #: DataLoader pin_memory (source "loader"); null: on when the trial trains on CUDA
+    persistent_workers: bool = field(default=False, metadata=fact("data"))
+    #: keep DataLoader workers between epochs (needs num_workers > 0)
+    drop_last: bool = field(default=False, metadata=fact("data"))  #: drop the last incomplete training batch
     # model: model.factory and the factory's keyword arguments model.<key>
-    model: str = "mlp"  #: model.factory: built-in (BUILTIN_MODELS) or FILE.py:CALLABLE / package.module:CALLABLE
-    model_args: Mapping[str, Any] = field(default_factory=frozen_mapping)  #: model.<key>: keyword arguments of the factory
+    model: str = field(default="mlp", metadata=fact(
+        "model", _reference_or(BUILTIN_MODELS),
+        f"must be one of {', '.join(BUILTIN_MODELS)} or FILE.py:CALLABLE / package.module:CALLABLE",
+        searchable=False))  #: model.factory: built-in (BUILTIN_MODELS) or FILE.py:CALLABLE / package.module:CALLABLE
+    model_args: Mapping[str, Any] = field(default_factory=frozen_mapping, metadata=fact("model"))
+    #: model.<key>: keyword arguments of the factory
     # optimisation
-    epochs: int = 5  #: training epochs
-    optimizer: str = "sgd"  #: one of OPTIMIZERS
-    lr: float = 0.05  #: initial learning rate
-    momentum: float = 0.9  #: SGD momentum (sgd only)
-    nesterov: bool = False  #: Nesterov momentum (sgd only)
-    beta1: float = 0.9  #: first Adam beta (adam, adamw)
-    beta2: float = 0.999  #: second Adam beta (adam, adamw)
-    weight_decay: float = 0.0  #: L2 penalty (sgd, adam) or decoupled weight decay (adamw)
-    batch_size: int = 128  #: training batch size (evaluation uses the same)
-    t_max: int = 5  #: cosine schedule period in epochs (lr reaches its minimum after t_max epochs)
-    clip_norm: float | None = None  #: max gradient L2 norm; None disables clipping
-    # run
-    seed: int = 0  #: seeds weight init and shuffling
-    num_threads: int | None = None  #: torch CPU threads; None keeps torch's default
-    trial_number: int | None = None  #: the trial's number in its search (Optuna's); the key to compare searches on
+    epochs: int = field(default=5, metadata=fact("training", lambda v: 0 < v <= 100_000, "must be in [1, 100000]"))
+    #: training epochs
+    optimizer: str = field(default="sgd", metadata=fact("training", lambda v: v in OPTIMIZERS,
+                                                        f"must be one of {', '.join(OPTIMIZERS)}"))
+    lr: float = field(default=0.05, metadata=fact("training", lambda v: math.isfinite(v) and 0 < v <= 1e6,
+                                                  "must be > 0 and <= 1e6"))  #: initial learning rate
+    momentum: float = field(default=0.9, metadata=fact("training", lambda v: 0 <= v < 1, "must be in [0, 1)"))
+    #: SGD momentum (sgd only)
+    nesterov: bool = field(default=False, metadata=fact("training"))  #: Nesterov momentum (sgd only)
+    beta1: float = field(default=0.9, metadata=fact("training", lambda v: 0 <= v < 1, "must be in [0, 1)"))
+    #: first Adam beta (adam, adamw)
+    beta2: float = field(default=0.999, metadata=fact("training", lambda v: 0 <= v < 1, "must be in [0, 1)"))
+    #: second Adam beta (adam, adamw)
+    weight_decay: float = field(default=0.0, metadata=fact(
+        "training", lambda v: math.isfinite(v) and 0 <= v <= 10, "must be in [0, 10]"))
+    #: L2 penalty (sgd, adam) or decoupled weight decay (adamw)
+    batch_size: int = field(default=128, metadata=fact("training", lambda v: 0 < v <= 2**24, "must be in [1, 2**24]"))
+    #: training batch size (evaluation uses the same)
+    t_max: int = field(default=5, metadata=fact("training", lambda v: 0 < v <= 100_000,
+                                                "must be in [1, 100000] (epochs)"))
+    #: cosine schedule period in epochs (lr reaches its minimum after t_max epochs)
+    clip_norm: float | None = field(default=None, metadata=fact(
+        "training", lambda v: v is None or (math.isfinite(v) and v > 0), "must be > 0 (or null to disable)"))
+    #: max gradient L2 norm; None disables clipping
+    # run: set by the driver for each trial (seed from experiment.seed, threads from resources.cpus)
+    seed: int = field(default=0, metadata=fact("driver", lambda v: 0 <= v <= MAX_INT, "must be in [0, 2**63)",
+                                               searchable=False))  #: seeds weight init and shuffling
+    num_threads: int | None = field(default=None, metadata=fact(
+        "driver", lambda v: v is None or 0 < v <= 1024, "must be in [1, 1024] (or null for torch's default)",
+        searchable=False))  #: torch CPU threads; None keeps torch's default
+    trial_number: int | None = field(default=None, metadata=fact(
+        "driver", lambda v: v is None or 0 <= v <= MAX_INT, "must be >= 0 (or null outside a search)",
+        searchable=False))  #: the trial's number in its search (Optuna's); the key to compare searches on
 
     def __post_init__(self) -> None:
         for name in ("data_args", "model_args"):  # a non-mapping is left for check_fields to name
@@ -205,32 +257,63 @@ def is_plain_data(value: Any, depth: int = 0) -> bool:
     return False
 
 
+def field_of(name: str) -> str:
+    """The dataclass field a flat name lives in: model.factory -> model, model.<key> -> model_args."""
+    if name == f"{MODEL}.{FACTORY}":
+        return "model"
+    return "model_args" if name.startswith(MODEL + ".") else name
+
+
+def kind(name: str) -> str:
+    """A field's type, read once from its annotation: bool, int, float, str or mapping."""
+    hint = _HINTS[name]
+    base = next(a for a in typing.get_args(hint) if a is not type(None)) if optional(name) else hint
+    if typing.get_origin(base) is abc.Mapping:
+        return "mapping"
+    return base.__name__
+
+
+def optional(name: str) -> bool:
+    return type(None) in typing.get_args(_HINTS[name])
+
+
+def section(name: str) -> str:
+    """The space-file section of a field (flat name): data, model, training or driver."""
+    return FIELDS[field_of(name)].metadata["section"]
+
+
+def searchable(name: str) -> bool:
+    """Whether `space:` may search the field (flat name); model.factory it may not."""
+    return name != f"{MODEL}.{FACTORY}" and FIELDS[field_of(name)].metadata["searchable"]
+
+
+def fields_in(sec: str) -> tuple[str, ...]:
+    """The trial config fields of a section, in declaration order."""
+    return tuple(name for name, f in FIELDS.items() if f.metadata["section"] == sec)
+
+
 def coerce(name: str, value: Any) -> tuple[Any, str | None]:
-    """Check a raw value's type for field `name`; return (value, None) or (None, rule)."""
+    """Check a raw value's type for field `name` (flat); return (value, None) or (None, rule)."""
     if name.startswith(MODEL + "."):
         return _coerce_model(name[len(MODEL) + 1:], value)
-    hint = _HINTS[name]
-    optional = type(None) in typing.get_args(hint)
     if value is None:
-        return (None, None) if optional else (None, "must not be empty")
-    base = next((a for a in typing.get_args(hint) if a is not type(None)), hint) if optional else hint
-    if base is bool:
+        return (None, None) if optional(name) else (None, "must not be empty")
+    base = kind(name)
+    if base == "bool":
         return (value, None) if isinstance(value, bool) else (None, "must be true or false")
-    if base is int:
+    if base == "int":
         if isinstance(value, bool) or not isinstance(value, int):
             return None, "must be an integer"
         return value, None
-    if base is float:
+    if base == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return None, "must be a number"
         return float(value), None
-    if base is str:
+    if base == "str":
         return (value, None) if isinstance(value, str) else (None, "must be a string")
-    if typing.get_origin(base) is abc.Mapping:
-        if not isinstance(value, Mapping) or not is_plain_data(value):
-            return None, "must be a mapping of keyword arguments to plain values"
-        return frozen_mapping(value), None
-    raise TypeError(f"no coercion for {name}: {hint}")  # a programming error, not input
+    if not isinstance(value, Mapping) or not is_plain_data(value):
+        return None, "must be a mapping of keyword arguments to plain values"
+    return frozen_mapping(value), None
 
 
 def _coerce_model(key: str, value: Any) -> tuple[Any, str | None]:
@@ -243,49 +326,13 @@ def _coerce_model(key: str, value: Any) -> tuple[Any, str | None]:
     return plain(value), None
 
 
-def _positive(v: Any) -> bool:
-    return v > 0
-
-
-def _reference_or(builtins: tuple[str, ...]) -> Callable[[str], bool]:
-    return lambda v: v in builtins or is_reference(v)
-
-
-# One rule per field, checked on already-typed values. The search space reuses these to
-# check distribution bounds and choices, so "batch_size must be > 0" reads the same everywhere.
-# Upper bounds keep values that would only crash later (or overflow Parquet) out.
-RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "dataset": (_reference_or(BUILTIN_DATASETS),
-                f"must be one of {', '.join(BUILTIN_DATASETS)} or FILE.py:FUNCTION / package.module:FUNCTION"),
-    "train_size": (lambda v: v is None or 0 < v <= 10**9, "must be in [1, 10**9] (or null for the rest)"),
-    "val_size": (lambda v: v is None or 0 < v <= 10**9, "must be in [1, 10**9] (or null for a sixth)"),
-    "split_seed": (lambda v: 0 <= v <= MAX_INT, "must be in [0, 2**63)"),
-    "source": (lambda v: v in SOURCES, f"must be one of {', '.join(SOURCES)}"),
-    "num_workers": (lambda v: 0 <= v <= 256, "must be in [0, 256]"),
-    "model.factory": (_reference_or(BUILTIN_MODELS),
-                      f"must be one of {', '.join(BUILTIN_MODELS)} or FILE.py:CALLABLE / package.module:CALLABLE"),
-    "epochs": (lambda v: 0 < v <= 100_000, "must be in [1, 100000]"),
-    "optimizer": (lambda v: v in OPTIMIZERS, f"must be one of {', '.join(OPTIMIZERS)}"),
-    "lr": (lambda v: math.isfinite(v) and 0 < v <= 1e6, "must be > 0 and <= 1e6"),
-    "momentum": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
-    "beta1": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
-    "beta2": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
-    "weight_decay": (lambda v: math.isfinite(v) and 0 <= v <= 10, "must be in [0, 10]"),
-    "batch_size": (lambda v: 0 < v <= 2**24, "must be in [1, 2**24]"),
-    "t_max": (lambda v: 0 < v <= 100_000, "must be in [1, 100000] (epochs)"),
-    "clip_norm": (lambda v: v is None or (math.isfinite(v) and v > 0), "must be > 0 (or null to disable)"),
-    "seed": (lambda v: 0 <= v <= MAX_INT, "must be in [0, 2**63)"),
-    "num_threads": (lambda v: v is None or 0 < v <= 1024, "must be in [1, 1024] (or null for torch's default)"),
-    "trial_number": (lambda v: v is None or 0 <= v <= MAX_INT, "must be >= 0 (or null outside a search)"),
-}
-
-
 def check_value(name: str, value: Any) -> str | None:
     """The rule `value` breaks for field `name`, or None. Type first, then the field's rule."""
     typed, rule = coerce(name, value)
     if rule:
         return rule
-    check = RULES.get(name)
+    check = None if name.startswith(MODEL + ".") and name != f"{MODEL}.{FACTORY}" else \
+        FIELDS[field_of(name)].metadata["rule"]
     if check and typed is not None and not check[0](typed):
         return check[1]
     return None
@@ -314,10 +361,8 @@ def cross_field_problems(values: Mapping[str, Any], prefix: str = "") -> list[st
 
 
 def is_integer_field(name: str) -> bool:
-    """True for fields that take whole numbers only (batch_size, t_max, epochs, ...)."""
-    if name.startswith(MODEL + "."):
-        return False
-    return coerce(name, 1)[1] is None and coerce(name, 1.5)[1] is not None
+    """True for fields that take whole numbers only (batch_size, t_max, epochs, ...); model keywords have no type."""
+    return not name.startswith(MODEL + ".") and kind(name) == "int"
 
 
 def json_text(value: Any) -> str:

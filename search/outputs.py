@@ -1,0 +1,215 @@
+"""What a search leaves when its trials end: derived from Tune's record, never merged with older copies.
+
+results.parquet (every trial's part written again from Tune's record), best.yaml (the best
+epoch whose checkpoint reads, with its test accuracy), report.html and the summary the CLI
+prints, and the Outcome the Python API returns.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from search.capacity import GpuPlan
+from search.report import write_report
+from search.results import INTERRUPTED, config_from_row, ranked, read_record, results_schema, to_frame, trial_rows
+from search.run_folder import RunFolder
+from search.space import Space
+from search.storage import is_uri
+from search.summary import Timing, format_summary
+from trainable.data import Data
+from trainable.device import get_default_device
+from trainable.loop import evaluate_model
+from trainable.metrics import METRICS
+from trainable.report import CheckpointError, load_checkpoint
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a finished search leaves, for the CLI and for tests."""
+
+    name: str
+    path: str  #: the run folder: <storage_path>/<name>
+    results: pd.DataFrame
+    best: dict[str, Any] | None  #: best.yaml's content
+    timing: Timing
+    summary: str
+    interrupted: bool = False  #: stopped (Ctrl-C, SIGTERM) before every trial finished; --resume continues it
+
+
+@dataclass(frozen=True)
+class Clock:
+    """When the command started: wall time for the summary, unix time to tell this run's epochs."""
+
+    perf: float
+    unix: float
+
+    @classmethod
+    def start(cls) -> "Clock":
+        return cls(time.perf_counter(), time.time())
+
+
+def trial_id_of(result) -> str:
+    """The Tune trial id of a Result, from its folder (trial_<id>, see trial_folder_name)."""
+    return result.path.rstrip("/").rsplit("/", 1)[-1].removeprefix("trial_")
+
+
+def derive(folder: RunFolder, space: Space, grid) -> pd.DataFrame:
+    """results.parquet from Tune's record of every trial, this run's and earlier runs'.
+
+    Status comes from the saved experiment state (after Ctrl-C the live trial objects read
+    TERMINATED, the saved state RUNNING); a trial that never started has no row.
+    """
+    rows = []
+    schema = results_schema(space)
+    saved = folder.saved_trials()
+    suggested = folder.searcher_state().get("suggested", {})  # trial number -> (when, seconds); OrderedSearch's
+    for result in grid:
+        trial_id = trial_id_of(result)
+        status, config = saved.get(trial_id, ("TERMINATED", None))
+        reports = read_record(result.filesystem, result.path)
+        if not reports and result.error is None and status == "PENDING":
+            continue
+        ended = status in ("TERMINATED", "ERROR")
+        trial_config = result.config or config
+        trial = trial_rows(trial_id, trial_config, reports, done=ended, error=result.error is not None,
+                           suggested=suggested.get((trial_config or {}).get("trial_number")))
+        folder.write_part(space, trial_id, trial, schema)
+        rows += trial
+    return to_frame(rows, schema)
+
+
+def best_with_test(grid, rows: pd.DataFrame, data: Data) -> tuple[pd.Series | None, tuple[float, float] | None, str]:
+    """The best row whose checkpoint reads, its test (loss, acc), and a note on any skipped.
+
+    A corrupt checkpoint at the best epoch falls back to the next best row, said in the note.
+    """
+    checkpoints = {}
+    for result in grid:
+        trial_id = trial_id_of(result)
+        for checkpoint, metrics in result.best_checkpoints:
+            checkpoints[(trial_id, metrics.get("epoch"))] = checkpoint
+    skipped, unsaved = [], 0
+    for _, row in rows.iterrows():
+        checkpoint = checkpoints.get((row["trial_id"], int(row["epoch"])))
+        if checkpoint is None:  # checkpoint_every skipped that epoch, or num_to_keep removed it
+            unsaved += 1
+            continue
+        try:
+            with checkpoint.as_directory() as where:
+                saved = load_checkpoint(where)
+        except CheckpointError as error:
+            skipped.append(str(error))
+            continue
+        notes = ([f"the best epoch with a checkpoint: {unsaved} better one(s) had none kept "
+                  "(experiment.checkpoint_every, num_to_keep)"] if unsaved else [])
+        notes += [f"skipped {s}" for s in skipped]
+        if data.test is None:
+            return row, None, "; ".join(["the dataset has no test part", *notes])
+        score = evaluate_model(saved.config, saved.state["model"], saved.input_shape, saved.num_classes,
+                               data.test, data.standardize, get_default_device())
+        return row, score, "; ".join(notes)
+    return ((rows.iloc[0] if len(rows) else None), None,
+            "no readable checkpoint" + (f" ({unsaved} epoch(s) had none kept)" if unsaved else "")
+            + "".join(f"; {s}" for s in skipped))
+
+
+def best_entry(best: pd.Series, test: tuple[float, float] | None, note: str, metric: str, name: str,
+               schema) -> dict[str, Any]:
+    return {
+        "config": config_from_row(best, schema),
+        "result": {
+            "trial_number": None if pd.isna(best["trial_number"]) else int(best["trial_number"]),
+            "trial_id": best["trial_id"],
+            "epoch": int(best["epoch"]),
+            "metric": metric,
+            **{m: float(best[m]) for m in METRICS},
+            "test_acc": None if test is None else float(test[1]),
+            "test_loss": None if test is None else float(test[0]),
+            **({"note": note} if note else {}),
+            "search": name,
+        },
+    }
+
+
+def best_yaml(entry: dict[str, Any], path: str, space: Space) -> str:
+    result = entry["result"]
+    header = (f"# Best trial of search {result['search']} ({space.source}), by {result['metric']} "
+              f"at epoch {result['epoch']}.\n"
+              f"# Re-run it: {rerun_command(path, space)}{' (download it first)' if is_uri(path) else ''}\n"
+              f"# It prints val_acc {result['val_acc']:.4f} on epoch {result['epoch']} (same machine).\n"
+              f"# test_acc: the checkpoint of that epoch on the dataset's test part (null if it has none).\n")
+    return header + yaml.safe_dump({**entry["config"], "result": result}, sort_keys=False)
+
+
+def resume_command(space: Space, folder: RunFolder) -> str:
+    """The exact command that continues this run (the Python API's call for a space given as a dict)."""
+    if not space.source.endswith((".yaml", ".yml")):
+        return f"search.run(..., name={folder.name!r}, resume=True)  (storage_path {folder.storage.uri})"
+    return (f"python -m search --space {space.source} --storage-path {folder.storage.uri} "
+            f"--resume --name {folder.name}")
+
+
+def rerun_command(path: str, space: Space) -> str:
+    """The command that replays best.yaml, with the data root the search used."""
+    where = path if not is_uri(path) else "best.yaml"
+    return f"python -m trainable --config {where}" + (f" --data-root {space.data_root}" if space.data_root else "")
+
+
+def search_notes(space: Space, folder: RunFolder, timing: Timing) -> str:
+    """How reproducible the search was, and what reproducibility cost in waiting slots."""
+    experiment = space.experiment
+    if not experiment.reproducible:
+        return ("Search: asynchronous (experiment.reproducible: false): Optuna saw results in arrival order, "
+                "so a rerun with the same seed can pick other configs" if experiment.max_concurrent > 1 else
+                "Search: one trial at a time, reproducible")
+    waits = folder.searcher_state().get("waits", {})
+    slot_seconds = timing.wall_seconds * timing.slots
+    line = (f"Search: reproducible ({experiment.sampler}, seed {experiment.seed}): trial n's config depends only "
+            f"on the seed and n; {len(waits)} trial(s) waited for earlier results, {sum(waits.values()):.1f} s "
+            f"in all ({100 * sum(waits.values()) / slot_seconds if slot_seconds else 0:.0f}% of slot time)")
+    if experiment.scheduler == "asha":
+        line += ("\n      note: ASHA stops trials by the order results arrive, so which trials stop early "
+                 "(and what TPE then sees) is not reproducible; use scheduler: fifo for that")
+    return line
+
+
+def finish(grid, folder: RunFolder, space: Space, data: Data, clock: Clock, slots: int, gpu_plan: GpuPlan,
+           auto_note: str) -> Outcome:
+    """Derive results.parquet, best.yaml (with test accuracy), the report and the summary."""
+    experiment = space.experiment
+    frame = derive(folder, space, grid)
+    interrupted = (frame["status"] == INTERRUPTED).any() or frame["trial_id"].nunique() < experiment.num_samples
+    this_run = frame[frame["finished_at"] >= clock.unix]
+    timing = Timing(time.perf_counter() - clock.perf, float(this_run["epoch_seconds"].sum()), slots)
+
+    best, test, note = best_with_test(grid, ranked(frame, experiment.metric, experiment.mode), data)
+    entry = None
+    best_path = folder.storage.join(folder.name, "best.yaml")
+    if best is not None:
+        entry = best_entry(best, test, note, experiment.metric, folder.name, results_schema(space))
+        folder.write_best(best_yaml(entry, best_path, space))
+    summary = format_summary(frame, entry, timing, metric=experiment.metric, mode=experiment.mode,
+                             searched=[d.name for d in space.searched], gpus_per_trial=gpu_plan.gpus,
+                             gpu_notes=(auto_note, gpu_plan.note), rerun=rerun_command(best_path, space))
+    for result in grid:
+        if result.error is not None:  # after max_failures restarts; Tune keeps the traceback
+            first_line = str(result.error).strip().splitlines()[-1][:200]
+            summary += f"\nFailed: {result.path}: {first_line} (traceback in error.txt there)"
+    summary += "\n" + search_notes(space, folder, timing)
+    try:
+        report = write_report(folder, space, frame, None if entry is None else entry["result"]["trial_id"], summary)
+        summary += f"\nReport: {report} (figures in {folder.path}/report/; the study: {folder.path}/optuna.journal)"
+    except Exception as error:  # the results are written; a figure must not turn them into a crash
+        summary += (f"\nReport: not written ({type(error).__name__}: {error}); "
+                    f"try again with: python -m search report {folder.path}")
+    if interrupted:
+        unfinished = frame.loc[frame["status"] == INTERRUPTED, "trial_id"].nunique()
+        summary += (f"\nInterrupted: {unfinished} trial(s) unfinished, "
+                    f"{experiment.num_samples - frame['trial_id'].nunique()} not started. Continue with:\n"
+                    f"  {resume_command(space, folder)}")
+    return Outcome(folder.name, folder.path, frame, entry, timing, summary, bool(interrupted))

@@ -1,0 +1,153 @@
+"""Before a search: which run folder, the checks that cost seconds, the claim and spec.yaml.
+
+Everything a user can get wrong fails here, before Ray starts: the tracker packages, the
+data (loaded once, test part included) and the model, tried on two inputs. A new run
+claims its folder and writes spec.yaml; a resume reads spec.yaml back, checks Tune's record
+and says what runs again. Until the trials start, a failure releases a new run's folder.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
+from search.run_folder import RunFolder
+from search.space import MODEL, Space, example_config, is_run_name, to_raw
+from search.storage import Storage, is_uri
+from trainable.data import Data, load_data
+from trainable.errors import ConfigError, problem
+from trainable.factories import check_model
+
+# tracker -> (module it needs, the pip extra that installs it)
+TRACKER_PACKAGES = {"mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}
+# what an automatic run name adds to experiment.name: -YYYYMMDD-HHMMSS, and -k when that second was taken
+RUN_TIME = re.compile(r"(?P<time>\d{8}-\d{6})(?:-(?P<k>[1-9]\d*))?")
+
+
+def newest_run(names: list[str], experiment_name: str) -> str | None:
+    """The latest of the folders named exactly `<experiment_name>-YYYYMMDD-HHMMSS[-k]`, by that time and k.
+
+    Exactly: for the space `mnist`, `mnist-large-20261201-090000` is another space's run.
+    """
+    prefix = experiment_name + "-"
+    runs = [((m["time"], int(m["k"] or 1)), n) for n in names
+            if n.startswith(prefix) and (m := RUN_TIME.fullmatch(n[len(prefix):]))]
+    return max(runs)[1] if runs else None
+
+
+def run_folder_name(space: Space, storage: Storage, name: str | None, resume: bool) -> str:
+    """The run's folder name; resuming without --name picks the newest run of this space."""
+    if name is not None:
+        if not is_run_name(name):
+            raise ConfigError([problem("--name", "must be letters, digits, '_', '.' or '-', at most 128, "
+                                                 "starting with a letter or digit (it names one folder)", name)])
+        exists = storage.exists(name)
+        if resume and not exists:
+            raise ConfigError([problem("--name", f"no search to resume at {storage.join(name)}", name)])
+        if not resume and exists:
+            raise ConfigError([problem("--name", f"{storage.join(name)} already holds a search; "
+                                                 "pass --resume to continue it or choose another --name", name)])
+        return name
+    if resume:
+        newest = newest_run(storage.list_dirs(), space.experiment.name)
+        if newest is None:
+            raise ConfigError([problem("--resume", f"no run named {space.experiment.name}-* under {storage.uri} "
+                                                   "to resume (pass --name)", True)])
+        return newest
+    return f"{space.experiment.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def claim(folder: RunFolder, *, automatic: bool) -> RunFolder:
+    """Claim the run folder; an automatic name taken in the same second gets a suffix (-2, -3, ...)."""
+    for attempt in range(1, 100 if automatic else 2):
+        candidate = folder if attempt == 1 else RunFolder(folder.storage, f"{folder.name}-{attempt}")
+        try:
+            candidate.claim()
+            return candidate
+        except ConfigError:
+            if not automatic:
+                raise
+    raise ConfigError([problem("--name", "no free automatic name; pass --name", folder.name)])
+
+
+def check_search(space: Space) -> Data:
+    """Load the data (test part included) and try the model once; ConfigError/DataError on failure.
+
+    All of it runs before Ray starts, so a bad reference, keyword or dataset costs seconds.
+    """
+    loggers = list(space.experiment.loggers)
+    for tracker in loggers:
+        module, extra = TRACKER_PACKAGES.get(tracker, (None, None))
+        if module and importlib.util.find_spec(module) is None:
+            raise ConfigError([problem("experiment.loggers", f"{tracker} needs its package: "
+                                                             f"pip install -e '.[{extra}]'", loggers)])
+    if "mlflow" in loggers and is_uri(space.experiment.storage_path) and not os.environ.get("MLFLOW_TRACKING_URI"):
+        raise ConfigError([problem("experiment.loggers", "mlflow with a storage URI needs MLFLOW_TRACKING_URI "
+                                                         "(its default is a SQLite file in a local run folder)",
+                                   loggers)])
+    data = load_data(space.trial_defaults(), space.data_root, key="data.dataset")
+    searched_keys = tuple(d.name[len(MODEL) + 1:] for d in space.searched if d.name.startswith(MODEL + "."))
+    check_model(example_config(space), data.sample(), data.num_classes, searched_keys)
+    return data
+
+
+def differing_keys(now: dict[str, Any], then: dict[str, Any], ignore: tuple[str, ...]) -> list[str]:
+    """`section.key` of every value two space files (as to_raw writes them) disagree on."""
+    changed = []
+    for section in then:
+        for key in sorted(set(then[section]) | set(now.get(section, {}))):
+            path = f"{section}.{key}"
+            if path not in ignore and then[section].get(key) != now.get(section, {}).get(key):
+                changed.append(path)
+    return changed
+
+
+def spec_for_resume(space: Space, folder: RunFolder) -> Space:
+    """The stored spec of `folder`; a space file that now says otherwise gets a note, not a say."""
+    stored, run = folder.read_spec()
+    if run.get("path") not in (None, folder.path):
+        raise ConfigError([problem("--resume", f"this run was started at {run['path']}; Tune's records in it "
+                                               "point there, so resuming the copy would write into the original. "
+                                               "Resume it where it was started", folder.path)])
+    if space.data_root is not None and space.data_root != stored.data_root:
+        stored = replace(stored, data_root=space.data_root)  # where the files are, not what they are
+    changed = differing_keys(to_raw(space), to_raw(stored), ignore=("experiment.name", "data.root"))
+    if changed:
+        print(f"note: {space.source} differs from the stored spec of this run in {', '.join(changed)}; "
+              f"--resume runs the stored spec ({folder.path}/spec.yaml)", file=sys.stderr, flush=True)
+    return stored
+
+
+def prepare(space: Space, storage: Storage, name: str | None, resume: bool) -> tuple[Space, RunFolder, Data]:
+    """The space to run (a resume's is its spec.yaml), its claimed folder and its data, checked."""
+    folder = RunFolder(storage, run_folder_name(space, storage, name, resume))
+    if resume:
+        space = spec_for_resume(space, folder)
+    data = check_search(space)
+    if resume:
+        folder.check_record()
+        rerun = folder.drop_unrecorded_parts()
+        if rerun:
+            print(f"note: {len(rerun)} trial(s) ended after Tune's last snapshot of this run; they run again "
+                  f"with the same trial numbers, configs and seeds", file=sys.stderr, flush=True)
+    else:
+        folder = claim(folder, automatic=name is None)
+        folder.write_spec(space)
+    return space, folder, data
+
+
+@contextmanager
+def released_on_failure(folder: RunFolder, *, resume: bool):
+    """A new run that fails before its first trial (no cluster, no capacity, Ctrl-C) leaves no folder."""
+    try:
+        yield
+    except BaseException:
+        if not resume:
+            folder.release()
+        raise

@@ -1,0 +1,343 @@
+"""The space file's schema: each setting's type, rule and default beside it, and the one
+mapping between a searched field and its Optuna distribution.
+
+Sections only a search has (experiment, resources, data.root) are pydantic models: strict
+types (the string "1" is not the number 1), unknown keys refused, and every problem said as
+`section.key: rule, got value`, where the rule is the field's own (`rule(...)` beside it).
+The trial config's fields (the data, training and model sections, and what `space:` may
+search) are trainable.config.TrialConfig's; their facts (rule, section, searchable) live
+beside those fields.
+
+A searched field is parsed once, straight into an optuna.distributions object:
+
+    {distribution: float, low, high, log: false, step: null}   FloatDistribution
+    {distribution: int, low, high, log: false, step: 1}        IntDistribution (both bounds included)
+    {distribution: choice, values: [...]}                      CategoricalDistribution
+
+`loguniform`, `uniform` and `randint` are aliases (float with log, float, int). `Searched`
+carries the distribution; asking a trial, the results column's type, the study's params, the
+check before a search and spec.yaml all read it from there. A choice of mappings or lists is
+labelled once (`label`: JSON with sorted keys), since Optuna's categories must be scalars.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any, Callable, Literal, Mapping, get_args
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from trainable.config import MODEL, check_value, coerce, is_integer_field, plain
+from trainable.errors import problem
+from trainable.metrics import METRICS
+
+
+def rule(text: str, check: Callable[[Any], bool] = lambda value: True) -> AfterValidator:
+    """A field's rule: `check` beyond its type, and `text`, the message for any problem with it."""
+    def validate(value: Any) -> Any:
+        if not check(value):
+            raise ValueError(text)
+        return value
+
+    validate.rule = text  # read back by rule_of
+    return AfterValidator(validate)
+
+
+def rule_of(model: type[BaseModel], name: str) -> str:
+    for item in model.model_fields[name].metadata:
+        if isinstance(item, AfterValidator) and hasattr(item.func, "rule"):
+            return item.func.rule
+    raise TypeError(f"{model.__name__}.{name} has no rule")  # a programming error, not input
+
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def is_run_name(value: Any) -> bool:
+    """A run's folder name: one path component, no '..', no trailing newline."""
+    return isinstance(value, str) and NAME_PATTERN.fullmatch(value) is not None and value not in (".", "..")
+
+
+def _finite(v: float) -> bool:
+    return math.isfinite(v)
+
+
+Mode = Literal["max", "min"]
+Sampler = Literal["tpe", "random", "qmc", "cmaes", "gp"]  # search/ordered.py builds them
+Scheduler = Literal["fifo", "asha"]
+Logger = Literal["tensorboard", "mlflow", "wandb"]
+SAMPLERS, SCHEDULERS, LOGGERS = get_args(Sampler), get_args(Scheduler), get_args(Logger)
+AUTO = "auto"  #: resources.gpus: auto, trials per GPU measured by a probe before the search
+
+
+class Section(BaseModel):
+    """A section of the space file: frozen, strictly typed, no unknown keys."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class Experiment(Section):
+    """How the search runs."""
+
+    name: Annotated[str, rule("must be letters, digits, '_', '.' or '-' (it names a folder)", is_run_name)] = "search"
+    #: run folder prefix; a run is <storage_path>/<name>-<time> unless --name is given
+    metric: Annotated[str, rule(f"must be a metric the trainable reports: {', '.join(METRICS)}",
+                                lambda v: v in METRICS)] = "val_acc"  #: the reported metric to optimise
+    mode: Annotated[Mode, rule("must be max or min")] = "max"
+    num_samples: Annotated[int, rule("must be an integer in [1, 1000000]", lambda v: 0 < v <= 1_000_000)] = 16
+    #: trials in total
+    max_concurrent: Annotated[int, rule("must be an integer in [1, 10000]", lambda v: 0 < v <= 10_000)] = 2
+    #: trials running at once (ConcurrencyLimiter)
+    seed: Annotated[int, rule("must be an integer in [0, 2**32)", lambda v: 0 <= v < 2**32)] = 0
+    #: seeds the sampler and, with the trial number, every trial's seed
+    sampler: Annotated[Sampler, rule(f"must be one of {', '.join(SAMPLERS)}")] = "tpe"
+    #: Optuna's samplers; their settings are pinned in search/ordered.py
+    reproducible: Annotated[bool, rule("must be true or false")] = True
+    #: trial n's config depends only on seed and n, whatever finishes first (search/ordered.py)
+    scheduler: Annotated[Scheduler, rule(f"must be one of {', '.join(SCHEDULERS)}")] = "fifo"
+    #: fifo (every trial runs all epochs) or asha (stops poor trials early)
+    grace_period: Annotated[int, rule("must be an integer in [1, 100000] (epochs)",
+                                      lambda v: 0 < v <= 100_000)] = 1  #: asha: epochs before a stop
+    reduction_factor: Annotated[int, rule("must be an integer in [2, 1000]", lambda v: 1 < v <= 1000)] = 2
+    #: asha: keep the top 1/reduction_factor at each rung
+    max_failures: Annotated[int, rule("must be an integer in [0, 1000]", lambda v: 0 <= v <= 1000)] = 2
+    #: restarts of a crashed trial, from its last checkpoint
+    checkpoint_every: Annotated[int, rule("must be an integer in [1, 100000] (epochs)",
+                                          lambda v: 0 < v <= 100_000)] = 1
+    #: a trial checkpoints every N epochs; its last epoch always
+    num_to_keep: Annotated[int | None, rule("must be null (keep all) or an integer in [1, 100000]",
+                                            lambda v: v is None or 0 < v <= 100_000)] = None
+    #: checkpoints kept per trial (the best by metric, and always the latest); null: all
+    storage_path: Annotated[str, rule("must be a folder or URI", lambda v: v != "")] = "./runs"
+    #: local folder or pyarrow.fs URI (s3://..., gs://..., file://...)
+    connect_timeout: Annotated[float, rule("must be a number of seconds in (0, 86400]",
+                                           lambda v: _finite(v) and 0 < v <= 86_400)] = 60.0
+    #: seconds to wait for the cluster at --address before giving up
+    # a YAML list arrives as a list: the tuple is the frozen form
+    loggers: Annotated[tuple[Logger, ...], Field(strict=False), rule(f"must be a list of {', '.join(LOGGERS)}")] \
+        = ("tensorboard",)  #: trackers: tensorboard (always written), mlflow, wandb (offline)
+
+
+class Resources(Section):
+    """What one trial reserves from Ray."""
+
+    # Ray counts resources in units of 1/10000; below 0.01 CPU a trial is a rounding error
+    cpus: Annotated[float, rule("must be a number in [0.01, 1024]", lambda v: _finite(v) and 0.01 <= v <= 1024)] = 1.0
+    #: CPUs per trial (also its torch thread count, at least 1)
+    # a trial trains on one device (the loop has no data parallelism), so more than one GPU would idle
+    gpus: Annotated[float | Literal["auto"], rule(
+        "must be 0, a fraction in [0.01, 1] (0.25 packs four trials per GPU; a trial uses one GPU at most) "
+        "or auto (measured)", lambda v: v == AUTO or (_finite(v) and (v == 0 or 0.01 <= v <= 1)))] = 0.0
+    #: GPUs per trial: 0, a fraction <= 1, or auto (search/gpu_probe.py)
+    spread: Annotated[bool, rule("must be true or false")] = True
+    #: raise the fraction when the trials at once would leave GPUs idle (search/capacity.py)
+
+
+class DataRoot(Section):
+    """data.root: the one key of the data section that is not the trial config's."""
+
+    root: Annotated[str | None, rule("must be a folder (or null for the default)",
+                                     lambda v: v is None or v != "")] = None
+
+
+def validated(model: type[Section], section: str, values: Mapping[str, Any], problems: list[str]) -> Section:
+    """`values` as `model`, or its defaults with every problem added to `problems`."""
+    try:
+        return model.model_validate(dict(values))
+    except ValidationError as error:
+        seen = set()
+        for e in error.errors():
+            key = e["loc"][0] if e["loc"] else "(section)"
+            if key in seen:  # a union says it once per member
+                continue
+            seen.add(key)
+            if e["type"] == "extra_forbidden":
+                rule_text = f"unknown key (known: {', '.join(sorted(model.model_fields))})"
+            else:
+                rule_text = rule_of(model, key)
+            problems.append(problem(f"{section}.{key}", rule_text, values.get(key)))
+        return model()
+
+
+# ---- searched fields ---------------------------------------------------------------------
+
+KINDS = ("float", "int", "choice")
+ALIASES = {"loguniform": ("float", True), "uniform": ("float", False), "randint": ("int", False)}
+DISTRIBUTIONS = (*KINDS, *ALIASES)
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def label(value: Any) -> Any:
+    """A choice's value as Optuna's category: scalars as they are, others as JSON with sorted keys."""
+    return value if _scalar(value) else json.dumps(plain(value), sort_keys=True)
+
+
+@dataclass(frozen=True)
+class Searched:
+    """One searched field of the trial config and its Optuna distribution."""
+
+    name: str  #: the trial config's flat name: lr, batch_size, model.<key>
+    distribution: BaseDistribution  #: a choice's categories are the labels of `values`
+    values: tuple[Any, ...] = ()  #: a choice's values, in the order of its categories
+
+    @property
+    def is_choice(self) -> bool:
+        return isinstance(self.distribution, CategoricalDistribution)
+
+    @property
+    def low(self) -> Any:
+        return None if self.is_choice else self.distribution.low
+
+    @property
+    def high(self) -> Any:
+        return None if self.is_choice else self.distribution.high
+
+    def ask(self, trial: optuna.Trial) -> Any:
+        """Draw this field in `trial`; the value the trial config gets (a choice's value, not its label)."""
+        d = self.distribution
+        if isinstance(d, CategoricalDistribution):
+            return self.values[d.choices.index(trial.suggest_categorical(self.name, d.choices))]
+        if isinstance(d, IntDistribution):
+            return trial.suggest_int(self.name, d.low, d.high, step=d.step, log=d.log)
+        return trial.suggest_float(self.name, d.low, d.high, step=d.step, log=d.log)
+
+    def param(self, value: Any) -> Any:
+        """A trial config's value as Optuna's param (a choice's label; a plain int or float)."""
+        if hasattr(value, "tolist"):  # numpy scalars from a results frame
+            value = value.tolist()
+        if self.is_choice:
+            if isinstance(value, float) and math.isnan(value) and None in self.values:
+                value = None  # a null choice in a float column reads back as NaN
+            return label(value)
+        return int(value) if isinstance(self.distribution, IntDistribution) else float(value)
+
+    def example(self) -> Any:
+        """A value the search can draw: a choice's first value, a range's low end (of the drawn type)."""
+        return self.values[0] if self.is_choice else self.low
+
+    def largest(self) -> Any:
+        """The largest value it can draw (a choice's largest, where they compare)."""
+        return max(self.values) if self.is_choice else self.high
+
+    def to_raw(self) -> dict[str, Any]:
+        """The canonical space-file form (spec.yaml)."""
+        d = self.distribution
+        if isinstance(d, CategoricalDistribution):
+            return {"distribution": "choice", "values": plain(list(self.values))}
+        kind = "int" if isinstance(d, IntDistribution) else "float"
+        raw = {"distribution": kind, "low": d.low, "high": d.high, "log": d.log}
+        if d.step is not None and not (kind == "int" and d.step == 1):
+            raw["step"] = d.step
+        return raw
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _on_grid(span: float, step: float) -> bool:
+    steps = span / step
+    return math.isclose(steps, round(steps), rel_tol=0, abs_tol=1e-8)
+
+
+def _field_value(path: str, name: str, value: Any, problems: list[str]) -> Any:
+    """`value` checked against field `name`'s own type and rule (a bound, a choice)."""
+    broken = check_value(name, value)
+    if broken:
+        problems.append(problem(path, broken, value))
+        return None
+    return coerce(name, value)[0]
+
+
+def parse_searched(name: str, spec: Mapping[str, Any], problems: list[str]) -> Searched | None:
+    """`space.<name>: {distribution: ...}` as a Searched, or None with every problem added."""
+    path = f"space.{name}"
+    written = spec.get("distribution")
+    if written not in DISTRIBUTIONS:
+        known = {"distribution", "low", "high", "log", "step", "values"}
+        for key in spec:
+            if key not in known:
+                problems.append(problem(f"{path}.{key}", f"unknown key (known: {', '.join(sorted(known))})", spec[key]))
+        if "distribution" in spec:
+            problems.append(problem(f"{path}.distribution", f"must be one of {', '.join(DISTRIBUTIONS)}", written))
+        else:
+            problems.append(f"{path}: needs a distribution key ({', '.join(DISTRIBUTIONS)}), got keys {sorted(spec)}")
+        return None
+    kind, alias_log = ALIASES.get(written, (written, None))
+    allowed = {"distribution", "values"} if kind == "choice" else \
+        {"distribution", "low", "high"} | ({"log", "step"} if alias_log is None else set())
+    before = len(problems)
+    for key in spec:
+        if key not in allowed:
+            problems.append(problem(f"{path}.{key}", f"unknown key for {written} (known: {', '.join(sorted(allowed))})",
+                                    spec[key]))
+    if kind == "choice":
+        return _choice(name, path, spec.get("values"), problems, before)
+    integer_field = is_integer_field(name)
+    if kind == "float" and integer_field:
+        if written == "float":
+            problems.append(problem(f"{path}.distribution", f"must be int or choice ({name} is an integer field)",
+                                    written))
+            return None
+        kind = "int"  # loguniform/uniform on an integer field always drew integers: the alias keeps that
+    log = alias_log if alias_log is not None else spec.get("log", False)
+    step = spec.get("step")
+    if not isinstance(log, bool):
+        problems.append(problem(f"{path}.log", "must be true or false", log))
+    low, high = spec.get("low"), spec.get("high")
+    for key, bound in (("low", low), ("high", high)):
+        if not _is_number(bound):
+            problems.append(problem(f"{path}.{key}", f"must be a number for {written}", bound))
+        elif kind == "int" and not _is_int(bound):
+            problems.append(problem(f"{path}.{key}", f"must be an integer for {written}" if written in ("int", "randint")
+                                    else f"must be an integer ({name} is an integer field)", bound))
+        elif log is True and bound <= 0:
+            problems.append(problem(f"{path}.{key}", f"must be > 0 for {written}" + (" with log" if written in KINDS
+                                                                                      else ""), bound))
+        else:
+            _field_value(f"{path}.{key}", name, bound, problems)
+    if step is not None:
+        if not (_is_int(step) if kind == "int" else _is_number(step)) or step <= 0:
+            problems.append(problem(f"{path}.step", f"must be a positive {'integer' if kind == 'int' else 'number'}",
+                                    step))
+        elif log is True:
+            problems.append(problem(f"{path}.step", "cannot be combined with log: true (Optuna's rule)", step))
+    if len(problems) > before:
+        return None
+    if step is not None and not _on_grid(high - low, step):  # Optuna would move high without a word
+        problems.append(problem(f"{path}.step", f"must divide high - low ({high} - {low})", step))
+        return None
+    if low > high or (low == high and written in ALIASES):  # the aliases always asked for a range
+        problems.append(problem(f"{path}.low", f"must be < high ({high})" if written in ALIASES
+                                else f"must be <= high ({high})", low))
+        return None
+    if kind == "int":
+        return Searched(name, IntDistribution(low, high, log=log, step=1 if step is None else step))
+    return Searched(name, FloatDistribution(float(low), float(high), log=log,
+                                            step=None if step is None else float(step)))
+
+
+def _choice(name: str, path: str, values: Any, problems: list[str], before: int) -> Searched | None:
+    if not isinstance(values, list) or not values:
+        problems.append(problem(f"{path}.values", "must be a non-empty list", values))
+        return None
+    typed = [_field_value(f"{path}.values[{i}]", name, v, problems) for i, v in enumerate(values)]
+    if len(problems) > before:
+        return None
+    labels = [label(v) for v in typed]
+    if len(set(map(json.dumps, labels))) < len(labels):
+        problems.append(problem(f"{path}.values", "must not repeat a value", values))
+        return None
+    return Searched(name, CategoricalDistribution(labels), tuple(typed))

@@ -1,0 +1,92 @@
+"""Starting or joining Ray for a search, and SIGTERM handled as Ctrl-C while it runs.
+
+A search either joins the cluster at --address ($RAY_ADDRESS), waiting at most
+experiment.connect_timeout for it to answer, or starts a local Ray (the CLI begins that one
+beside its imports, search/local_ray.py, and the search takes it over here).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from contextlib import contextmanager
+
+import ray
+
+from search import local_ray
+from trainable.errors import ConfigError, problem
+
+
+def reachable(address: str, timeout_s: float) -> bool:
+    """True once a TCP connection to host:port of `address` succeeds within `timeout_s`.
+
+    ray.init retries an unreachable cluster for minutes; this gives up in the bound.
+    Addresses without a port (auto, local) are Ray's to resolve.
+    """
+    target = address.split("://", 1)[-1]
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        return True
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=max(0.1, min(5.0, timeout_s))):
+                return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)  # a retry interval, not a wait for something we control
+
+
+def start_ray(address: str | None, connect_timeout: float = 60.0) -> bool:
+    """Join the cluster at `address` (or $RAY_ADDRESS), else start a local Ray; True if we started it."""
+    if address is None and local_ray.pending():  # begun by the CLI, beside the imports and data loading
+        local_ray.take()
+        return True
+    if ray.is_initialized():
+        return False
+    if address is None and "RAY_ADDRESS" not in os.environ:
+        # "local" always starts a new instance, never joins one some other process started
+        ray.init(address="local", include_dashboard=False, log_to_driver=False)
+        return True
+    target = address or os.environ["RAY_ADDRESS"]
+    if not reachable(target, connect_timeout):
+        raise ConfigError([problem("--address", f"no Ray cluster answered at {target} within "
+                                                f"{connect_timeout:g} s (experiment.connect_timeout); is it up, "
+                                                "and is the port open?", target)])
+    try:
+        ray.init(address=address, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as error:  # e.g. "auto" with no cluster running
+        raise ConfigError([problem("--address", f"cannot join a Ray cluster there ({error})", target)]) from None
+    return True
+
+
+@contextmanager
+def ray_session(address: str | None, connect_timeout: float):
+    """Ray for the search: joined or started on entry, shut down on exit if this started it."""
+    started = start_ray(address, connect_timeout)
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
+
+
+@contextmanager
+def sigterm_as_sigint():
+    """SIGTERM stops the search as Ctrl-C does: Tune saves its state, trials stay resumable.
+
+    Tune handles SIGINT inside fit() (it ends the run and saves the experiment state);
+    SIGTERM would otherwise kill the driver mid-write. Signals are the main thread's only.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

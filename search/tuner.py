@@ -1,0 +1,112 @@
+"""The Tuner of a search, new or restored: trainable, searcher, scheduler, callbacks.
+
+A new search gets a Tuner over the trial function with the data in the object store, the
+searcher (search/searcher.py) and the scheduler; a resume restores Tune's own record of the
+run with the same trainable. `fit` runs it with SIGTERM handled as Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from typing import Any, Callable
+
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
+
+from search.progress import Progress, flush_all
+from search.run_folder import RunFolder
+from search.searcher import make_searcher
+from search.session import sigterm_as_sigint
+from search.snapshot import SnapshotOnTrialEnd
+from search.space import Space, max_epochs
+from trainable.adapter import DataHandle, run_trial
+from trainable.data import Data
+
+MLFLOW_DB = "mlflow.db"
+
+
+def make_scheduler(space: Space) -> TrialScheduler:
+    experiment = space.experiment
+    if experiment.scheduler == "asha":
+        return ASHAScheduler(time_attr="training_iteration", metric=experiment.metric, mode=experiment.mode,
+                             max_t=max_epochs(space.searched, space.trial_defaults().epochs),
+                             grace_period=experiment.grace_period, reduction_factor=experiment.reduction_factor)
+    return FIFOScheduler()
+
+
+def param_space(space: Space) -> dict[str, Any]:
+    """The fixed part of every trial's config; the searcher adds the searched fields and seed."""
+    fixed = space.trial_defaults().to_flat()
+    for name in [d.name for d in space.searched] + ["seed", "trial_number"]:  # the searcher sets these per trial
+        fixed.pop(name, None)
+    # torch threads = the trial's CPU share, so concurrent trials don't oversubscribe cores
+    return {**fixed, "num_threads": max(1, math.floor(space.resources.cpus))}
+
+
+def trial_folder_name(trial) -> str:
+    """Short trial folders (Tune's default name lists the whole config)."""
+    return f"trial_{trial.trial_id}"
+
+
+def tracker_callbacks(space: Space, folder: RunFolder) -> list:
+    """Tune's logger callbacks for experiment.loggers (TensorBoard event files Tune writes anyway)."""
+    callbacks = []
+    if "mlflow" in space.experiment.loggers:
+        from ray.air.integrations.mlflow import MLflowLoggerCallback
+
+        # a SQLite file in the run folder: MLflow 3 has put its ./mlruns file store in maintenance mode
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{folder.path}/{MLFLOW_DB}"
+        callbacks.append(MLflowLoggerCallback(tracking_uri=uri, experiment_name=folder.name, save_artifact=False))
+    if "wandb" in space.experiment.loggers:
+        from ray.air.integrations.wandb import WandbLoggerCallback
+
+        callbacks.append(WandbLoggerCallback(project=folder.name, mode="offline", dir=folder.path))
+    return callbacks
+
+
+def build_tuner(space: Space, folder: RunFolder, data: Data, trial_function: Callable, *, gpus: float,
+                resume: bool) -> tune.Tuner:
+    """The search's Tuner; the data goes into the object store once, and every trial reads it there."""
+    experiment = space.experiment
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, data=DataHandle.put(data.for_trials()), trial_function=trial_function,
+                             checkpoint_every=experiment.checkpoint_every),
+        {"cpu": space.resources.cpus, "gpu": gpus})
+    if resume:
+        return tune.Tuner.restore(folder.path, trainable=trainable, resume_unfinished=True, resume_errored=True)
+    return tune.Tuner(
+        trainable,
+        param_space=param_space(space),
+        tune_config=tune.TuneConfig(search_alg=make_searcher(space), scheduler=make_scheduler(space),
+                                    num_samples=experiment.num_samples, reuse_actors=True,
+                                    trial_dirname_creator=trial_folder_name),
+        run_config=tune.RunConfig(
+            name=folder.name,
+            storage_path=folder.storage.uri,
+            # num_to_keep keeps the best by metric and always the latest; a driver killed after
+            # Tune deleted a checkpoint its last snapshot names resumes that trial from an
+            # earlier one that reads, or from the start (adapter.newest_readable_state)
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=experiment.num_to_keep,
+                                                    checkpoint_score_attribute=experiment.metric,
+                                                    checkpoint_score_order=experiment.mode),
+            failure_config=tune.FailureConfig(max_failures=experiment.max_failures),
+            # Tune's state saved when trials end (coalesced), then their parts of results.parquet
+            callbacks=[SnapshotOnTrialEnd(every_trial=not experiment.reproducible), Progress(folder, space),
+                       *tracker_callbacks(space, folder)],
+            verbose=0,
+        ),
+    )
+
+
+def fit(tuner: tune.Tuner, resume_hint: str):
+    """Run the trials; SIGTERM stops them as Ctrl-C does. Every live results part is written on return."""
+    with sigterm_as_sigint():
+        try:
+            grid = tuner.fit()
+        except KeyboardInterrupt:  # a second Ctrl-C: Tune stopped saving; its last state stands
+            print(f"interrupted; continue with:\n  {resume_hint}", file=sys.stderr)
+            raise
+    flush_all()  # the live parts first: the end of the search writes every part again, from Tune's record
+    return grid
