@@ -4,7 +4,7 @@ Convention (docs/testing.md): a fenced ```yaml block whose first line is exactly
 `# space file` is a space file, and is parsed with `search.space.parse_space`. A YAML block
 whose top-level keys are all space-file sections must carry that marker, so an example can
 not slip past this test by leaving it out. Relative links (`[text](path)`, `![alt](path)`)
-must name an existing file; the `#anchor` part is not checked.
+must name an existing file, and an `#anchor` into a Markdown page one of its headings.
 """
 
 from __future__ import annotations
@@ -81,8 +81,15 @@ def relative_links(page: Path) -> list[tuple[str, str]]:
         target = m[1]
         if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
             continue  # https:, mailto:, or an anchor on the same page
-        links.append((where(page, outside_code, m.start()), target.split("#", 1)[0]))
+        links.append((where(page, outside_code, m.start()), target))
     return links
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces as '-'."""
+    text = FENCE.sub("", page.read_text())
+    return {re.sub(r"[^\w\- ]", "", m[1].strip().lower()).replace(" ", "-")
+            for m in re.finditer(r"^#{1,6}\s+(.*)$", text, re.M)}
 
 
 def test_the_docs_have_relative_links():
@@ -90,7 +97,13 @@ def test_the_docs_have_relative_links():
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
-def test_relative_links_point_at_existing_files(page):
-    broken = [f"{at}: {target}" for at, target in relative_links(page)
-              if not (page.parent / target).exists()]
-    assert not broken, "links to files that do not exist:\n" + "\n".join(broken)
+def test_relative_links_point_at_existing_files_and_headings(page):
+    broken = []
+    for at, target in relative_links(page):
+        path, _, anchor = target.partition("#")
+        linked = page.parent / path
+        if not linked.exists():
+            broken.append(f"{at}: {target} (no such file)")
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+            broken.append(f"{at}: {target} (no such heading in {path})")
+    assert not broken, "broken links:\n" + "\n".join(broken)
