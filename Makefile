@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # Where datasets live; trainable/search read the same variable.
 export HPSEARCH_DATA ?= $(HOME)/.cache/hpsearch
-# Offline copies of MNIST's four raw files, used when present (see README, "Data").
+# Offline copies of MNIST's four raw files, used when present (see docs/your-model-and-data.md).
 MNIST_RAW ?= ../shared/data/MNIST/raw
 
 .PHONY: run test install browser data bench gpu-check clean
