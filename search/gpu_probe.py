@@ -34,8 +34,9 @@ import torch
 
 from search.capacity import alive_nodes, fraction, has_autoscaler
 from search.run_folder import PROBE_FILE, RunFolder
-from search.space import AUTO, MODEL, Resources, Space, example_config
-from trainable.config import TrialConfig
+from search.schema import AUTO, Resources
+from search.space import Space, example_config
+from trainable.config import TrialConfig, keyword_of
 from trainable.data import Data
 from trainable.device import get_default_device
 from trainable.errors import ConfigError, problem
@@ -139,9 +140,9 @@ def largest_config(space: Space, input_shape: tuple[int, ...], num_classes: int)
     for d in space.searched:
         if d.name == "batch_size":
             values[d.name] = d.largest()
-        elif d.name.startswith(MODEL + ".") and not d.is_choice:
+        elif keyword_of(d.name) is not None and not d.is_choice:
             values[d.name] = d.high
-        elif d.name.startswith(MODEL + "."):
+        elif keyword_of(d.name) is not None:
             sizes = []
             for value in d.values:
                 try:

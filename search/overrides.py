@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainable.config import model_key
 from trainable.errors import ConfigError, problem
 
 
@@ -21,7 +22,7 @@ def set_keys(raw: dict[str, Any], pairs: list[tuple[str, Any]]) -> dict[str, Any
     for key, value in pairs:
         parts = key.split(".")
         if parts[0] == "space" and len(parts) > 2 and parts[1] == "model":  # space.model.<key>[.<setting>]
-            parts = ["space", f"model.{parts[2]}", *parts[3:]]
+            parts = ["space", model_key(parts[2]), *parts[3:]]
         *parents, last = parts
         node = raw
         for i, part in enumerate(parents):

@@ -18,8 +18,10 @@ from dataclasses import replace
 from typing import Any
 
 from search.run_folder import RunFolder
-from search.space import MODEL, Space, example_config, is_run_name, to_raw
+from search.schema import is_run_name
+from search.space import Space, example_config, to_raw
 from search.storage import Storage, is_uri
+from trainable.config import keyword_of
 from trainable.data import Data, load_data
 from trainable.errors import ConfigError, problem
 from trainable.factories import check_model
@@ -92,7 +94,7 @@ def check_search(space: Space) -> Data:
                                                          "(its default is a SQLite file in a local run folder)",
                                    loggers)])
     data = load_data(space.trial_defaults(), space.data_root, key="data.dataset")
-    searched_keys = tuple(d.name[len(MODEL) + 1:] for d in space.searched if d.name.startswith(MODEL + "."))
+    searched_keys = tuple(keyword_of(d.name) for d in space.searched if keyword_of(d.name) is not None)
     check_model(example_config(space), data.sample(), data.num_classes, searched_keys)
     return data
 

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from search.space import Space
 from optuna.distributions import IntDistribution
 
-from trainable.config import FIELDS, MODEL, TrialConfig, field_of, json_text, kind
+from trainable.config import FACTORY_KEY, FIELDS, TrialConfig, field_of, json_text, keyword_of, kind
 from trainable.metrics import score  # noqa: F401  (search's modules read it from here)
 from trainable.report import EPOCH_COLUMNS, REPORT_COLUMNS
 
@@ -39,13 +39,11 @@ COMPLETED, STOPPED, DIVERGED, ERROR, INTERRUPTED = "COMPLETED", "STOPPED", "DIVE
 def config_columns(space: Space) -> list[str]:
     """The trial config's flat names for this space: every field, and model.<key> for its keywords."""
     flat = space.trial_defaults().to_flat()
-    model_keys = sorted({k for k in flat if k.startswith(MODEL + ".")} | {d.name for d in space.searched
-                                                                          if d.name.startswith(MODEL + ".")})
-    model_keys.remove(f"{MODEL}.factory")
+    model_keys = sorted({k for k in [*flat, *(d.name for d in space.searched)] if keyword_of(k) is not None})
     ordered = []
     for name in FIELDS:
         if name == "model":
-            ordered += [f"{MODEL}.factory", *model_keys]
+            ordered += [FACTORY_KEY, *model_keys]
         elif name != "model_args":
             ordered.append(name)
     return ordered
@@ -93,7 +91,7 @@ def results_schema(space: Space) -> pa.Schema:
         d = searched.get(name)
         if d is not None and d.is_choice:
             out.append(_field(name, list(d.values)))
-        elif name.startswith(MODEL + ".") and name != f"{MODEL}.factory":
+        elif keyword_of(name) is not None:
             out.append(_field(name, [defaults.get(name)]) if d is None else
                        pa.field(name, pa.int64() if isinstance(d.distribution, IntDistribution) else pa.float64()))
         elif kind(field_of(name)) == "mapping":
@@ -214,7 +212,7 @@ def config_from_row(row: Mapping[str, Any], schema: pa.Schema) -> dict[str, Any]
     flat = {}
     for f in schema:
         name = f.name
-        if name not in FIELDS and not name.startswith(MODEL + "."):
+        if name not in FIELDS and name != FACTORY_KEY and keyword_of(name) is None:
             continue
         value = row[name]
         if hasattr(value, "tolist"):  # numpy arrays and scalars

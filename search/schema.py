@@ -32,7 +32,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from trainable.config import MODEL, check_value, coerce, is_integer_field, plain
+from trainable.config import check_value, coerce, is_integer_field, plain
 from trainable.errors import problem
 from trainable.metrics import METRICS
 

@@ -22,11 +22,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from search.schema import (AUTO, SAMPLERS, DataRoot, Experiment, Resources, Searched, is_run_name,  # noqa: F401
-                           parse_searched,
+from search.schema import (SAMPLERS, DataRoot, Experiment, Resources, Searched, parse_searched,  # noqa: F401
                            validated)
-from trainable.config import (FIELDS, MODEL, MOVED, TrialConfig, absolute_reference, check_value, coerce,
-                              cross_field_problems, fields_in, plain, searchable, section)
+from trainable.config import (FACTORY_KEY, FIELDS, MODEL, MOVED, TrialConfig, absolute_reference, check_value,
+                              coerce, cross_field_problems, fields_in, keyword_of, model_key, plain, searchable,
+                              section)
 from trainable.errors import ConfigError, problem
 
 SECTIONS = ("experiment", "resources", "model", "data", "training", "space")
@@ -108,7 +108,7 @@ def _section_keys(sec: str) -> list[str]:
 def _space_key_problem(key: Any, value: Any, fixed: Mapping[str, Any]) -> str | None:
     """Why `space.<key>` cannot be searched or fixed there, or None."""
     path = f"space.{key}"
-    if not isinstance(key, str) or (key not in FIELDS and not key.startswith(MODEL + ".")) \
+    if not isinstance(key, str) or (key not in FIELDS and key != FACTORY_KEY and keyword_of(key) is None) \
             or key in ("model", "model_args"):
         rule = f"moved to {MOVED_KEYS[key]}" if key in MOVED_KEYS else "unknown field of the trial config"
         return problem(path, rule, value)
@@ -136,7 +136,7 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
 
     fixed: dict[str, Any] = {}
     for key, value in _section(raw, MODEL, problems).items():
-        name = f"{MODEL}.{key}"
+        name = model_key(key)
         fixed[name] = _fixed_field(name, name, absolute_reference(value, base) if key == "factory" else value, problems)
 
     data = dict(_section(raw, "data", problems))
@@ -156,7 +156,7 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
         if wrong:
             problems.append(wrong)
         # a model keyword may itself be a mapping: searched only with a distribution key
-        elif isinstance(value, dict) and (not key.startswith(MODEL + ".") or "distribution" in value):
+        elif isinstance(value, dict) and (keyword_of(key) is None or "distribution" in value):
             found = parse_searched(key, value, problems)
             if found:
                 searched.append(found)
@@ -189,7 +189,7 @@ def to_raw(space: Space) -> dict[str, Any]:
         data_section[{v: k for k, v in DATA_KEYS.items()}.get(name, name)] = defaults.pop(name)
     searched = {d.name for d in space.searched}
     training = {k: v for k, v in defaults.items() if k in fields_in("training") and k not in searched}
-    model = {k: v for k, v in model.items() if f"{MODEL}.{k}" not in searched}
+    model = {k: v for k, v in model.items() if model_key(k) not in searched}
     return {
         "experiment": plain(space.experiment.model_dump()),
         "resources": space.resources.model_dump(),

@@ -101,25 +101,25 @@ def test_auto_without_a_gpu_means_cpu_trials_and_says_so(ray_local, tmp_path, da
 
 
 @pytest.mark.parametrize("nodes, resources, trials, gpus", [
-    ([{"CPU": 8, "GPU": 8}], Resources(1, 0.125), 8, 1.0),
-    ([{"CPU": 8, "GPU": 8}], Resources(1, 0.125), 4, 1.0),  # fewer trials than GPUs: one GPU each
-    ([{"CPU": 32, "GPU": 8}], Resources(1, 0.125), 16, 0.5),
-    ([{"CPU": 32, "GPU": 8}], Resources(1, 0.125), 24, 0.3333),  # three to a GPU: 0.3333 x 3 fits
-    ([{"CPU": 32, "GPU": 8}], Resources(1, 0.5), 16, 0.5),  # already fills every GPU
-    ([{"CPU": 32, "GPU": 8}], Resources(1, 0.4), 20, 0.5),  # 0.4 fits two per GPU, as 0.5 does
-    ([{"CPU": 32, "GPU": 8}], Resources(1, 0.3), 24, 0.3333),  # three per GPU either way
+    ([{"CPU": 8, "GPU": 8}], Resources(cpus=1, gpus=0.125), 8, 1.0),
+    ([{"CPU": 8, "GPU": 8}], Resources(cpus=1, gpus=0.125), 4, 1.0),  # fewer trials than GPUs: one GPU each
+    ([{"CPU": 32, "GPU": 8}], Resources(cpus=1, gpus=0.125), 16, 0.5),
+    ([{"CPU": 32, "GPU": 8}], Resources(cpus=1, gpus=0.125), 24, 0.3333),  # three to a GPU: 0.3333 x 3 fits
+    ([{"CPU": 32, "GPU": 8}], Resources(cpus=1, gpus=0.5), 16, 0.5),  # already fills every GPU
+    ([{"CPU": 32, "GPU": 8}], Resources(cpus=1, gpus=0.4), 20, 0.5),  # 0.4 fits two per GPU, as 0.5 does
+    ([{"CPU": 32, "GPU": 8}], Resources(cpus=1, gpus=0.3), 24, 0.3333),  # three per GPU either way
     # unequal nodes: the GPU-less head holds none; the small node is CPU-bound at 2 trials
-    ([{"CPU": 4, "GPU": 0}, {"CPU": 16, "GPU": 4}, {"CPU": 2, "GPU": 4}], Resources(1, 0.125), 6, 1.0),
-    ([{"CPU": 4, "GPU": 0}, {"CPU": 16, "GPU": 4}, {"CPU": 2, "GPU": 4}], Resources(1, 0.125), 12, 0.3333),
-    ([{"CPU": 8, "GPU": 8}], Resources(1, 0.125, spread=False), 8, 0.125),
-    ([{"CPU": 8, "GPU": 8}], Resources(1, 0.0), 8, 0.0),
+    ([{"CPU": 4, "GPU": 0}, {"CPU": 16, "GPU": 4}, {"CPU": 2, "GPU": 4}], Resources(cpus=1, gpus=0.125), 6, 1.0),
+    ([{"CPU": 4, "GPU": 0}, {"CPU": 16, "GPU": 4}, {"CPU": 2, "GPU": 4}], Resources(cpus=1, gpus=0.125), 12, 0.3333),
+    ([{"CPU": 8, "GPU": 8}], Resources(cpus=1, gpus=0.125, spread=False), 8, 0.125),
+    ([{"CPU": 8, "GPU": 8}], Resources(cpus=1, gpus=0.0), 8, 0.0),
 ])
 def test_spread_takes_the_largest_fraction_that_still_holds_the_trials(nodes, resources, trials, gpus):
     assert spread_gpus(nodes, resources, trials).gpus == gpus
 
 
 def test_an_autoscaler_cluster_keeps_the_fraction_and_says_why():
-    plan = spread_gpus([{"CPU": 4, "GPU": 0}], Resources(1, 0.25), 8, autoscaler=True)
+    plan = spread_gpus([{"CPU": 4, "GPU": 0}], Resources(cpus=1, gpus=0.25), 8, autoscaler=True)
     assert plan.gpus == 0.25 and "autoscaler adds them" in plan.note
 
 

@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Sequence
 
-from trainable.config import FIELDS, MODEL, TrialConfig
+from trainable.config import FACTORY_KEY, FIELDS, TrialConfig
 from trainable.data import default_data_root, load_data
 from trainable.factories import check_model
 from trainable.device import get_default_device
@@ -56,7 +56,7 @@ def trial_config(args: argparse.Namespace) -> TrialConfig:
     values.update({name: getattr(args, name) for name in FIELDS
                    if name not in NESTED and getattr(args, name) is not None})
     if args.model is not None:
-        values[f"{MODEL}.factory"] = args.model
+        values[FACTORY_KEY] = args.model
     for item in args.sets:
         key, sep, value = item.partition("=")
         if not sep or not key:

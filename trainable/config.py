@@ -29,6 +29,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 SOURCES = ("memory", "loader")
 MODEL = "model"  #: the nested key of the factory and its keyword arguments
 FACTORY = "factory"  #: model.factory: the factory reference
+FACTORY_KEY = f"{MODEL}.{FACTORY}"  #: its flat name
 # A reference to user code: FILE.py:NAME (a path) or package.module:NAME.
 REFERENCE = re.compile(r"(?P<module>[^:]+\.py|[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*):(?P<name>[A-Za-z_]\w*)")
 KEYWORD = re.compile(r"[A-Za-z_]\w*")
@@ -174,13 +175,13 @@ class TrialConfig:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name == "model":
-                out[f"{MODEL}.{FACTORY}"] = value
+                out[FACTORY_KEY] = value
             elif f.name == "model_args":
                 if not isinstance(value, Mapping):
                     out["model_args"] = value  # reported by check_fields
                     continue
                 # "factory" is model.factory itself; as a keyword it would replace the reference
-                out.update({f"{MODEL}.{k if k != FACTORY else 'factory (a keyword)'}": plain(v)
+                out.update({model_key(k if k != FACTORY else 'factory (a keyword)'): plain(v)
                             for k, v in value.items()})
             else:
                 out[f.name] = plain(value)
@@ -190,7 +191,7 @@ class TrialConfig:
         """Nested plain data for YAML: `model: {factory: ..., <key>: ...}`."""
         out = {}
         for name, value in self.to_flat().items():
-            if name.startswith(MODEL + "."):
+            if keyword_of(name) is not None or name == FACTORY_KEY:
                 out.setdefault(MODEL, {})[name[len(MODEL) + 1:]] = value
             else:
                 out[name] = value
@@ -217,10 +218,10 @@ def flatten(values: Mapping[str, Any], prefix: str, problems: list[str]) -> dict
     for key, value in values.items():
         if key == MODEL and isinstance(value, Mapping):
             for k, v in value.items():
-                flat[f"{MODEL}.{k}"] = v
+                flat[model_key(k)] = v
         elif key == MODEL:  # a bare reference: model: mlp
-            flat[f"{MODEL}.{FACTORY}"] = value
-        elif not isinstance(key, str) or (key not in FIELDS and not key.startswith(MODEL + ".")) \
+            flat[FACTORY_KEY] = value
+        elif not isinstance(key, str) or (key not in FIELDS and key != FACTORY_KEY and keyword_of(key) is None) \
                 or key in ("model_args",):
             hint = f"moved to {MOVED[key]}" if key in MOVED else "unknown field of the trial config"
             problems.append(problem(prefix + str(key), hint, value))
@@ -233,10 +234,10 @@ def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
     """Flat field names back to dataclass keyword arguments."""
     kwargs: dict[str, Any] = {"model_args": {}}
     for name, value in flat.items():
-        if name == f"{MODEL}.{FACTORY}":
+        if name == FACTORY_KEY:
             kwargs["model"] = value
-        elif name.startswith(MODEL + "."):
-            kwargs["model_args"][name[len(MODEL) + 1:]] = value
+        elif keyword_of(name) is not None:
+            kwargs["model_args"][keyword_of(name)] = value
         else:
             kwargs[name] = value
     return kwargs
@@ -257,11 +258,23 @@ def is_plain_data(value: Any, depth: int = 0) -> bool:
     return False
 
 
+def model_key(keyword: str) -> str:
+    """The flat name of a factory keyword: model.<keyword>."""
+    return f"{MODEL}.{keyword}"
+
+
+def keyword_of(name: Any) -> str | None:
+    """The factory keyword a flat name holds (model.<keyword>), None for model.factory and other fields."""
+    if not isinstance(name, str) or not name.startswith(MODEL + ".") or name == FACTORY_KEY:
+        return None
+    return name[len(MODEL) + 1:]
+
+
 def field_of(name: str) -> str:
     """The dataclass field a flat name lives in: model.factory -> model, model.<key> -> model_args."""
-    if name == f"{MODEL}.{FACTORY}":
+    if name == FACTORY_KEY:
         return "model"
-    return "model_args" if name.startswith(MODEL + ".") else name
+    return "model_args" if keyword_of(name) is not None else name
 
 
 def kind(name: str) -> str:
@@ -284,7 +297,7 @@ def section(name: str) -> str:
 
 def searchable(name: str) -> bool:
     """Whether `space:` may search the field (flat name); model.factory it may not."""
-    return name != f"{MODEL}.{FACTORY}" and FIELDS[field_of(name)].metadata["searchable"]
+    return name != FACTORY_KEY and FIELDS[field_of(name)].metadata["searchable"]
 
 
 def fields_in(sec: str) -> tuple[str, ...]:
@@ -294,8 +307,10 @@ def fields_in(sec: str) -> tuple[str, ...]:
 
 def coerce(name: str, value: Any) -> tuple[Any, str | None]:
     """Check a raw value's type for field `name` (flat); return (value, None) or (None, rule)."""
-    if name.startswith(MODEL + "."):
-        return _coerce_model(name[len(MODEL) + 1:], value)
+    if name == FACTORY_KEY:
+        return (value, None) if isinstance(value, str) else (None, "must be a string")
+    if keyword_of(name) is not None:
+        return _coerce_model(keyword_of(name), value)
     if value is None:
         return (None, None) if optional(name) else (None, "must not be empty")
     base = kind(name)
@@ -317,8 +332,6 @@ def coerce(name: str, value: Any) -> tuple[Any, str | None]:
 
 
 def _coerce_model(key: str, value: Any) -> tuple[Any, str | None]:
-    if key == FACTORY:
-        return (value, None) if isinstance(value, str) else (None, "must be a string")
     if not KEYWORD.fullmatch(key):
         return None, "must name a keyword argument of the factory (a Python identifier)"
     if not is_plain_data(value):
@@ -331,8 +344,7 @@ def check_value(name: str, value: Any) -> str | None:
     typed, rule = coerce(name, value)
     if rule:
         return rule
-    check = None if name.startswith(MODEL + ".") and name != f"{MODEL}.{FACTORY}" else \
-        FIELDS[field_of(name)].metadata["rule"]
+    check = None if keyword_of(name) is not None else FIELDS[field_of(name)].metadata["rule"]
     if check and typed is not None and not check[0](typed):
         return check[1]
     return None
@@ -362,7 +374,7 @@ def cross_field_problems(values: Mapping[str, Any], prefix: str = "") -> list[st
 
 def is_integer_field(name: str) -> bool:
     """True for fields that take whole numbers only (batch_size, t_max, epochs, ...); model keywords have no type."""
-    return not name.startswith(MODEL + ".") and kind(name) == "int"
+    return keyword_of(name) is None and kind(name) == "int"
 
 
 def json_text(value: Any) -> str:

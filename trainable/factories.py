@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from trainable.config import MODEL, REFERENCE, TrialConfig
+from trainable.config import FACTORY_KEY, MODEL, REFERENCE, TrialConfig
 from trainable.errors import ConfigError, problem
 from trainable.model import make_cnn, make_mlp
 
@@ -131,10 +131,10 @@ def model_keywords(function: Callable, config: TrialConfig, input_shape: tuple[i
 
 def build_model(config: TrialConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Call the factory of `config` (weights drawn from torch's global RNG, seeded by the caller)."""
-    function = resolve(config.model, f"{MODEL}.factory")
+    function = resolve(config.model, FACTORY_KEY)
     model = function(**model_keywords(function, config, input_shape, num_classes))
     if not isinstance(model, nn.Module):
-        raise ConfigError([problem(f"{MODEL}.factory", "must return a torch.nn.Module",
+        raise ConfigError([problem(FACTORY_KEY, "must return a torch.nn.Module",
                                    type(model).__name__)])
     return model
 
@@ -146,7 +146,7 @@ def check_model(config: TrialConfig, sample: torch.Tensor, num_classes: int,
     `searched` are model keywords the search will set (their names are checked here; the
     config holds one of their values). Raises ConfigError naming the key.
     """
-    key = f"{MODEL}.factory"
+    key = FACTORY_KEY
     function = resolve(config.model, key)
     given = tuple(n for n in DATA_ARGUMENTS if n in _parameter_names(function))
     problems = keyword_problems(function, {**config.model_args, **{k: "(searched in space)" for k in searched}},
