@@ -20,16 +20,21 @@ from __future__ import annotations
 import os
 import sys
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import pandas as pd
 import pyarrow.fs as pafs
 from ray.tune import Callback
 
-from search.results import read_record, results_schema, score, to_frame, trial_rows
+from search.results import INTERRUPTED, read_record, results_schema, score, to_frame, trial_rows
 from search.run_folder import RunFolder
 from search.space import Space
 from search.storage import is_uri
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
 
 
 # Every writer thread started here, so the driver can wait for them after Tune returns even
@@ -58,7 +63,7 @@ class Progress(Callback):
         self.running: set[str] = set()
         self.best: float | None = None
         self.started = time.monotonic()
-        self._journal = None  # (study, trial ids in it), opened on first use; not pickled with the callback
+        self._journal: Journal | None = None  # opened on first use; not pickled with the callback
         self._ending: list[tuple[Any, bool]] = []  # (trial, error) that ended in this step, written at its end
         self._schema = None  # results_schema(space), made once: it takes ms, and this runs per trial
         self._writer: ThreadPoolExecutor | None = None  # parts and journal, off Tune's controller thread
@@ -158,17 +163,96 @@ class Progress(Callback):
                   file=sys.stderr, flush=True)
 
     def add_to_journal(self, rows: list[dict[str, Any]]) -> None:
-        """Append one finished trial to optuna.journal (once: a trial re-run after a resume is skipped)."""
+        """Put one finished trial in optuna.journal (a trial re-run after a resume replaces its entry)."""
         if is_uri(self.folder.path):
-            return  # a journal file needs a local (or shared) file system
-        from search.study import JOURNAL_FILE, frozen_trial, journal, make_study
-
+            return  # a journal file needs a local (or shared) file system; the summary says so
         if self._journal is None:
-            path = os.path.join(self.folder.path, JOURNAL_FILE)
-            study = make_study(to_frame([], self.schema), self.space, journal(path), self.folder.name)
-            self._journal = (study, {t.user_attrs.get("trial_id") for t in study.get_trials(deepcopy=False)})
-        study, known = self._journal
-        trial_id = rows[0]["trial_id"]
-        if trial_id not in known:
-            study.add_trial(frozen_trial(to_frame(rows, self.schema), self.space))
-            known.add(trial_id)
+            self._journal = Journal(self.folder, self.space, self.schema)
+        self._journal.put(to_frame(rows, self.schema))
+
+
+def journal_key(trial: FrozenTrial) -> tuple[int, Any]:
+    """A journal entry's trial: its trial number (a re-run after a resume keeps it, not its Tune id)."""
+    number = trial.user_attrs.get("trial_number")
+    return (0, number) if number is not None else (1, trial.user_attrs.get("trial_id"))
+
+
+def _content(trial: FrozenTrial) -> tuple:
+    return (trial.state, trial.value, trial.params, trial.intermediate_values, trial.user_attrs)
+
+
+class Journal:
+    """optuna.journal of a local run folder: one entry per trial number, as results.parquet has it.
+
+    Optuna's journal is append-only, and a finished trial cannot be changed or removed. A trial
+    that ended after Tune's last snapshot, before the driver was killed, runs again on resume
+    under a new Tune id (run_folder.drop_unrecorded_parts); an errored trial resumed runs again
+    under its own. Its entry is then replaced by writing the journal anew beside it and moving
+    it over the old one: rare (only after a resume), and a dashboard open at that moment shows
+    the old file until it is reloaded.
+    """
+
+    def __init__(self, folder: RunFolder, space: Space, schema=None):
+        from search.study import JOURNAL_FILE, journal, make_study
+
+        self.folder, self.space = folder, space
+        self.schema = schema if schema is not None else results_schema(space)
+        self.path = os.path.join(folder.path, JOURNAL_FILE)
+        self._open = lambda path: make_study(to_frame([], self.schema), space, journal(path), folder.name)
+        self.study = self._open(self.path)
+        trials = self.study.get_trials(deepcopy=False)
+        self.entries = {journal_key(t): t for t in trials}  # the later of two entries of one trial wins
+        if len(self.entries) < len(trials):  # a journal written before entries were keyed by number
+            self._rewrite()
+
+    def put(self, rows: pd.DataFrame) -> None:
+        """Add one trial's rows (one per epoch), or replace its entry if it holds something else."""
+        from search.study import frozen_trial
+
+        trial = frozen_trial(rows, self.space)
+        key = journal_key(trial)
+        known = self.entries.get(key)
+        if known is not None and _content(known) == _content(trial):
+            return
+        self.entries[key] = trial
+        if known is None:
+            self.study.add_trial(trial)
+        else:
+            self._rewrite()
+
+    def sync(self, frame: pd.DataFrame) -> None:
+        """Make the journal hold exactly the trials of `frame` (results.parquet), rewriting it only if it must."""
+        from search.study import frozen_trial
+
+        wanted = {}
+        ended = frame[frame["status"] != INTERRUPTED]  # an unfinished trial has no entry until it ends
+        for _, rows in ended.groupby("trial_id", sort=False):
+            trial = frozen_trial(rows, self.space)
+            wanted[journal_key(trial)] = trial
+        stale = set(self.entries) - set(wanted)
+        changed = [k for k in wanted.keys() & self.entries.keys()
+                   if _content(wanted[k]) != _content(self.entries[k])]
+        if stale or changed:
+            self.entries = wanted
+            self._rewrite()
+            return
+        for key in sorted(wanted.keys() - self.entries.keys(), key=_order):
+            self.entries[key] = wanted[key]
+            self.study.add_trial(wanted[key])
+
+    def _rewrite(self) -> None:
+        folder, name = os.path.split(self.path)
+        temporary = os.path.join(folder, f".{name}.{uuid.uuid4().hex}.tmp")
+        try:
+            study = self._open(temporary)
+            study.add_trials([self.entries[k] for k in sorted(self.entries, key=_order)])
+            os.replace(temporary, self.path)  # readers see the old journal or the new one, whole
+        finally:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+        self.study = self._open(self.path)
+
+
+def _order(key: tuple[int, Any]) -> tuple[int, int, str]:
+    """Trial-number order; entries without a number (none today) after them, by Tune id."""
+    return key[0], key[1] if key[0] == 0 else 0, str(key[1])

@@ -27,7 +27,7 @@ import pandas as pd  # noqa: E402
 from search.run_folder import RunFolder  # noqa: E402
 from search.space import Space  # noqa: E402
 from search.study import make_study  # noqa: E402
-from search.summary import PHASES  # noqa: E402
+from search.summary import PHASES, journal_note, slot_time  # noqa: E402
 
 REPORT_FILE = "report.html"
 FIGURE_FOLDER = "report"
@@ -89,6 +89,16 @@ def lanes(spans: pd.DataFrame) -> pd.Series:
     return pd.Series(lane_of)
 
 
+def most_at_once(spans: pd.DataFrame) -> int:
+    """The most trials that ran at the same time (ends before starts at a tie)."""
+    events = sorted([(t, 1) for t in spans["start"]] + [(t, -1) for t in spans["end"]])
+    running = most = 0
+    for _, step in events:
+        running += step
+        most = max(most, running)
+    return max(most, 1)
+
+
 def timeline(frame: pd.DataFrame) -> plt.Figure:
     spans = trial_spans(frame)
     figure, axes = plt.subplots(figsize=(8, 4.5))
@@ -110,18 +120,23 @@ def timeline(frame: pd.DataFrame) -> plt.Figure:
     return figure
 
 
-def time_breakdown(frame: pd.DataFrame, slots: int) -> plt.Figure:
-    """Slot time by phase (results.parquet's *_seconds columns), and what no phase explains."""
+def time_breakdown(frame: pd.DataFrame, slots: int | None) -> plt.Figure:
+    """Slot time by phase (summary.slot_time: the summary's rule), and what no phase explains.
+
+    `slots`: the slots the search ran with (summary.slot_count); None where they are not known
+    (`python -m search report`): then the most trials that ran at once.
+    """
     spans = trial_spans(frame)
     figure, axes = plt.subplots(figsize=(8, 4.4))
     if spans.empty:
         return figure
     wall = spans["end"].max() - spans["start"].min()
-    # the searcher runs in the driver and a queued trial holds no slot: neither is slot time
-    phases = [p for p in PHASES if p not in ("suggest_seconds", "queue_seconds") and p in frame
-              and frame[p].notna().any()]
-    if phases:
-        parts = {PHASES[p]: float(frame[p].fillna(0).sum()) for p in phases}
+    seen = slots is None
+    if seen:
+        slots = most_at_once(spans)
+    in_slot = slot_time(frame)
+    if in_slot:
+        parts = {PHASES[p]: v for p, v in in_slot.items()}
     else:  # a run from before the phase columns
         in_trials = (spans["end"] - spans["start"]).sum() - spans["training"].sum()
         parts = {"training": spans["training"].sum(), "in trials, between epochs (checkpoint, report)": in_trials}
@@ -133,7 +148,8 @@ def time_breakdown(frame: pd.DataFrame, slots: int) -> plt.Figure:
                   label=f"{label}: {seconds:.1f} s")
         left += seconds
     axes.set_yticks([])
-    axes.set(xlabel=f"slot-seconds ({slots} slot(s) x {wall:.1f} s from first start to last end)",
+    held = " (the most trials that ran at once)" if seen else ""
+    axes.set(xlabel=f"slot-seconds ({slots} slot(s){held} x {wall:.1f} s from first start to last end)",
              title="Where the slot time went")
     axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.5), ncol=2, fontsize=8, frameon=False)
     figure.tight_layout()
@@ -147,8 +163,9 @@ def _message(text: str) -> plt.Figure:
     return figure
 
 
-def figures(frame: pd.DataFrame, space: Space, best_trial: str | None) -> dict[str, tuple[str, plt.Figure]]:
-    """name -> (caption, figure)."""
+def figures(frame: pd.DataFrame, space: Space, best_trial: str | None,
+            slots: int | None = None) -> dict[str, tuple[str, plt.Figure]]:
+    """name -> (caption, figure); `slots` as in time_breakdown."""
     study = make_study(frame, space)
     metric = space.experiment.metric
     finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
@@ -169,7 +186,7 @@ def figures(frame: pd.DataFrame, space: Space, best_trial: str | None) -> dict[s
                      _guarded(lambda: learning_curves(frame, metric, best_trial)))
     out["timeline"] = ("Timeline of trials per worker slot: packing and idle time", _guarded(lambda: timeline(frame)))
     out["time"] = ("Training against orchestration",
-                   _guarded(lambda: time_breakdown(frame, space.experiment.max_concurrent)))
+                   _guarded(lambda: time_breakdown(frame, slots)))
     return out
 
 
@@ -190,10 +207,13 @@ def png(figure: plt.Figure) -> bytes:
 
 
 def write_report(folder: RunFolder, space: Space, frame: pd.DataFrame, best_trial: str | None,
-                 summary: str = "") -> str:
-    """Write report.html and report/<figure>.png into the run folder; return the HTML's path."""
+                 summary: str = "", slots: int | None = None) -> str:
+    """Write report.html and report/<figure>.png into the run folder; return the HTML's path.
+
+    `slots`: the trials that could run at once (summary.slot_count; the summary's Timing.slots).
+    """
     blocks = []
-    for name, (caption, figure) in figures(frame, space, best_trial).items():
+    for name, (caption, figure) in figures(frame, space, best_trial, slots).items():
         data = png(figure)
         folder.storage.write(f"{folder.name}/{FIGURE_FOLDER}/{name}.png", data)
         blocks.append(f'<figure id="{name}"><img alt="{html.escape(caption)}" '
@@ -206,6 +226,7 @@ figure{{margin:2em 0}}pre{{background:#f4f4f4;padding:1em;overflow-x:auto}}</sty
 <body><h1>Search {html.escape(folder.name)}</h1>
 <p>{len(frame['trial_id'].unique())} trials of {space.experiment.num_samples}; metric {space.experiment.metric}
 ({space.experiment.mode}); space {html.escape(space.source)}.</p>
+<p id="study">{html.escape(journal_note(folder.path))}</p>
 <pre>{html.escape(summary.strip())}</pre>
 {''.join(blocks)}
 <script>

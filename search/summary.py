@@ -8,6 +8,8 @@ from typing import Any
 import pandas as pd
 
 from search.results import ranked
+from search.storage import is_uri
+from search.study import JOURNAL_FILE
 from trainable.config import TrialConfig
 
 
@@ -27,6 +29,15 @@ class Timing:
     @property
     def overhead_share(self) -> float:
         return self.overhead_seconds / self.wall_seconds if self.wall_seconds else 0.0
+
+
+def journal_note(run_path: str) -> str:
+    """Where the run's Optuna study is, in one line; on URI storage, that there is none."""
+    if is_uri(run_path):
+        scheme = run_path.split("://", 1)[0]
+        return (f"Study: no {JOURNAL_FILE} on {scheme}:// storage (a journal needs a local file system); "
+                f"the report's figures come from results.parquet")
+    return f"Study: {run_path}/{JOURNAL_FILE} (optuna-dashboard {run_path}/{JOURNAL_FILE})"
 
 
 def best_row(frame: pd.DataFrame, metric: str, mode: str) -> pd.Series | None:
@@ -72,21 +83,47 @@ PHASES = {
 }
 
 
+# The one rule for slot time, used by the summary and by the report's figure: a slot is what
+# one trial holds (its actor, its CPU and GPU share). The searcher suggests in the driver and a
+# queued trial holds no actor, so neither phase is slot time; every other phase is.
+DRIVER_PHASES = ("suggest_seconds", "queue_seconds")
+TRAINING_PHASES = ("train_seconds", "evaluate_seconds")
+
+
+def slot_count(max_concurrent: int, capacity: int) -> int:
+    """Trials that can run at once: max_concurrent, or fewer where the cluster holds fewer
+    (capacity 0: an autoscaler will add nodes, so max_concurrent)."""
+    return min(max_concurrent, capacity) if capacity else max_concurrent
+
+
+def phase_totals(frame: pd.DataFrame) -> dict[str, float]:
+    """Seconds per phase column present in results.parquet, summed over trials, in PHASES order."""
+    return {p: float(frame[p].fillna(0).sum()) for p in PHASES if p in frame and frame[p].notna().any()}
+
+
+def slot_time(frame: pd.DataFrame) -> dict[str, float]:
+    """Slot-seconds per phase a trial spends in its slot ({} for a run without phase columns)."""
+    return {p: v for p, v in phase_totals(frame).items() if p not in DRIVER_PHASES}
+
+
 def time_breakdown(frame: pd.DataFrame) -> str | None:
-    """Where the trials' time went (sums over trials), naming the biggest phase outside training."""
-    present = [p for p in PHASES if p in frame and frame[p].notna().any()]
-    if "train_seconds" not in present:
+    """Where the trials' slot time went (means over trials), naming the biggest phase outside training;
+    then the time trials spent outside a slot (the suggestion, the queue)."""
+    in_slot = slot_time(frame)
+    if "train_seconds" not in in_slot:
         return None
-    totals = {p: float(frame[p].fillna(0).sum()) for p in present}
     trials = max(frame["trial_id"].nunique(), 1)
-    outside = {p: v for p, v in totals.items() if p not in ("train_seconds", "evaluate_seconds")}
-    line = "Trial time (mean per trial): " + ", ".join(
-        f"{p.removesuffix('_seconds')} {v / trials:.3g} s" for p, v in totals.items())
+    mean = lambda totals: ", ".join(f"{p.removesuffix('_seconds')} {v / trials:.3g} s" for p, v in totals.items())
+    lines = ["Slot time (mean per trial): " + mean(in_slot)]
+    outside = {p: v for p, v in in_slot.items() if p not in TRAINING_PHASES}
     if outside:
         biggest = max(outside, key=outside.get)
-        line += (f"\n      biggest outside training and validation: {PHASES[biggest]} "
-                 f"({biggest}, {outside[biggest]:.1f} s in all)")
-    return line
+        lines.append(f"      biggest outside training and validation: {PHASES[biggest]} "
+                     f"({biggest}, {outside[biggest]:.1f} s in all)")
+    driver = {p: v for p, v in phase_totals(frame).items() if p in DRIVER_PHASES}
+    if driver:
+        lines.append("      not in a slot (mean per trial): " + mean(driver))
+    return "\n".join(lines)
 
 
 def format_table(frame: pd.DataFrame, metric: str, mode: str, searched: list[str], top: int = 5) -> str:

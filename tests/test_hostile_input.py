@@ -9,10 +9,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+import search.storage
 from search.storage import Storage
 from trainable.errors import ConfigError, problem
 from trainable.yaml_file import (MAX_ALIAS_NODES, MAX_ALIASES, MAX_DEPTH, MAX_FILE_BYTES, parse_value,
@@ -183,22 +186,27 @@ def test_a_shared_or_recursive_value_gives_a_short_message():
         assert len(str(error)) < 700
 
 
-def test_write_does_not_follow_a_planted_symlink(tmp_path):
+@pytest.mark.parametrize("target_exists", [True, False], ids=["to a file", "dangling"])
+def test_write_does_not_follow_a_planted_symlink(tmp_path, monkeypatch, target_exists):
+    """A link planted at the very temporary name the write uses is never written through."""
     outside = tmp_path / "outside.txt"
-    outside.write_bytes(b"precious")
+    if target_exists:
+        outside.write_bytes(b"precious")
     root = tmp_path / "runs"
     (root / "x").mkdir(parents=True)
-    planted = [root / "x" / "results.bin.partial", root / "x" / ".results.bin.partial",
-               root / "x" / "results.bin.tmp", root / "x" / ".results.bin.tmp"]
-    for link in planted:
-        link.symlink_to(outside)
-    path = Storage.at(str(root)).write("x/results.bin", b"data")
-    assert Path(path) == root / "x" / "results.bin"
-    assert (root / "x" / "results.bin").read_bytes() == b"data"
-    assert not (root / "x" / "results.bin").is_symlink()
-    assert outside.read_bytes() == b"precious"
-    left = {p.name for p in (root / "x").iterdir()} - {p.name for p in planted}
-    assert left == {"results.bin"}
+    # the temporary name's random part, made known so the link sits where the bytes would go
+    known = uuid.UUID(int=0x5EED)
+    monkeypatch.setattr(search.storage, "uuid", SimpleNamespace(uuid4=lambda: known))
+    link = root / "x" / f".results.bin.{known.hex}.tmp"
+    link.symlink_to(outside)
+    with pytest.raises(OSError):
+        Storage.at(str(root)).write("x/results.bin", b"data")
+    if target_exists:
+        assert outside.read_bytes() == b"precious", "written through the link"
+    else:
+        assert not outside.exists(), "created through the link"
+    assert link.is_symlink(), "the planted link is left as it was, not replaced by our file"
+    assert not (root / "x" / "results.bin").exists(), "no half-written result either"
 
 
 def test_write_replaces_a_symlink_at_the_target_instead_of_writing_through_it(tmp_path):

@@ -112,3 +112,55 @@ def test_the_report_command_writes_it_again(searched):
                           text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stderr[-2000:]
     assert (run / "report.html").exists() and done.stdout.strip() == f"{run}/report.html"
+
+
+def legend(figure) -> dict[str, float]:
+    """The figure's legend as label -> seconds ("label: 12.3 s")."""
+    texts = [t.get_text().rsplit(": ", 1) for t in figure.axes[0].get_legend().get_texts()]
+    return {label: float(seconds.removesuffix(" s")) for label, seconds in texts}
+
+
+def test_the_summary_and_the_report_count_slot_time_by_one_rule(searched):
+    from search import report, summary
+
+    _, outcome = searched
+    # a long wait in the queue: the trial held no slot then, so neither view may call it slot time
+    results = outcome.results
+    frame = results.assign(queue_seconds=results["queue_seconds"].mask(results["epoch"] == 1, 1000.0))
+    in_slot = summary.slot_time(frame)
+    assert "queue_seconds" not in in_slot and "suggest_seconds" not in in_slot
+    figure = report.time_breakdown(frame, outcome.timing.slots)
+    parts = legend(figure)
+    assert f"{outcome.timing.slots} slot(s) x" in figure.axes[0].get_xlabel()
+    report.plt.close(figure)
+    phases = {label: seconds for label, seconds in parts.items() if not label.startswith("idle")}
+    assert phases == pytest.approx({summary.PHASES[p]: v for p, v in in_slot.items()}, abs=0.05)
+
+    lines = summary.time_breakdown(frame).splitlines()
+    shown = lines[0].removeprefix("Slot time (mean per trial): ").split(", ")
+    assert [part.split()[0] + "_seconds" for part in shown] == list(in_slot), "the same phases as the figure"
+    outside = {label: s for label, s in phases.items() if label not in ("training", "validation")}
+    biggest = next(line for line in lines if "biggest outside training" in line)
+    assert f": {max(outside, key=outside.get)} (" in biggest, "the figure's biggest non-training part"
+    assert "not in a slot (mean per trial): " in lines[-1] and "queue 1e+03 s" in lines[-1]
+
+
+def test_the_report_counts_the_slots_the_search_had_not_max_concurrent(searched):
+    from search import report, summary
+
+    space, outcome = searched
+    assert summary.slot_count(max_concurrent=4, capacity=2) == 2, "what the cluster holds"
+    assert summary.slot_count(max_concurrent=4, capacity=0) == 4, "an autoscaler will add nodes"
+    assert space.experiment.max_concurrent == 2
+    [(_, figure)] = [v for k, v in report.figures(outcome.results, space, None, slots=1).items() if k == "time"]
+    assert "(1 slot(s) x" in figure.axes[0].get_xlabel()
+    # `python -m search report` does not know them: the most trials that ran at once, said so
+    figure = report.time_breakdown(outcome.results, None)
+    assert "(2 slot(s) (the most trials that ran at once) x" in figure.axes[0].get_xlabel()
+    report.plt.close("all")
+
+
+def test_the_report_says_where_the_study_is(searched):
+    _, outcome = searched
+    page = (Path(outcome.path) / "report.html").read_text()
+    assert f"Study: {outcome.path}/{JOURNAL_FILE} (optuna-dashboard {outcome.path}/{JOURNAL_FILE})" in page

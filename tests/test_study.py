@@ -1,13 +1,19 @@
-"""The search as an Optuna study, from results rows (the journal's and the report's source)."""
+"""The search as an Optuna study, from results rows (the journal's and the report's source), and the journal."""
 
 from __future__ import annotations
 
 import math
+import pickle
+from pathlib import Path
 
+import optuna
 import pandas as pd
 
+from search.progress import Journal, Progress
+from search.run_folder import RunFolder
 from search.space import parse_space
-from search.study import frozen_trial, make_study
+from search.storage import Storage
+from search.study import JOURNAL_FILE, frozen_trial, journal, make_study
 
 
 def rows(**columns) -> pd.DataFrame:
@@ -36,3 +42,58 @@ def test_the_study_lists_trials_in_trial_number_order():
     frame = pd.concat([rows(trial_id="late", trial_number=1, lr=0.12), rows(trial_id="early", trial_number=0, lr=0.18)])
     study = make_study(frame, space)
     assert [t.user_attrs["trial_id"] for t in study.trials] == ["early", "late"]
+
+
+# ---- optuna.journal: one entry per trial number, as results.parquet holds it ----
+
+def trial(trial_id: str, number: int, lr: float, curve: list[float]) -> list[dict]:
+    return [{"trial_id": trial_id, "trial_number": number, "seed": 7 + number, "status": "COMPLETED",
+             "epoch": epoch, "lr": lr, "val_acc": value} for epoch, value in enumerate(curve, start=1)]
+
+
+def journal_space():
+    return parse_space({"experiment": {"name": "j"},
+                        "space": {"lr": {"distribution": "uniform", "low": 0.1, "high": 0.2}}})
+
+
+def read_journal(folder: RunFolder) -> optuna.Study:
+    return optuna.load_study(study_name=folder.name, storage=journal(str(Path(folder.path) / JOURNAL_FILE)))
+
+
+def test_a_trial_run_again_after_a_resume_has_one_journal_entry_holding_its_new_values(tmp_path):
+    space = journal_space()
+    folder = RunFolder(Storage.at(str(tmp_path)), "j-20261130-101500")
+    Path(folder.path).mkdir()
+    before = Progress(folder, space)
+    before.add_to_journal(trial("a", 0, 0.15, [0.5, 0.7]))
+    before.add_to_journal(trial("b", 1, 0.12, [0.6, 0.8]))
+    # the driver is killed after trial #1 ended but before Tune's snapshot held it: the resumed
+    # search (its callback unpickled from that snapshot) runs #1 again under a new Tune id
+    after = pickle.loads(pickle.dumps(before))
+    after.add_to_journal(trial("c", 1, 0.12, [0.6, 0.9]))
+    after.add_to_journal(trial("c", 1, 0.12, [0.6, 0.9]))  # and the end of the search writes it again
+    study = read_journal(folder)
+    assert [(t.user_attrs["trial_number"], t.user_attrs["trial_id"]) for t in study.trials] == [(0, "a"), (1, "c")]
+    results = pd.DataFrame(trial("a", 0, 0.15, [0.5, 0.7]) + trial("c", 1, 0.12, [0.6, 0.9]))
+    assert study.best_value == results["val_acc"].max() == 0.9, "the journal's best is results.parquet's"
+    # appends after the rewrite go to the new file
+    after.add_to_journal(trial("d", 2, 0.18, [0.4, 0.95]))
+    assert [t.user_attrs["trial_id"] for t in read_journal(folder).trials] == ["a", "c", "d"]
+
+
+def test_the_journal_made_to_match_results_drops_stale_entries_and_adds_missing_ones(tmp_path):
+    space = journal_space()
+    folder = RunFolder(Storage.at(str(tmp_path)), "j-20261130-101500")
+    Path(folder.path).mkdir()
+    # a journal as the old code left it after a resume: trial #1 twice, #2 missing
+    study = make_study(pd.DataFrame(trial("a", 0, 0.15, [0.5])), space,
+                       journal(str(Path(folder.path) / JOURNAL_FILE)), folder.name)
+    study.add_trial(frozen_trial(pd.DataFrame(trial("b", 1, 0.12, [0.99])), space))
+    study.add_trial(frozen_trial(pd.DataFrame(trial("c", 1, 0.12, [0.6])), space))
+    results = pd.DataFrame(trial("a", 0, 0.15, [0.5]) + trial("c", 1, 0.12, [0.6]) + trial("e", 2, 0.11, [0.7]))
+    unfinished = pd.DataFrame(trial("f", 3, 0.13, [0.8])).assign(status="INTERRUPTED")
+    Journal(folder, space).sync(pd.concat([results, unfinished]))
+    study = read_journal(folder)
+    assert [t.user_attrs["trial_id"] for t in study.trials] == ["a", "c", "e"]
+    assert study.best_value == results["val_acc"].max()
+    assert sorted(p.name for p in Path(folder.path).iterdir()) == [JOURNAL_FILE], "no temporary file left"

@@ -71,13 +71,37 @@ def test_args_are_copied_so_the_caller_cannot_change_a_config():
     assert config.model_args == {"hidden_sizes": [64]}
 
 
-def test_a_config_that_constructs_round_trips():
-    """A model keyword named like the factory key would otherwise change the model on the way to YAML."""
+# configs a search really builds: defaults, a built-in model with keywords, and every field
+# away from its default (user dataset and model references, nested keyword values)
+REAL_CONFIGS = {
+    "defaults": {},
+    "cnn": {"model": "cnn", "model_args": {"channels": [8, 16], "hidden": 32}, "lr": 0.01, "clip_norm": 1.0},
+    "every field set": {
+        "dataset": "data/sets.py:load", "data_args": {"n": 3, "kind": {"a": [1, 2]}}, "train_size": 1000,
+        "val_size": 200, "split_seed": 5, "source": "loader", "num_workers": 2, "pin_memory": False,
+        "persistent_workers": True, "drop_last": True, "model": "models/net.py:make",
+        "model_args": {"depth": 2, "act": "relu", "widths": [8, 16], "opts": {"p": 0.1}}, "epochs": 3,
+        "optimizer": "adamw", "lr": 0.003, "momentum": 0.8, "nesterov": True, "beta1": 0.85, "beta2": 0.99,
+        "weight_decay": 0.01, "batch_size": 64, "t_max": 3, "seed": 11, "num_threads": 1, "trial_number": 4},
+    # a keyword named like the factory key would otherwise change the model on the way to YAML
+    "a keyword named factory": {"model": "mlp", "model_args": {"factory": "cnn"}},
+}
+
+
+@pytest.mark.parametrize("values", REAL_CONFIGS.values(), ids=REAL_CONFIGS.keys())
+def test_a_config_that_constructs_round_trips(values):
+    """Nested (YAML) and flat (results columns) forms both read back as the same config."""
     try:
-        config = TrialConfig(model="mlp", model_args={"factory": "cnn"})
-    except ConfigError:
-        return  # refusing it is fine too
+        config = TrialConfig(**values)
+    except ConfigError as error:  # refusing the factory-named keyword is fine too; nothing else
+        assert values.get("model_args", {}).get("factory") and "factory" in str(error), error
+        return
     assert TrialConfig.from_mapping(config.to_dict()) == config
+    assert TrialConfig.from_mapping(config.to_flat()) == config
+    assert TrialConfig.from_mapping(yaml.safe_load(yaml.safe_dump(config.to_dict()))) == config
+    # the values themselves came back, not defaults that happen to compare equal
+    for name, value in values.items():
+        assert getattr(TrialConfig.from_mapping(config.to_flat()), name) == value, name
 
 
 def test_builtin_datasets_are_the_torchvision_sets():
