@@ -19,6 +19,7 @@ from search.preflight import prepare, released_on_failure
 from search.session import ray_session
 from search.space import Space
 from search.storage import Storage, check_storage
+from search.summary import slot_count
 from search.tuner import build_tuner, fit
 from trainable.adapter import tune_trial
 
@@ -38,7 +39,7 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
         with released_on_failure(folder, resume=resume):  # no capacity, a failed probe: no trial ran
             resources, auto_note = resolve_auto(space, data, folder, resume=resume)  # gpus: auto, measured
             capacity = check_capacity(resources)  # 0 only where an autoscaler will add the nodes
-        slots = min(experiment.max_concurrent, capacity) if capacity else experiment.max_concurrent
+        slots = slot_count(experiment.max_concurrent, capacity)
         gpu_plan = plan_gpus(resources, min(slots, experiment.num_samples))  # spread over every GPU
         tuner = build_tuner(space, folder, data, trainable, gpus=gpu_plan.gpus, resume=resume)
         grid = fit(tuner, resume_command(space, folder))

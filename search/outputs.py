@@ -7,6 +7,7 @@ prints, and the Outcome the Python API returns.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,8 @@ from search.results import INTERRUPTED, config_from_row, ranked, read_record, re
 from search.run_folder import RunFolder
 from search.space import Space
 from search.storage import is_uri
-from search.summary import Timing, format_summary
+from search.progress import Journal
+from search.summary import Timing, format_summary, journal_note
 from trainable.data import Data
 from trainable.device import get_default_device
 from trainable.loop import evaluate_model
@@ -178,11 +180,23 @@ def search_notes(space: Space, folder: RunFolder, timing: Timing) -> str:
     return line
 
 
+def sync_journal(folder: RunFolder, space: Space, frame: pd.DataFrame) -> None:
+    """optuna.journal as results.parquet holds the trials: one entry per trial number (local storage only)."""
+    if is_uri(folder.path):
+        return
+    try:
+        Journal(folder, space).sync(frame)
+    except Exception as failure:  # the journal is a view; it must never fail the search
+        print(f"note: optuna.journal not brought up to date ({type(failure).__name__}: {failure})",
+              file=sys.stderr, flush=True)
+
+
 def finish(grid, folder: RunFolder, space: Space, data: Data, clock: Clock, slots: int, gpu_plan: GpuPlan,
            auto_note: str) -> Outcome:
     """Derive results.parquet, best.yaml (with test accuracy), the report and the summary."""
     experiment = space.experiment
     frame = derive(folder, space, grid)
+    sync_journal(folder, space, frame)
     interrupted = (frame["status"] == INTERRUPTED).any() or frame["trial_id"].nunique() < experiment.num_samples
     this_run = frame[frame["finished_at"] >= clock.unix]
     timing = Timing(time.perf_counter() - clock.perf, float(this_run["epoch_seconds"].sum()), slots)
@@ -202,8 +216,9 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, clock: Clock, slot
             summary += f"\nFailed: {result.path}: {first_line} (traceback in error.txt there)"
     summary += "\n" + search_notes(space, folder, timing)
     try:
-        report = write_report(folder, space, frame, None if entry is None else entry["result"]["trial_id"], summary)
-        summary += f"\nReport: {report} (figures in {folder.path}/report/; the study: {folder.path}/optuna.journal)"
+        report = write_report(folder, space, frame, None if entry is None else entry["result"]["trial_id"], summary,
+                              slots=slots)
+        summary += f"\nReport: {report} (figures in {folder.path}/report/)\n{journal_note(folder.path)}"
     except Exception as error:  # the results are written; a figure must not turn them into a crash
         summary += (f"\nReport: not written ({type(error).__name__}: {error}); "
                     f"try again with: python -m search report {folder.path}")

@@ -119,6 +119,7 @@ def test_a_search_on_file_uri_storage_has_no_journal_and_says_so(on_uri_storage)
     assert not (run / JOURNAL_FILE).exists()
     page = (run / "report.html").read_text()
     assert "Study: no optuna.journal on file:// storage (a journal needs a local file system)" in page
+    assert "Study: no optuna.journal on file:// storage" in resumed.summary
 
 
 @pytest.mark.slow
