@@ -1,7 +1,5 @@
 """`python -m search --space spaces/mnist.yaml`: see search/cli.py."""
 
-import sys
+from search.cli import run
 
-from search.cli import main
-
-sys.exit(main())
+run()

@@ -4,8 +4,9 @@
 
 Every flag is a shorthand for `--set section.key=value` on the space file; overrides are
 applied to the file's contents and validated with it, so a bad flag reads like a bad file.
-Exit codes: 0 done, 2 bad input (nothing started), 130 interrupted (Ctrl-C or SIGTERM; the
-summary prints the --resume command), 1 the search itself failed.
+Exit codes: 0 done, 2 bad input (nothing started), 3 the search ran but no trial succeeded
+(every trial failed or diverged: search/outputs.py NO_SUCCESS_EXIT), 130 interrupted (Ctrl-C or
+SIGTERM; the summary prints the --resume command), 1 the search itself failed.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 from typing import Any, Sequence
 
 from search.overrides import set_keys
@@ -84,12 +86,17 @@ def report_main(argv: Sequence[str]) -> int:
 
     from search.report import write_report
     from search.results import RESULTS_FILE
-    from search.run_folder import BEST_FILE, RunFolder
-    from search.storage import Storage
+    from search.run_folder import BEST_FILE, SPEC_FILE, RunFolder
+    from search.storage import Storage, is_uri
 
-    run = args.run.rstrip("/")
+    # a local folder by its absolute path, so `report .` and `report /` name a folder, not ""
+    run = args.run.rstrip("/") if is_uri(args.run) else os.path.abspath(os.path.expanduser(args.run))
     parent, _, name = run.rpartition("/")
-    folder = RunFolder(Storage.at(parent or "."), name)
+    folder = RunFolder(Storage.at(parent or "/"), name)
+    if not name or folder.storage.read(f"{name}/{SPEC_FILE}") is None:
+        print(f"error: {args.run}: not a run folder of hpsearch (it has no {SPEC_FILE}); "
+              f"name a folder like runs/mnist-20261130-101500", file=sys.stderr)
+        return 2
     try:
         space, _ = folder.read_spec()
         frame = pd.read_parquet(f"{folder.path}/{RESULTS_FILE}")
@@ -128,6 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         local_ray.begin()  # a local Ray comes up while the driver imports torch and loads the data
     try:
         from search.driver import run_search
+        from search.outputs import NO_SUCCESS_EXIT
 
         outcome = run_search(space, name=args.name, address=args.address, resume=args.resume)
     except (ConfigError, CapacityError, DataError) as error:
@@ -139,4 +147,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         local_ray.abandon()  # the search stopped before it took the local Ray over
     print(outcome.summary, flush=True)
-    return 130 if outcome.interrupted else 0
+    if outcome.interrupted:
+        return 130
+    return 0 if outcome.succeeded else NO_SUCCESS_EXIT
+
+
+def run() -> None:
+    """The command's entry point: main(), then exit with its code even if user code left a thread running.
+
+    A dataset function or model that starts a non-daemon thread would otherwise keep the
+    process alive after the summary (Python waits for such threads at exit).
+    """
+    code = main()
+    left = [t.name for t in threading.enumerate()
+            if t is not threading.main_thread() and t.is_alive() and not t.daemon]
+    if left:
+        print(f"note: exiting although user code left {len(left)} thread(s) running ({', '.join(left[:5])})",
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(code)
+    sys.exit(code)

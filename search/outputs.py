@@ -17,7 +17,7 @@ import yaml
 
 from search.capacity import GpuPlan
 from search.report import write_report
-from search.results import INTERRUPTED, config_from_row, ranked, read_record, results_schema, to_frame, trial_rows
+from search.results import ERROR, INTERRUPTED, config_from_row, ranked, read_record, results_schema, to_frame, trial_rows
 from search.run_folder import RunFolder
 from search.space import Space
 from search.storage import is_uri
@@ -28,6 +28,9 @@ from trainable.device import get_default_device
 from trainable.loop import evaluate_model
 from trainable.metrics import METRICS
 from trainable.report import CheckpointError, load_checkpoint
+
+
+NO_SUCCESS_EXIT = 3  #: the CLI's exit code for a search that ran but where every trial failed or diverged
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class Outcome:
     timing: Timing
     summary: str
     interrupted: bool = False  #: stopped (Ctrl-C, SIGTERM) before every trial finished; --resume continues it
+    succeeded: bool = True  #: some trial outside ERROR reported a finite metric (else the CLI exits 3)
 
 
 @dataclass(frozen=True)
@@ -191,6 +195,14 @@ def sync_journal(folder: RunFolder, space: Space, frame: pd.DataFrame) -> None:
               file=sys.stderr, flush=True)
 
 
+def no_success(frame: pd.DataFrame, metric: str) -> str:
+    """Why no trial succeeded, for the summary: the trials' statuses, and whether best.yaml was written."""
+    counts = frame.drop_duplicates("trial_id")["status"].value_counts().to_dict()
+    statuses = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items())) or "no trial ran"
+    return (f"No trial succeeded: none outside ERROR reported a finite {metric} ({statuses}); "
+            f"the command exits {NO_SUCCESS_EXIT}")
+
+
 def finish(grid, folder: RunFolder, space: Space, data: Data, clock: Clock, slots: int, gpu_plan: GpuPlan,
            auto_note: str) -> Outcome:
     """Derive results.parquet, best.yaml (with test accuracy), the report and the summary."""
@@ -201,13 +213,19 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, clock: Clock, slot
     this_run = frame[frame["finished_at"] >= clock.unix]
     timing = Timing(time.perf_counter() - clock.perf, float(this_run["epoch_seconds"].sum()), slots)
 
-    best, test, note = best_with_test(grid, ranked(frame, experiment.metric, experiment.mode), data)
+    scored = ranked(frame, experiment.metric, experiment.mode)
+    succeeded = bool((scored["status"] != ERROR).any())
+    # an errored trial's epochs count only when no other trial scored, and best.yaml then says so
+    best, test, note = best_with_test(grid, scored[scored["status"] != ERROR] if succeeded else scored, data)
+    if best is not None and best["status"] == ERROR:
+        note = "; ".join([f"trial #{best['trial_number']} ended in ERROR after its epoch {best['epoch']} (so did "
+                          "every trial with a score)", *([note] if note else [])])
     entry = None
     best_path = folder.storage.join(folder.name, "best.yaml")
     if best is not None:
         entry = best_entry(best, test, note, experiment.metric, folder.name, results_schema(space))
         folder.write_best(best_yaml(entry, best_path, space))
-    summary = format_summary(frame, entry, timing, metric=experiment.metric, mode=experiment.mode,
+    summary = format_summary(frame, entry, timing, no_best=None if succeeded else no_success(frame, experiment.metric), metric=experiment.metric, mode=experiment.mode,
                              searched=[d.name for d in space.searched], gpus_per_trial=gpu_plan.gpus,
                              gpu_notes=(auto_note, gpu_plan.note), rerun=rerun_command(best_path, space))
     for result in grid:
@@ -227,4 +245,4 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, clock: Clock, slot
         summary += (f"\nInterrupted: {unfinished} trial(s) unfinished, "
                     f"{experiment.num_samples - frame['trial_id'].nunique()} not started. Continue with:\n"
                     f"  {resume_command(space, folder)}")
-    return Outcome(folder.name, folder.path, frame, entry, timing, summary, bool(interrupted))
+    return Outcome(folder.name, folder.path, frame, entry, timing, summary, bool(interrupted), succeeded)

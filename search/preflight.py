@@ -32,6 +32,26 @@ TRACKER_PACKAGES = {"mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}
 RUN_TIME = re.compile(r"(?P<time>\d{8}-\d{6})(?:-(?P<k>[1-9]\d*))?")
 
 
+# Ray's copy of a job's working dir: <temp>/session_<time>/runtime_resources/working_dir_files/...
+RAY_RUNTIME_FOLDER = re.compile(r"/session_[^/]+/runtime_resources/")
+
+
+def check_storage_outlives_ray(storage: Storage) -> None:
+    """A run folder must not land in Ray's runtime folders, which Ray deletes when the cluster stops.
+
+    `ray job submit --working-dir .` runs the driver in Ray's copy of `.`, so the default
+    ./runs resolves there.
+    """
+    if is_uri(storage.uri):
+        return
+    where = os.path.realpath(storage.uri) + "/"
+    if RAY_RUNTIME_FOLDER.search(where):
+        raise ConfigError([problem("experiment.storage_path", f"resolves inside Ray's runtime folder ({where}), "
+                                   "which Ray deletes when the cluster stops (a `ray job submit` runs in a copy of "
+                                   "its working dir); give an absolute folder outside it or a URI (s3://...)",
+                                   storage.uri)])
+
+
 def newest_run(names: list[str], experiment_name: str) -> str | None:
     """The latest of the folders named exactly `<experiment_name>-YYYYMMDD-HHMMSS[-k]`, by that time and k.
 
@@ -128,6 +148,7 @@ def spec_for_resume(space: Space, folder: RunFolder) -> Space:
 
 def prepare(space: Space, storage: Storage, name: str | None, resume: bool) -> tuple[Space, RunFolder, Data]:
     """The space to run (a resume's is its spec.yaml), its claimed folder and its data, checked."""
+    check_storage_outlives_ray(storage)
     folder = RunFolder(storage, run_folder_name(space, storage, name, resume))
     if resume:
         space = spec_for_resume(space, folder)

@@ -15,6 +15,7 @@ import time
 from contextlib import contextmanager
 
 import ray
+from ray.exceptions import AuthenticationError
 
 from search import local_ray
 from trainable.errors import ConfigError, problem
@@ -59,9 +60,19 @@ def start_ray(address: str | None, connect_timeout: float = 60.0) -> bool:
                                                 "and is the port open?", target)])
     try:
         ray.init(address=address, log_to_driver=False)
-    except (ConnectionError, RuntimeError, ValueError) as error:  # e.g. "auto" with no cluster running
-        raise ConfigError([problem("--address", f"cannot join a Ray cluster there ({error})", target)]) from None
+    except (AuthenticationError, ConnectionError, RuntimeError, ValueError) as error:  # "auto" with none running
+        raise ConfigError([problem("--address", f"cannot join a Ray cluster there ({type(error).__name__}: "
+                                                f"{error}){auth_hint()}", target)]) from None
     return True
+
+
+def auth_hint() -> str:
+    """What to set when the cluster may want a token: Ray 2.60 turns token authentication on for
+    `ray start --head`, and a client without RAY_AUTH_MODE=token is refused (Ray logs InvalidAuthToken)."""
+    if os.environ.get("RAY_AUTH_MODE") == "token":
+        return ""
+    return ("; a cluster made with `ray start --head` (Ray 2.60) admits only clients with RAY_AUTH_MODE=token "
+            "set, the token in ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN")
 
 
 @contextmanager

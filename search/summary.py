@@ -145,8 +145,9 @@ def format_table(frame: pd.DataFrame, metric: str, mode: str, searched: list[str
 
 def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Timing, *,
                    metric: str, mode: str, searched: list[str], gpus_per_trial: float,
-                   rerun: str, gpu_notes: tuple[str, ...] = ()) -> str:
-    """`gpu_notes`: how the GPUs per trial were chosen (auto's probe, spreading), one line each."""
+                   rerun: str, gpu_notes: tuple[str, ...] = (), no_best: str | None = None) -> str:
+    """`gpu_notes`: how the GPUs per trial were chosen (auto's probe, spreading), one line each;
+    `no_best`: why no trial succeeded (said where the best trial would be)."""
     counts = frame.drop_duplicates("trial_id")["status"].value_counts().to_dict()
     lines = [
         "",
@@ -155,6 +156,9 @@ def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Tim
         format_table(frame, metric, mode, searched),
         "",
     ]
+    if no_best:
+        lines.append(no_best + ("; best.yaml holds the best errored epoch" if best is not None else
+                                "; no best.yaml"))
     if best is not None:
         result = best["result"]
         flat = TrialConfig.from_mapping(best["config"]).to_flat()

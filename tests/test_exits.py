@@ -1,0 +1,80 @@
+"""What the command says and returns when nothing went wrong with the input, but with the search:
+no trial succeeded, user code left a thread running, a folder that is no run, a run folder Ray deletes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from search.preflight import check_storage_outlives_ray
+from search.storage import Storage
+from tests.test_user_code import blob_space, run_search_cli, write
+from trainable.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+# trains on nothing bigger than the two inputs the check before the search tries
+FAILING_MODEL = """
+    from torch import nn
+
+    class Tiny(nn.Module):
+        def __init__(self, input_shape, num_classes, width=16):
+            super().__init__()
+            self.net = nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0], width), nn.ReLU(),
+                                     nn.Linear(width, num_classes))
+
+        def forward(self, x):
+            if len(x) > 2:
+                raise RuntimeError("this model fails on every real batch")
+            return self.net(x)
+"""
+# a dataset function that leaves a non-daemon thread behind, as some loaders do
+THREAD = """
+    import threading
+
+    def blobs_and_a_thread(root, **args):
+        threading.Thread(target=threading.Event().wait, name="users-thread").start()  # never ends
+        return blobs(root, **args)
+"""
+
+
+@pytest.mark.slow
+def test_a_search_where_every_trial_fails_exits_3_says_why_and_ends_despite_a_user_thread(tmp_path):
+    raw = blob_space(tmp_path, experiment={"num_samples": 2, "max_failures": 0},
+                     model={"factory": "failing.py:Tiny"}, data={"dataset": "data.py:blobs_and_a_thread"})
+    write(tmp_path / "failing.py", FAILING_MODEL)
+    (tmp_path / "data.py").write_text((tmp_path / "data.py").read_text() + write(tmp_path / "t.py", THREAD)
+                                      .read_text())
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump(raw))
+    done = run_search_cli(space)  # a process that did not end would fail on the timeout
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert "No trial succeeded: none outside ERROR reported a finite val_acc (2 error)" in done.stdout
+    assert "no best.yaml" in done.stdout
+    assert not list((tmp_path / "runs").glob("*/best.yaml"))
+    assert "note: exiting although user code left 1 thread(s) running (users-thread)" in done.stderr
+    assert "Failed: " in done.stdout and "this model fails on every real batch" in done.stdout
+
+
+@pytest.mark.parametrize("where", ["/", "empty"])
+def test_report_of_a_folder_that_is_no_run_says_so(tmp_path, where):
+    folder = "/" if where == "/" else str(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "search", "report", folder], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+    assert done.returncode == 2
+    assert f"error: {folder}: not a run folder of hpsearch (it has no spec.yaml)" in done.stderr
+    assert "--resume" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_run_folder_inside_rays_runtime_folder_is_refused(tmp_path):
+    job_copy = tmp_path / "ray" / "session_2026-12-01_10-00-00_1_2" / "runtime_resources" / "working_dir_files"
+    (job_copy / "_ray_pkg_abc").mkdir(parents=True)
+    with pytest.raises(ConfigError) as caught:
+        check_storage_outlives_ray(Storage.at(str(job_copy / "_ray_pkg_abc" / "runs")))
+    (line,) = caught.value.problems
+    assert line.startswith("experiment.storage_path: resolves inside Ray's runtime folder")
+    check_storage_outlives_ray(Storage.at(str(tmp_path / "runs")))  # elsewhere: fine
+    check_storage_outlives_ray(Storage.at("s3://bucket/runs"))
