@@ -8,6 +8,7 @@ and says what runs again. Until the trials start, a failure releases a new run's
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import re
@@ -16,6 +17,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
+
+import numpy as np
 
 from search.run_folder import RunFolder
 from search.schema import is_run_name
@@ -117,6 +120,36 @@ def check_search(space: Space) -> Data:
     searched_keys = tuple(keyword_of(d.name) for d in space.searched if keyword_of(d.name) is not None)
     check_model(example_config(space), data.sample(), data.num_classes, searched_keys)
     return data
+
+
+def data_fingerprint(data: Data) -> dict[str, str | None]:
+    """A short hash of each part of the split (inputs, labels, their types and shapes) and of how
+    inputs are prepared: what a resume must find again for its trials to be judged as before."""
+    def part(arrays) -> str | None:
+        if arrays is None:
+            return None
+        digest = hashlib.blake2b(digest_size=8)
+        for array in (arrays.inputs, arrays.labels):
+            digest.update(f"{array.dtype}{array.shape}".encode())
+            digest.update(np.ascontiguousarray(array).data)
+        return digest.hexdigest()
+
+    prepared = hashlib.blake2b(repr((data.standardize, data.num_classes, data.input_shape)).encode(), digest_size=4)
+    return {"train": part(data.train), "val": part(data.val), "test": part(data.test),
+            "prepared": prepared.hexdigest()}
+
+
+def check_same_data(run: dict[str, Any], data: Data, folder: RunFolder) -> dict[str, str | None]:
+    """The resumed run's data must be the data it started with: another split would judge the rest of
+    the trials on other examples. Runs started before fingerprints were kept pass."""
+    now = data_fingerprint(data)
+    then = run.get("data")
+    if then is not None and then != now:
+        differ = [k for k in now if then.get(k) != now[k]]
+        raise ConfigError([problem("--resume", f"the data differ from those the run started with ({', '.join(differ)}: "
+                                               f"{then} in {folder.path}/spec.yaml, {now} now); resume with the "
+                                               "same dataset, data.root and split", folder.name)])
+    return now
 
 
 def differing_keys(now: dict[str, Any], then: dict[str, Any], ignore: tuple[str, ...]) -> list[str]:
