@@ -129,8 +129,9 @@ class RunFolder:
     def analysis(self) -> tune.ExperimentAnalysis:
         """Tune's newest saved state of this run, as Tune reads it; ValueError if there is none or it does not read.
 
-        It reads every trial's result.json too (ExperimentAnalysis has no way to skip them):
-        about N ms per trial, paid once when a search ends or resumes.
+        It reads every trial's result.json too (ExperimentAnalysis has no way to skip them): about
+        2.4 ms per trial of two reports, 2.4 s at 1,000 trials (parsing Tune's state file ourselves
+        took 0.1 s), paid when a search ends and, twice, when it resumes.
         """
         if not tune.Tuner.can_restore(self.path):
             raise ValueError(f"no saved experiment state of Tune in {self.path}")
