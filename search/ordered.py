@@ -72,6 +72,11 @@ def record_to_json(record: Mapping[str, Any]) -> str:
     return json.dumps(out)
 
 
+def by_number(mapping: Mapping[str, Any]) -> dict[int, Any]:
+    """A JSON object keyed by trial numbers, keyed by ints again."""
+    return {int(key): value for key, value in mapping.items()}
+
+
 def record_from_json(text: str | bytes) -> dict[str, Any]:
     """record_to_json's inverse: the record as the searcher holds it (int keys, tuples, distributions).
 
@@ -79,9 +84,6 @@ def record_from_json(text: str | bytes) -> dict[str, Any]:
     """
     raw = json.loads(text)
     try:
-        def by_number(mapping: Mapping[str, Any]) -> dict[int, Any]:
-            return {int(key): value for key, value in mapping.items()}
-
         return {
             "numbers": {str(trial_id): int(n) for trial_id, n in raw["numbers"].items()},
             "asked": [(dict(params), {name: json_to_distribution(d) for name, d in distributions.items()},

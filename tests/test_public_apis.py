@@ -54,8 +54,9 @@ def test_the_record_is_json_and_a_restored_searcher_suggests_the_same_next_trial
     for key in RECORD:  # int keys, tuples and distributions come back as the searcher held them
         assert getattr(restored, key) == getattr(s, key), key
     assert any(key.startswith("cma") for _, _, attrs in restored.asked for key in attrs)
-    finish(s, "t12", s_config := {"lr": s.asked[12][0]["lr"]})
-    finish(restored, "t12", s_config)
+    last = {"lr": s.asked[12][0]["lr"]}
+    finish(s, "t12", last)
+    finish(restored, "t12", last)
     assert restored.suggest("t13") == s.suggest("t13")
 
 
