@@ -18,18 +18,28 @@ trial n's plus trial n, with trial n-L told: rebuilding it per suggestion cost O
 work each time, O(n^2) over a search of thousands of trials. What the searcher saves is the
 plain record (what it asked and was told); the study is a cache of it, built again from the
 record after a restore, and then equal to the one it would have kept.
+
+The record is a JSON file of ours, `searcher.json` (RECORD_FILE), written into the folder Tune
+saves its experiment state to, at each of Tune's snapshots: Tune uploads it to the run folder
+with that state, so the two always describe the same moment, and a resume reads it back
+(`restore_from_dir`). The study lives in an Optuna InMemoryStorage made here, used through
+the storage's public methods only.
 """
 
 from __future__ import annotations
 
 import copy
-import pickle
+import json
+import os
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import optuna
+from optuna.distributions import distribution_to_json, json_to_distribution
+from optuna.storages import InMemoryStorage
 from optuna.trial import TrialState, create_trial
 from ray.tune.search import Searcher
 
@@ -42,7 +52,50 @@ SAMPLER_STREAM = 1  # derive_seed stream of sampler seeds (stream 0 seeds the tr
 # What save() writes: the record. The rest comes from the constructor, so a resumed search
 # takes its settings from its spec, and the in-memory study is never pickled.
 RECORD = ("numbers", "asked", "curves", "finished", "study_attrs", "waits", "suggested")
-CACHES = ("_study", "_told", "_settled")  # derived from the record, see _drop_caches
+RECORD_FILE = "searcher.json"  # in Tune's experiment folder, beside its experiment state
+CACHES = ("_kept", "_told", "_settled")  # derived from the record, see _drop_caches
+
+
+class KeptStudy(NamedTuple):
+    """The study kept between suggestions, with the storage we made for it and its id there."""
+
+    study: optuna.Study
+    storage: InMemoryStorage
+    study_id: int
+
+
+def record_to_json(record: Mapping[str, Any]) -> str:
+    """The record as JSON text: distributions as Optuna's JSON, int keys as strings (JSON's only keys)."""
+    out = {key: record[key] for key in RECORD}
+    out["asked"] = [[params, {name: distribution_to_json(d) for name, d in distributions.items()}, attrs]
+                    for params, distributions, attrs in record["asked"]]
+    return json.dumps(out)
+
+
+def by_number(mapping: Mapping[str, Any]) -> dict[int, Any]:
+    """A JSON object keyed by trial numbers, keyed by ints again."""
+    return {int(key): value for key, value in mapping.items()}
+
+
+def record_from_json(text: str | bytes) -> dict[str, Any]:
+    """record_to_json's inverse: the record as the searcher holds it (int keys, tuples, distributions).
+
+    ValueError (json.JSONDecodeError is one) if the text is not such a record.
+    """
+    raw = json.loads(text)
+    try:
+        return {
+            "numbers": {str(trial_id): int(n) for trial_id, n in raw["numbers"].items()},
+            "asked": [(dict(params), {name: json_to_distribution(d) for name, d in distributions.items()},
+                       dict(attrs)) for params, distributions, attrs in raw["asked"]],
+            "curves": {n: by_number(curve) for n, curve in by_number(raw["curves"]).items()},
+            "finished": by_number(raw["finished"]),
+            "study_attrs": dict(raw["study_attrs"]),
+            "waits": by_number(raw["waits"]),
+            "suggested": {n: tuple(pair) for n, pair in by_number(raw["suggested"]).items()},
+        }
+    except (KeyError, TypeError, AttributeError) as error:  # valid JSON, not our record
+        raise ValueError(f"not a searcher record ({type(error).__name__}: {error})") from None
 
 
 def make_sampler(name: str, experiment_seed: int, number: int,
@@ -102,7 +155,8 @@ class OrderedSearch(Searcher):
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # one "study created" line per build is noise
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # qmc, gp: "experimental"
-            study = self._study_for(n)
+            kept = self._study_for(n)
+            study = kept.study
             study.sampler = make_sampler(self.sampler, self.experiment_seed, n, self.tpe_settings)
             try:
                 trial = study.ask()
@@ -112,8 +166,9 @@ class OrderedSearch(Searcher):
                 raise
         # a copy of the stored trial alone (study.trials[-1] would deep-copy every trial), so the
         # record shares no object with the study
-        asked = copy.deepcopy(study._storage.get_trial(trial._trial_id))
-        self.study_attrs = dict(study._storage.get_study_system_attrs(study._study_id))
+        stored = kept.storage.get_trial_id_from_study_id_trial_number(kept.study_id, trial.number)
+        asked = copy.deepcopy(kept.storage.get_trial(stored))
+        self.study_attrs = copy.deepcopy(kept.storage.get_study_system_attrs(kept.study_id))
         self.asked.append((dict(asked.params), dict(asked.distributions), dict(asked.system_attrs)))
         self.numbers[trial_id] = n
         self.suggested[n] = (time.time(), time.perf_counter() - asking)
@@ -125,7 +180,7 @@ class OrderedSearch(Searcher):
             self._settled += 1
         return self._settled < end
 
-    def _study_for(self, n: int) -> optuna.Study:
+    def _study_for(self, n: int) -> KeptStudy:
         """The kept study, brought to what trial n must see: trials 0 .. n-L-1 told, the rest running.
 
         Results are written through the storage, not Study.tell: tell would call the sampler's
@@ -133,19 +188,21 @@ class OrderedSearch(Searcher):
         trial-number order, as the build adds them, so the storage's best trial (ties to the
         earlier) and the trial list read the same either way.
         """
-        if self._study is None:
-            self._study, self._told = self._built(n), max(0, n - self.lag)
+        if self._kept is None:
+            self._kept, self._told = self._built(n), max(0, n - self.lag)
         for k in range(self._told, n - self.lag):
-            self._tell(self._study, k)
+            self._tell(self._kept, k)
             self._told = k + 1
-        return self._study
+        return self._kept
 
-    def _built(self, n: int) -> optuna.Study:
+    def _built(self, n: int) -> KeptStudy:
         """A study made from the record for trial n, as every suggestion made it before the study was kept."""
-        study = optuna.create_study(direction="maximize" if self.mode == "max" else "minimize",
+        storage = InMemoryStorage()
+        study = optuna.create_study(storage=storage, direction="maximize" if self.mode == "max" else "minimize",
                                     sampler=optuna.samplers.RandomSampler())  # replaced before each ask
-        for key, value in self.study_attrs.items():  # Study has no public setter for these
-            study._storage.set_study_system_attr(study._study_id, key, value)
+        study_id = storage.get_study_id_from_name(study.study_name)
+        for key, value in self.study_attrs.items():  # Study has no public setter for these; the storage has
+            storage.set_study_system_attr(study_id, key, value)
         for k in range(n):
             params, distributions, system_attrs = self.asked[k]
             if k < n - self.lag:
@@ -157,12 +214,12 @@ class OrderedSearch(Searcher):
             else:
                 study.add_trial(create_trial(state=TrialState.RUNNING, params=params, distributions=distributions,
                                              system_attrs=system_attrs))
-        return study
+        return KeptStudy(study, storage, study_id)
 
-    def _tell(self, study: optuna.Study, k: int) -> None:
+    def _tell(self, kept: KeptStudy, k: int) -> None:
         """Trial k, running in the study, gets its result: as create_trial made it in a build."""
-        storage, value = study._storage, self.finished[k]
-        trial_id = storage.get_trial_id_from_study_id_trial_number(study._study_id, k)
+        storage, value = kept.storage, self.finished[k]
+        trial_id = storage.get_trial_id_from_study_id_trial_number(kept.study_id, k)
         if value is None:
             storage.set_trial_state_values(trial_id, TrialState.FAIL)
             return
@@ -172,7 +229,7 @@ class OrderedSearch(Searcher):
 
     def _drop_caches(self) -> None:
         """Forget what is derived from the record; it is derived again when next needed."""
-        self._study: optuna.Study | None = None
+        self._kept: KeptStudy | None = None
         self._told = 0  # trials 0 .. _told-1 have their results in the study
         self._settled = 0  # trials 0 .. _settled-1 are finished
 
@@ -196,16 +253,39 @@ class OrderedSearch(Searcher):
             self._drop_caches()
 
     def save(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "wb") as f:
-            pickle.dump({key: getattr(self, key) for key in RECORD}, f)
+        """Write the record to `checkpoint_path` as JSON (record_to_json)."""
+        with open(checkpoint_path, "w", encoding="utf-8") as f:
+            f.write(record_to_json({key: getattr(self, key) for key in RECORD}))
 
     def restore(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "rb") as f:
-            record = pickle.load(f)
+        """Take the record saved at `checkpoint_path`; what is derived from it is built again when needed."""
+        with open(checkpoint_path, encoding="utf-8") as f:
+            record = record_from_json(f.read())
         for key in RECORD:
-            setattr(self, key, record.get(key, {}) if key == "suggested" else record[key])  # not in older records
+            setattr(self, key, record[key])
         self._waiting_since = None
         self._drop_caches()
+
+    def save_to_dir(self, checkpoint_dir: str, session_str: str = "default") -> None:
+        """Tune's call at each snapshot: the record as `<checkpoint_dir>/searcher.json`, replaced whole.
+
+        `checkpoint_dir` is the folder Tune writes its experiment state to and then uploads to
+        the run folder; one file name for every session, so the run folder holds one record.
+        """
+        temporary = os.path.join(checkpoint_dir, f".{RECORD_FILE}.{uuid.uuid4().hex}.tmp")
+        try:
+            self.save(temporary)
+            os.replace(temporary, os.path.join(checkpoint_dir, RECORD_FILE))
+        finally:
+            if os.path.exists(temporary):
+                os.remove(temporary)
+
+    def restore_from_dir(self, checkpoint_dir: str) -> None:
+        """Tune's call on resume: the record from `<checkpoint_dir>/searcher.json`."""
+        path = os.path.join(checkpoint_dir, RECORD_FILE)
+        if not os.path.exists(path):
+            raise RuntimeError(f"{path} is missing: no record of this search's searcher to resume from")
+        self.restore(path)
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles its searcher (tuner.pkl); the study is rebuilt from the record on demand
@@ -214,5 +294,4 @@ class OrderedSearch(Searcher):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.__dict__.setdefault("tpe_settings", dict(TPE_SETTINGS))  # a searcher pickled before it had them
-        self.__dict__.setdefault("suggested", {})
         self._drop_caches()

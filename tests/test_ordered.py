@@ -78,9 +78,9 @@ def test_a_restored_searcher_continues_as_if_never_stopped(tmp_path):
     straight = run(searcher("tpe"), order_seed=3)
     s = searcher("tpe")
     partial = run(s, order_seed=3, stop_after=7)
-    s.save(str(tmp_path / "state.pkl"))
+    s.save(str(tmp_path / "state.json"))
     restored = searcher("tpe")
-    restored.restore(str(tmp_path / "state.pkl"))
+    restored.restore(str(tmp_path / "state.json"))
     # Tune restarts the unfinished trials with their configs and asks for the rest
     resumed = dict(partial)
     running = [(tid, partial[n]) for tid, n in restored.numbers.items() if n not in restored.finished]

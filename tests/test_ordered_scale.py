@@ -8,6 +8,7 @@ times it against the kept study.
 from __future__ import annotations
 
 import functools
+import json
 import pickle
 import random
 import warnings
@@ -16,7 +17,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState, create_trial
 
-from search.ordered import RECORD, OrderedSearch, make_sampler
+from search.ordered import RECORD, RECORD_FILE, OrderedSearch, make_sampler
 from search.searcher import suggest
 from search.space import SAMPLERS, parse_space
 
@@ -37,12 +38,14 @@ class RebuildingSearch(OrderedSearch):
         if any(k not in self.finished for k in range(n - self.lag)):
             return None
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        storage = optuna.storages.InMemoryStorage()  # ours, so its public methods reach the study's attrs
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study = optuna.create_study(direction="maximize" if self.mode == "max" else "minimize",
+            study = optuna.create_study(storage=storage, direction="maximize" if self.mode == "max" else "minimize",
                                         sampler=make_sampler(self.sampler, self.experiment_seed, n))
+        study_id = storage.get_study_id_from_name(study.study_name)
         for key, value in self.study_attrs.items():
-            study._storage.set_study_system_attr(study._study_id, key, value)
+            storage.set_study_system_attr(study_id, key, value)
         for k in range(n):
             params, distributions, system_attrs = self.asked[k]
             if k < n - self.lag:
@@ -59,7 +62,7 @@ class RebuildingSearch(OrderedSearch):
             trial = study.ask()
             constants = self.ask(trial)
         asked = study.trials[-1]
-        self.study_attrs = dict(study._storage.get_study_system_attrs(study._study_id))
+        self.study_attrs = dict(storage.get_study_system_attrs(study_id))
         self.asked.append((dict(asked.params), dict(asked.distributions), dict(asked.system_attrs)))
         self.numbers[trial_id] = n
         return {**trial.params, **constants}
@@ -125,12 +128,12 @@ def test_a_restored_or_unpickled_searcher_continues_the_same(sampler, tmp_path):
 
     def swap(pair, asked):
         reference, kept = pair
-        if asked == 25 and "save" not in done:  # Tune's searcher-state file
+        if asked == 25 and "save" not in done:  # what Tune's snapshot writes: searcher.json
             done.add("save")
-            kept.save(str(tmp_path / "state.pkl"))
-            assert set(pickle.loads((tmp_path / "state.pkl").read_bytes())) == set(RECORD), "the record, no study"
+            kept.save_to_dir(str(tmp_path))
+            assert set(json.loads((tmp_path / RECORD_FILE).read_text())) == set(RECORD), "the record, no study"
             kept = made(OrderedSearch, sampler)
-            kept.restore(str(tmp_path / "state.pkl"))
+            kept.restore_from_dir(str(tmp_path))
         if asked == 40 and "pickle" not in done:  # Tune pickles its searcher too (tuner.pkl)
             done.add("pickle")
             pickled = pickle.dumps(kept)

@@ -1,18 +1,15 @@
-"""Thousands of trials: where each trial's time went, fewer checkpoints, a snapshot per ended trial."""
+"""Thousands of trials: where each trial's time went, fewer checkpoints."""
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from ray import tune
 
 from search.driver import run_search
 from search.results import COMPLETED
-from search.snapshot import SnapshotOnTrialEnd
 from search.summary import PHASES
 from tests.helpers import small_space
 
@@ -80,59 +77,3 @@ def test_checkpoint_every_and_num_to_keep(ray_local, tmp_path, data_root):
     assert result["val_acc"] == kept["val_acc"].max()
     better = int((frame["val_acc"] > result["val_acc"]).sum())
     assert ("better one(s) had none kept" in result.get("note", "")) == (better > 0)
-
-
-def test_snapshot_on_every_trial_end(ray_local, tmp_path):
-    """The callback finds Tune's controller on this Ray version and snapshots once per step a trial ended in."""
-
-    def one_report(config):
-        tune.report({"x": config["i"]})
-
-    snapshot = SnapshotOnTrialEnd(every_trial=True)
-    tuner = tune.Tuner(one_report, param_space={"i": tune.grid_search([0, 1, 2])},
-                       tune_config=tune.TuneConfig(max_concurrent_trials=1),
-                       run_config=tune.RunConfig(storage_path=str(tmp_path), name="snap", callbacks=[snapshot],
-                                                 verbose=0))
-    grid = tuner.fit()
-    assert not grid.errors
-    assert not snapshot.missing_controller
-    assert snapshot.snapshots == 3, "one trial at a time: a snapshot after each ended"
-    [state] = (tmp_path / "snap").glob("experiment_state-*.json")
-    trials = json.loads(state.read_text())["trial_data"]
-    assert len(trials) == 3
-
-
-def test_snapshots_are_coalesced_by_their_cost():
-    snapshot = SnapshotOnTrialEnd(max_gap_s=60)
-    assert not snapshot.due(), "no trial ended"
-    snapshot.on_trial_complete(0, [], None)
-    snapshot.cost, snapshot.last = 0.5, time.monotonic()
-    assert not snapshot.due(), "a 0.5 s snapshot waits 19 x 0.5 s after the last"
-    snapshot.last -= 10
-    assert snapshot.due()
-    snapshot.cost = 100.0
-    assert not snapshot.due()
-    snapshot.last -= 60
-    assert snapshot.due(), "never more than max_gap_s apart"
-    every = SnapshotOnTrialEnd(every_trial=True)
-    every.on_trial_error(0, [], None)
-    every.cost, every.last = 0.5, time.monotonic()
-    assert every.due(), "reproducible: false snapshots every ended trial"
-
-
-def test_resume_drops_parts_of_trials_the_last_snapshot_missed(tmp_path):
-    """A trial that ended after Tune's last snapshot runs again on resume: its old part must not count twice."""
-    from search.results import RESULTS_FILE
-    from search.run_folder import STATE_PATTERN, RunFolder
-    from search.storage import Storage
-
-    folder = RunFolder(Storage.at(str(tmp_path)), "run")
-    run = tmp_path / "run"
-    (run / RESULTS_FILE).mkdir(parents=True)
-    trial = json.dumps({"trial_id": "a", "status": "TERMINATED", "config": {}})
-    (run / f"{STATE_PATTERN}2026-11-30_10-00-00.json").write_text(
-        json.dumps({"trial_data": [[trial, None]], "runner_data": {}}))
-    for trial_id in ("a", "b"):
-        (run / RESULTS_FILE / f"{trial_id}.parquet").write_bytes(b"part")
-    assert folder.drop_unrecorded_parts() == ["b"]
-    assert sorted(p.name for p in (run / RESULTS_FILE).iterdir()) == ["a.parquet"]
