@@ -5,7 +5,7 @@ the MLP (64,), train one step on 64 MNIST images, validate on 64, checkpoint, re
 What is left is orchestration: the searcher, Tune, actors, checkpoints, results.
 
 - service: `python -m search` on a space of that size (OrderedSearch over lr, batch_size,
-  t_max, clip_norm; Tune's state snapshotted when a trial ends; results.parquet parts);
+  t_max, clip_norm; Tune's default snapshots; results.parquet parts);
 - plain: this file with --plain: a Tune + OptunaSearch (seeded TPE) script in the style of
   Ray's docs, calling the same trainable.loop functions, every checkpoint kept, Tune's
   default snapshots.

@@ -4,7 +4,7 @@ results.parquet and in the Optuna journal (`optuna-dashboard runs/<name>/optuna.
 A Tune callback in the driver. It keeps no copy of the reports: a trial's rows are derived
 from Tune's record (its result.json) when the trial ends, so the work per finished trial
 stays the same however many came before. They are handed to one writer thread at the end
-of the controller step, after search/snapshot.py may have saved Tune's state: Tune's
+of the controller step, after Tune may have saved its state (by its own ~5% rule): Tune's
 controller runs the trials' reports, resets and starts one after another, so ~10 ms of
 Parquet and journal per trial on its thread would be ~10 ms more per trial for the whole
 search. A part whose trial that state does not hold is removed on resume

@@ -214,7 +214,7 @@ class RunFolder:
     def drop_unrecorded_parts(self) -> list[str]:
         """Remove the results parts of trials that Tune's last snapshot does not hold; their ids.
 
-        They ended after that snapshot (search/snapshot.py), before the driver was killed. A
+        They ended after that snapshot (Tune's own rule, search/tuner.py), before the driver was killed. A
         resume runs them again under new ids (with the same trial numbers, configs and seeds in
         a reproducible search) and writes their parts anew; kept, they would be counted twice.
         """

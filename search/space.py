@@ -22,8 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from search.schema import (SAMPLERS, DataRoot, Experiment, Resources, Searched, parse_searched,  # noqa: F401
-                           validated)
+from search.schema import DataRoot, Experiment, Resources, Searched, parse_searched, validated
 from trainable.config import (FACTORY_KEY, FIELDS, MODEL, MOVED, TrialConfig, absolute_reference, check_value,
                               coerce, cross_field_problems, fields_in, keyword_of, model_key, plain, searchable,
                               section)

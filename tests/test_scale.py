@@ -10,7 +10,7 @@ import pytest
 
 from search.driver import run_search
 from search.results import COMPLETED
-from search.summary import PHASES
+from search.summary import PHASES, TRAINING_PHASES, slot_time
 from tests.helpers import small_space
 
 pytestmark = pytest.mark.slow
@@ -50,10 +50,10 @@ def test_phase_columns_account_for_each_trial(sparse_checkpoints):
 
 def test_summary_names_the_biggest_phase_outside_training(sparse_checkpoints):
     _, outcome = sparse_checkpoints
-    assert "Trial time (mean per trial): suggest " in outcome.summary
+    assert "Slot time (mean per trial): " in outcome.summary
+    assert "not in a slot (mean per trial): suggest " in outcome.summary
     line = next(l for l in outcome.summary.splitlines() if "biggest outside training" in l)
-    frame = outcome.results
-    outside = {p: frame[p].fillna(0).sum() for p in PHASES if p not in ("train_seconds", "evaluate_seconds")}
+    outside = {p: v for p, v in slot_time(outcome.results).items() if p not in TRAINING_PHASES}
     assert f"({max(outside, key=outside.get)}," in line
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 
 import pandas as pd
@@ -11,6 +10,7 @@ import yaml
 
 from search.capacity import CapacityError
 from search.driver import run_search
+from search.ordered import RECORD_FILE, record_from_json
 from search.results import COMPLETED, DIVERGED, STOPPED, columns, config_from_row, results_schema
 from tests.helpers import small_space
 from trainable.config import TrialConfig
@@ -66,9 +66,8 @@ def test_summary_names_the_best_and_the_overhead(four_trials):
 
 def test_searcher_gets_one_report_per_epoch(four_trials):
     _, outcome = four_trials
-    [state_file] = Path(outcome.path).glob("searcher-state-*.pkl")
-    # OrderedSearch saves what it was told: per trial number, the metric of every epoch and a value
-    state = pickle.loads(state_file.read_bytes())
+    # OrderedSearch saves what it was told, as JSON: per trial number, the metric of every epoch and a value
+    state = record_from_json((Path(outcome.path) / RECORD_FILE).read_text())
     assert len(state["asked"]) == 4 and sorted(state["finished"]) == [0, 1, 2, 3]
     assert all(sorted(curve) == [1, 2] for curve in state["curves"].values())
     best = outcome.results.groupby("trial_number")["val_acc"].max()
