@@ -24,7 +24,8 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 
 from search.cli import apply_overrides, parse_args
 from search.capacity import trials_fit
-from search.space import Resources, parse_space
+from search.schema import Resources
+from search.space import parse_space
 from trainable.yaml_file import read_yaml_mapping
 
 REPO = Path(__file__).resolve().parents[1]

@@ -22,10 +22,7 @@ from search.study import JOURNAL_FILE
 from tests.helpers import small_space
 from trainable.errors import ConfigError
 
-try:  # the lead moves it (and fixes it) into search/preflight.py
-    from search.preflight import run_folder_name
-except ImportError:
-    from search.driver import run_folder_name
+from search.preflight import run_folder_name
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"data": {"train_size": 1000, "val_size": 300}, "training": {"epochs": 1}}

@@ -26,7 +26,8 @@ from search.capacity import spread_gpus
 from search.driver import run_search
 from search.gpu_probe import Round, choose_trials_per_gpu, largest_config, probe, rounds_to_try
 from search.results import COMPLETED
-from search.space import Resources, parse_space
+from search.schema import Resources
+from search.space import parse_space
 from tests.helpers import SMALL, small_space
 from trainable.data import load_data
 

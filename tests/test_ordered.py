@@ -9,7 +9,8 @@ import pytest
 
 from search.ordered import OrderedSearch
 from search.searcher import suggest
-from search.space import SAMPLERS, parse_space
+from search.schema import SAMPLERS
+from search.space import parse_space
 
 SPACE = parse_space({"space": {"lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3},
                                "batch_size": {"distribution": "choice", "values": [32, 64]},

@@ -19,7 +19,8 @@ from optuna.trial import TrialState, create_trial
 
 from search.ordered import RECORD, RECORD_FILE, OrderedSearch, make_sampler
 from search.searcher import suggest
-from search.space import SAMPLERS, parse_space
+from search.schema import SAMPLERS
+from search.space import parse_space
 
 SPACE = parse_space({"space": {"lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3},
                                "batch_size": {"distribution": "choice", "values": [32, 64]},
