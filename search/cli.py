@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from search.overrides import set_keys
 from search.space import Space, parse_space
-from trainable.errors import ConfigError, DataError, problem
+from trainable.errors import ConfigError, DataError, DiskFull, problem
 from trainable.yaml_file import flag_value, parse_value, read_yaml_mapping
 
 # flag -> the space file key it overrides
@@ -87,7 +87,7 @@ def report_main(argv: Sequence[str]) -> int:
     from search.report import write_report
     from search.results import RESULTS_FILE
     from search.run_folder import BEST_FILE, SPEC_FILE, RunFolder
-    from search.storage import Storage, is_uri
+    from search.storage import LinkError, Storage, is_uri
 
     # a local folder by its absolute path, so `report .` and `report /` name a folder, not ""
     run = args.run.rstrip("/") if is_uri(args.run) else os.path.abspath(os.path.expanduser(args.run))
@@ -108,7 +108,11 @@ def report_main(argv: Sequence[str]) -> int:
         return 2
     best = folder.storage.read(f"{name}/{BEST_FILE}")
     best_trial = yaml.safe_load(best)["result"]["trial_id"] if best else None
-    print(write_report(folder, space, frame, best_trial))
+    try:
+        print(write_report(folder, space, frame, best_trial))
+    except LinkError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -143,6 +147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:  # before Tune started, or a second Ctrl-C (Tune handles the first)
         print("interrupted", file=sys.stderr)
+        return 130
+    except DiskFull as error:
+        print(f"error: {error}", file=sys.stderr)
         return 130
     finally:
         local_ray.abandon()  # the search stopped before it took the local Ray over

@@ -9,6 +9,7 @@ Everything a user can get wrong fails before Ray starts.
 
 from __future__ import annotations
 
+import errno
 from contextlib import ExitStack
 from typing import Callable
 
@@ -22,25 +23,32 @@ from search.storage import Storage, check_storage
 from search.summary import slot_count
 from search.tuner import build_tuner, fit
 from trainable.adapter import tune_trial
+from trainable.errors import DiskFull
 
 
 def run_search(space: Space, *, name: str | None = None, address: str | None = None, resume: bool = False,
                trainable: Callable = tune_trial) -> Outcome:
-    """Run (or resume) a search. Raises ConfigError, DataError or CapacityError before any trial starts."""
+    """Run (or resume) a search. Raises ConfigError, DataError or CapacityError before any trial starts,
+    DiskFull if the run folder's disk filled (the search is then stopped and resumable)."""
     clock = Clock.start()
     storage = Storage.at(space.experiment.storage_path)
     check_storage(storage)
-    # a resume runs its spec.yaml, whatever the space file says now
-    space, folder, data = prepare(space, storage, name, resume)
-    experiment = space.experiment
-    with ExitStack() as session:
+    with ExitStack() as held:  # the run folder, then Ray: released in reverse order
+        # a resume runs its spec.yaml, whatever the space file says now
+        space, folder, data = prepare(space, storage, name, resume, held)
+        experiment = space.experiment
         with released_on_failure(folder, resume=resume):  # an unreachable cluster, Ctrl-C: nothing ran
-            session.enter_context(ray_session(address, experiment.connect_timeout))  # shut down on leaving
+            held.enter_context(ray_session(address, experiment.connect_timeout))  # shut down on leaving
         with released_on_failure(folder, resume=resume):  # no capacity, a failed probe: no trial ran
             resources, auto_note = resolve_auto(space, data, folder, resume=resume)  # gpus: auto, measured
             capacity = check_capacity(resources)  # 0 only where an autoscaler will add the nodes
         slots = slot_count(experiment.max_concurrent, capacity)
         gpu_plan = plan_gpus(resources, min(slots, experiment.num_samples))  # spread over every GPU
         tuner = build_tuner(space, folder, data, trainable, gpus=gpu_plan.gpus, resume=resume)
-        grid = fit(tuner, resume_command(space, folder))
-        return finish(grid, folder, space, data, clock, slots, gpu_plan, auto_note)
+        try:
+            grid = fit(tuner, resume_command(space, folder))
+            return finish(grid, folder, space, data, clock, slots, gpu_plan, auto_note)
+        except OSError as error:
+            if error.errno != errno.ENOSPC:
+                raise
+            raise DiskFull(folder.path, error, resume_command(space, folder)) from None

@@ -7,21 +7,24 @@ prints, and the Outcome the Python API returns.
 
 from __future__ import annotations
 
-import sys
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+import pyarrow.fs as pafs
 import yaml
 
 from search.capacity import GpuPlan
 from search.report import write_report
-from search.results import ERROR, INTERRUPTED, config_from_row, ranked, read_record, results_schema, to_frame, trial_rows
+from search.results import ERROR, INTERRUPTED, LOST, RECORD_FILE, config_from_row, ranked, read_record, results_schema, to_frame, trial_rows
 from search.run_folder import RunFolder
 from search.space import Space
 from search.storage import is_uri
+from search.disk_guard import stop_reason
 from search.progress import Journal
+from search.study import JOURNAL_FILE
 from search.summary import Timing, format_summary, journal_note
 from trainable.data import Data
 from trainable.device import get_default_device
@@ -64,11 +67,13 @@ def trial_id_of(result) -> str:
     return result.path.rstrip("/").rsplit("/", 1)[-1].removeprefix("trial_")
 
 
-def derive(folder: RunFolder, space: Space, grid) -> pd.DataFrame:
+def derive(folder: RunFolder, space: Space, grid, notes: list[str]) -> pd.DataFrame:
     """results.parquet from Tune's record of every trial, this run's and earlier runs'.
 
     Status comes from the saved experiment state (after Ctrl-C the live trial objects read
-    TERMINATED, the saved state RUNNING); a trial that never started has no row.
+    TERMINATED, the saved state RUNNING); a trial that never started has no row. A derived file
+    never loses what survives: where a trial's record is gone or shorter than its results part
+    (a damaged run folder), the part's rows stay, and `notes` says so.
     """
     rows = []
     schema = results_schema(space)
@@ -84,9 +89,36 @@ def derive(folder: RunFolder, space: Space, grid) -> pd.DataFrame:
         trial_config = result.config or config
         trial = trial_rows(trial_id, trial_config, reports, done=ended, error=result.error is not None,
                            suggested=suggested.get((trial_config or {}).get("trial_number")))
+        trial = kept_rows(folder, trial_id, trial, schema, record_gone=not record_exists(result), notes=notes)
         folder.write_part(space, trial_id, trial, schema)
         rows += trial
     return to_frame(rows, schema)
+
+
+def record_exists(result) -> bool:
+    """Whether the trial's result.json is there (a resume recreates a deleted trial folder, empty)."""
+    return result.filesystem.get_file_info(f"{result.path.rstrip('/')}/{RECORD_FILE}").type != pafs.FileType.NotFound
+
+
+def kept_rows(folder: RunFolder, trial_id: str, derived: list[dict[str, Any]], schema, *, record_gone: bool,
+              notes: list[str]) -> list[dict[str, Any]]:
+    """A trial's rows: the record's, plus the epochs only its results part still holds."""
+    part = folder.read_part(trial_id, schema)
+    epochs = lambda rows: {int(r["epoch"]) for r in rows if r.get("epoch") is not None}  # noqa: E731
+    number = derived[0].get("trial_number")
+    if not record_gone and epochs(part) <= epochs(derived):
+        return derived
+    if not part:  # gone from both: nothing to recover, and the status says so
+        notes.append(f"trial #{number} ({trial_id}): its folder and its results part are gone; nothing of it "
+                     "could be recovered (status LOST)")
+        return [{**derived[0], "status": LOST}]
+    by_epoch = {int(r["epoch"]): r for r in part if r.get("epoch") is not None}
+    by_epoch.update({int(r["epoch"]): r for r in derived if r.get("epoch") is not None})  # the record wins
+    status = part[0]["status"]  # written when the trial ended, from the whole record
+    notes.append(f"trial #{number} ({trial_id}): " + ("its folder (Tune's record) is gone" if record_gone else
+                                                      "its record is shorter than its results part")
+                 + f"; its rows come from results.parquet as written when it ended (status {status})")
+    return [{**by_epoch[e], "status": status} for e in sorted(by_epoch)]
 
 
 def best_with_test(grid, rows: pd.DataFrame, data: Data) -> tuple[pd.Series | None, tuple[float, float] | None, str]:
@@ -184,15 +216,36 @@ def search_notes(space: Space, folder: RunFolder, timing: Timing) -> str:
     return line
 
 
-def sync_journal(folder: RunFolder, space: Space, frame: pd.DataFrame) -> None:
-    """optuna.journal as results.parquet holds the trials: one entry per trial number (local storage only)."""
+def sync_journal(folder: RunFolder, space: Space, frame: pd.DataFrame, notes: list[str]) -> None:
+    """optuna.journal as results.parquet holds the trials: one entry per trial number (local storage only).
+
+    A journal that does not read, or whose last line a kill cut short (the next append would
+    make it unreadable), is moved aside and written anew from results.parquet, as the results are.
+    """
     if is_uri(folder.path):
         return
+    path = os.path.join(folder.path, JOURNAL_FILE)
     try:
+        if os.path.exists(path) and os.path.getsize(path) and not _ends_a_line(path):
+            raise ValueError("its last line is cut short")
         Journal(folder, space).sync(frame)
+        return
+    except Exception as failure:
+        damage = f"{type(failure).__name__}: {failure}"
+    aside = f"{path}.damaged"
+    try:
+        os.replace(path, aside)
+        Journal(folder, space).sync(frame)
+        notes.append(f"{JOURNAL_FILE} could not be used ({damage}); it was moved to {aside} and written anew "
+                     "from results.parquet")
     except Exception as failure:  # the journal is a view; it must never fail the search
-        print(f"note: optuna.journal not brought up to date ({type(failure).__name__}: {failure})",
-              file=sys.stderr, flush=True)
+        notes.append(f"{JOURNAL_FILE} not brought up to date ({damage}; then {type(failure).__name__}: {failure})")
+
+
+def _ends_a_line(path: str) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
 
 
 def no_success(frame: pd.DataFrame, metric: str) -> str:
@@ -207,8 +260,9 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, clock: Clock, slot
            auto_note: str) -> Outcome:
     """Derive results.parquet, best.yaml (with test accuracy), the report and the summary."""
     experiment = space.experiment
-    frame = derive(folder, space, grid)
-    sync_journal(folder, space, frame)
+    notes: list[str] = []
+    frame = derive(folder, space, grid, notes)
+    sync_journal(folder, space, frame, notes)
     interrupted = (frame["status"] == INTERRUPTED).any() or frame["trial_id"].nunique() < experiment.num_samples
     this_run = frame[frame["finished_at"] >= clock.unix]
     timing = Timing(time.perf_counter() - clock.perf, float(this_run["epoch_seconds"].sum()), slots)
@@ -232,6 +286,7 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, clock: Clock, slot
         if result.error is not None:  # after max_failures restarts; Tune keeps the traceback
             first_line = str(result.error).strip().splitlines()[-1][:200]
             summary += f"\nFailed: {result.path}: {first_line} (traceback in error.txt there)"
+    summary += "".join(f"\nnote: {note}" for note in notes)
     summary += "\n" + search_notes(space, folder, timing)
     try:
         report = write_report(folder, space, frame, None if entry is None else entry["result"]["trial_id"], summary,
@@ -240,6 +295,9 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, clock: Clock, slot
     except Exception as error:  # the results are written; a figure must not turn them into a crash
         summary += (f"\nReport: not written ({type(error).__name__}: {error}); "
                     f"try again with: python -m search report {folder.path}")
+    stopped = stop_reason()
+    if stopped:
+        summary += f"\nStopped: {stopped}"
     if interrupted:
         unfinished = frame.loc[frame["status"] == INTERRUPTED, "trial_id"].nunique()
         summary += (f"\nInterrupted: {unfinished} trial(s) unfinished, "

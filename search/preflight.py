@@ -14,7 +14,7 @@ import os
 import re
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -163,8 +163,9 @@ def differing_keys(now: dict[str, Any], then: dict[str, Any], ignore: tuple[str,
     return changed
 
 
-def spec_for_resume(space: Space, folder: RunFolder) -> Space:
-    """The stored spec of `folder`; a space file that now says otherwise gets a note, not a say."""
+def spec_for_resume(space: Space, folder: RunFolder) -> tuple[Space, dict[str, Any]]:
+    """The stored spec of `folder` and its run section; a space file that now says otherwise gets a
+    note, not a say."""
     stored, run = folder.read_spec()
     if run.get("path") not in (None, folder.path):
         raise ConfigError([problem("--resume", f"this run was started at {run['path']}; Tune's records in it "
@@ -176,17 +177,24 @@ def spec_for_resume(space: Space, folder: RunFolder) -> Space:
     if changed:
         print(f"note: {space.source} differs from the stored spec of this run in {', '.join(changed)}; "
               f"--resume runs the stored spec ({folder.path}/spec.yaml)", file=sys.stderr, flush=True)
-    return stored
+    return stored, run
 
 
-def prepare(space: Space, storage: Storage, name: str | None, resume: bool) -> tuple[Space, RunFolder, Data]:
-    """The space to run (a resume's is its spec.yaml), its claimed folder and its data, checked."""
+def prepare(space: Space, storage: Storage, name: str | None, resume: bool,
+            held: ExitStack) -> tuple[Space, RunFolder, Data]:
+    """The space to run (a resume's is its spec.yaml), its claimed folder and its data, checked.
+
+    The run folder is held (RunFolder.held) until `held` closes: one process searches a run at a time.
+    """
     check_storage_outlives_ray(storage)
     folder = RunFolder(storage, run_folder_name(space, storage, name, resume))
     if resume:
-        space = spec_for_resume(space, folder)
+        held.enter_context(folder.held("--resume"))
+        folder.check_no_links("--resume")
+        space, run = spec_for_resume(space, folder)
     data = check_search(space)
     if resume:
+        check_same_data(run, data, folder)
         folder.check_record()
         rerun = folder.drop_unrecorded_parts()
         if rerun:
@@ -194,7 +202,8 @@ def prepare(space: Space, storage: Storage, name: str | None, resume: bool) -> t
                   f"with the same trial numbers, configs and seeds", file=sys.stderr, flush=True)
     else:
         folder = claim(folder, automatic=name is None)
-        folder.write_spec(space)
+        held.enter_context(folder.held("--name"))
+        folder.write_spec(space, data_fingerprint(data))
     return space, folder, data
 
 

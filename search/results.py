@@ -34,6 +34,8 @@ RECORD_FILE = "result.json"  # Tune's per-trial record: one JSON line per report
 # How each trial ended. INTERRUPTED: the search stopped (Ctrl-C, SIGTERM, a killed driver)
 # before the trial finished; --resume continues it from its last checkpoint.
 COMPLETED, STOPPED, DIVERGED, ERROR, INTERRUPTED = "COMPLETED", "STOPPED", "DIVERGED", "ERROR", "INTERRUPTED"
+# LOST: the trial's folder (Tune's record of it) and its results part are both gone; a note names it.
+LOST = "LOST"
 
 
 def config_columns(space: Space) -> list[str]:

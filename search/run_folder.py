@@ -16,11 +16,15 @@ Derived files are rewritten from the record, never merged with an older copy of 
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import io
 import json
 import logging
 import os
+import socket
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -32,7 +36,7 @@ import yaml
 from ray import tune
 
 from search.ordered import RECORD_FILE, record_from_json
-from search.results import RESULTS_FILE, part_bytes, results_schema
+from search.results import RESULTS_FILE, is_json, part_bytes, results_schema
 from search.space import Space, parse_space, to_raw
 from search.storage import Storage, is_uri
 from trainable.errors import ConfigError, problem
@@ -41,7 +45,16 @@ from trainable.yaml_file import Loader
 SPEC_FILE = "spec.yaml"
 BEST_FILE = "best.yaml"
 PROBE_FILE = "gpu_probe.json"
+LOCK_FILE = ".lock"  # held by the process that searches the run (RunFolder.held)
 RUN_SECTION = "run"  # spec.yaml's record of where and with what the run started; not part of the space
+
+
+def spec_hash(space: Space) -> str:
+    """A hash of what a run searches: the space as spec.yaml writes it, less data.root (where the
+    files are, which a resume may change; the data's fingerprint checks what they are)."""
+    raw = to_raw(space)
+    raw["data"] = {k: v for k, v in raw["data"].items() if k != "root"}
+    return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def versions() -> dict[str, str]:
@@ -94,13 +107,55 @@ class RunFolder:
         if fs.get_file_info(base).type != pafs.FileType.Directory:
             return
         names = {info.base_name for info in fs.get_file_info(pafs.FileSelector(base))}
-        if names <= {SPEC_FILE, PROBE_FILE}:
+        if names <= {SPEC_FILE, PROBE_FILE, LOCK_FILE}:
             fs.delete_dir(base)
 
-    def write_spec(self, space: Space) -> None:
-        run = {"name": self.name, "path": self.path, "source": space.source, "versions": versions()}
+    def check_no_links(self, key: str) -> None:
+        """A run folder whose folders link elsewhere is refused: its outputs would land outside it."""
+        if is_uri(self.path):
+            return
+        for where, folders, _ in os.walk(self.path):
+            for name in folders:
+                if os.path.islink(os.path.join(where, name)):
+                    link = os.path.join(where, name)
+                    raise ConfigError([problem(key, f"{link} is a symbolic link (to {os.readlink(link)}); hpsearch "
+                                                    "writes nothing outside the run folder: replace the link with a "
+                                                    "folder", self.name)])
+
+    @contextmanager
+    def held(self, key: str):
+        """Hold the run for this process while it searches: a second search or resume of it is
+        refused with exit 2, as a second claim of a new run's name is.
+
+        A file lock (flock) on `.lock` in a local run folder: Linux releases it when the process
+        ends, a SIGKILL included, so a dead holder never blocks a resume. Object stores have no
+        such lock; there two resumes at once are not prevented (docs/stops-and-resume.md).
+        """
+        if is_uri(self.path):
+            yield
+            return
+        fd = os.open(os.path.join(self.path, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise ConfigError([problem(key, f"{self.path} is being searched right now ({holder}); wait for that "
+                                            "process to end (or stop it), then resume", self.name)]) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        try:
+            yield
+        finally:
+            os.close(fd)  # the lock goes with the descriptor
+
+    def write_spec(self, space: Space, data: dict[str, Any] | None = None) -> None:
+        """spec.yaml: the space as resolved, and how the run started (where, with what versions, the
+        data's fingerprint, and a hash of the space that a resume checks: an edited spec is refused)."""
+        run = {"name": self.name, "path": self.path, "source": space.source, "versions": versions(),
+               "data": data, "spec_sha256": spec_hash(space)}
         header = (f"# The resolved spec of search {self.name}: {space.source} after defaults and flags.\n"
-                  f"# --resume runs this file, not the space file. Do not edit.\n")
+                  f"# --resume runs this file, not the space file. Do not edit: a resume refuses an edited spec.\n")
         text = yaml.safe_dump({RUN_SECTION: run, **to_raw(space)}, sort_keys=False)
         self.storage.write(f"{self.name}/{SPEC_FILE}", (header + text).encode())
 
@@ -116,12 +171,18 @@ class RunFolder:
             raw = yaml.load(data.decode("utf-8"), Loader=Loader)
             run = raw.pop(RUN_SECTION)
             # messages and the printed commands name the space file the run was started from
-            return parse_space(raw, source=run.get("source") or where), run
+            space = parse_space(raw, source=run.get("source") or where)
         except ConfigError:
             raise
         except Exception as error:
             raise ConfigError([problem("--resume", f"{where} cannot be read ({type(error).__name__}: {error}); "
                                                    "start a new run", self.name)]) from None
+        if run.get("spec_sha256") not in (None, spec_hash(space)):  # runs from before the hash pass
+            raise ConfigError([problem("--resume", f"{where} was edited after the run started; a resume runs the "
+                                                   "search as it started (Tune's record holds its trials and their "
+                                                   "count), so undo the edit, or start a new run from a space file "
+                                                   "with the change", self.name)])
+        return space, run
 
     def _fs(self) -> tuple[pafs.FileSystem, str]:
         return pafs.FileSystem.from_uri(self.path) if is_uri(self.path) else (pafs.LocalFileSystem(), self.path)
@@ -233,6 +294,20 @@ class RunFolder:
         """
         self.storage.write(f"{self.name}/{RESULTS_FILE}/{trial_id}.parquet",
                            part_bytes(rows, schema or results_schema(space)))
+
+    def read_part(self, trial_id: str, schema: pa.Schema) -> list[dict[str, Any]]:
+        """The rows of a trial's results part as written ([] if there is none or it does not read)."""
+        data = self.storage.read(f"{self.name}/{RESULTS_FILE}/{trial_id}.parquet")
+        if data is None:
+            return []
+        try:
+            rows = pq.read_table(io.BytesIO(data)).to_pylist()
+        except (pa.ArrowException, OSError):
+            return []
+        text = [f.name for f in schema if is_json(f)]
+        for row in rows:  # back to values: table() writes them as JSON text again
+            row.update({c: json.loads(row[c]) for c in text if isinstance(row.get(c), str)})
+        return rows
 
     def write_probe(self, figures: dict[str, Any]) -> None:
         self.storage.write(f"{self.name}/{PROBE_FILE}", json.dumps(figures, indent=1).encode())

@@ -115,6 +115,9 @@ class Experiment(Section):
     #: checkpoints kept per trial (the best by metric, and always the latest); null: all
     storage_path: Annotated[str, rule("must be a folder or URI", lambda v: v != "")] = "./runs"
     #: local folder or pyarrow.fs URI (s3://..., gs://..., file://...)
+    min_free_mb: Annotated[float, rule("must be a number of MB in [0, 1000000]",
+                                       lambda v: _finite(v) and 0 <= v <= 1_000_000)] = 100.0
+    #: below this much free space at a local storage path the search stops as Ctrl-C does (search/disk_guard.py)
     connect_timeout: Annotated[float, rule("must be a number of seconds in (0, 86400]",
                                            lambda v: _finite(v) and 0 < v <= 86_400)] = 60.0
     #: seconds to wait for the cluster at --address before giving up

@@ -39,6 +39,24 @@ def _write_local(temporary: str, path: str, data: bytes) -> None:
         raise
 
 
+class LinkError(PermissionError):
+    """A folder inside the storage path is a symbolic link: nothing hpsearch writes leaves the run folder."""
+
+
+def _refuse_links(base: str, relative_folder: str) -> None:
+    """Every folder from the storage path down to the file's must be a real folder, not a link.
+
+    The storage path itself may be a link (./runs -> /data/runs is the user's choice); a run
+    folder or its report/ linked elsewhere would have outputs land outside the run folder.
+    """
+    current = base
+    for part in [p for p in relative_folder.split("/") if p]:
+        current = f"{current}/{part}"
+        if os.path.islink(current):
+            raise LinkError(f"{current} is a symbolic link (to {os.readlink(current)}); hpsearch writes nothing "
+                            "outside the run folder: replace the link with a folder")
+
+
 @dataclass(frozen=True)
 class Storage:
     """A folder on a filesystem; `uri` is what Tune is given as storage_path."""
@@ -78,6 +96,8 @@ class Storage:
         fs, base = self._fs()
         path = f"{base.rstrip('/')}/{relative}"
         folder, name = path.rsplit("/", 1)
+        if isinstance(fs, pafs.LocalFileSystem):
+            _refuse_links(base.rstrip("/"), relative.rsplit("/", 1)[0] if "/" in relative else "")
         fs.create_dir(folder, recursive=True)
         temporary = f"{folder}/.{name}.{uuid.uuid4().hex}.tmp"
         if isinstance(fs, pafs.LocalFileSystem):

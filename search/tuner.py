@@ -15,11 +15,13 @@ from typing import Any, Callable
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
+from search.disk_guard import DiskGuard
 from search.progress import Progress, flush_all
 from search.run_folder import RunFolder
 from search.searcher import make_searcher
 from search.session import sigterm_as_sigint
 from search.space import Space, max_epochs
+from search.storage import is_uri
 from trainable.adapter import DataHandle, run_trial
 from trainable.data import Data
 
@@ -65,6 +67,11 @@ def tracker_callbacks(space: Space, folder: RunFolder) -> list:
     return callbacks
 
 
+def disk_guard(space: Space, folder: RunFolder) -> list[DiskGuard]:
+    """A full local disk stops the search as Ctrl-C does (search/disk_guard.py); object stores do not fill."""
+    return [] if is_uri(folder.path) else [DiskGuard(folder.path, space.experiment.min_free_mb)]
+
+
 def build_tuner(space: Space, folder: RunFolder, data: Data, trial_function: Callable, *, gpus: float,
                 resume: bool) -> tune.Tuner:
     """The search's Tuner; the data goes into the object store once, and every trial reads it there."""
@@ -95,7 +102,7 @@ def build_tuner(space: Space, folder: RunFolder, data: Data, trial_function: Cal
             # 19x a snapshot's cost)). A SIGKILLed driver loses the trials that ended since: a
             # reproducible search reruns them identically, and their parts written before the kill
             # are dropped on resume (run_folder.drop_unrecorded_parts; docs/stops-and-resume.md)
-            callbacks=[Progress(folder, space), *tracker_callbacks(space, folder)],
+            callbacks=[Progress(folder, space), *disk_guard(space, folder), *tracker_callbacks(space, folder)],
             verbose=0,
         ),
     )

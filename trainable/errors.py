@@ -83,3 +83,11 @@ class ConfigError(ValueError):
 
 class DataError(RuntimeError):
     """A dataset could not be found or read; the message says where to put the files."""
+
+
+class DiskFull(Exception):
+    """The disk of the run folder filled after all (a write ran out of space): stopped, resumable."""
+
+    def __init__(self, path: str, error: OSError, resume_hint: str):
+        super().__init__(f"the disk of {path} is full ({error.strerror or error}); the search stopped as Ctrl-C "
+                         f"stops it, and Tune's record of it is saved. Free space, then continue with:\n  {resume_hint}")

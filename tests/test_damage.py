@@ -1,0 +1,202 @@
+"""Nothing lost, nothing silent: a damaged run folder, a torn journal, two resumes at once, an edited
+spec, other data on resume, links out of the run folder, a full disk. Each fault as a user meets it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+import yaml
+
+from search.driver import run_search
+from search.preflight import check_same_data, data_fingerprint
+from search.run_folder import RunFolder
+from search.space import parse_space
+from search.storage import Storage
+from search.study import JOURNAL_FILE, journal
+from tests.helpers import small_space
+from trainable.data import load_data
+from trainable.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = {"data": {"train_size": 1000, "val_size": 300}, "training": {"epochs": 1}}
+
+
+def tiny_space(storage: Path, data_root: Path, **experiment):
+    return small_space(storage, data_root, experiment={"num_samples": 3, **experiment}, **TINY)
+
+
+def rows_of(frame: pd.DataFrame) -> pd.DataFrame:
+    columns = ["trial_number", "epoch", "seed", "lr", "val_acc", "status"]
+    return frame.sort_values(["trial_number", "epoch"])[columns].reset_index(drop=True)
+
+
+def resume(outcome) -> subprocess.CompletedProcess:
+    """`--resume` in a new process, as after a kill: a new Ray, none of the old one's local copies."""
+    storage, name = outcome.path.rsplit("/", 1)
+    done = subprocess.run([sys.executable, "-m", "search", "--space", f"{outcome.path}/spec.yaml", "--storage-path",
+                           storage, "--name", name, "--resume"], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.fixture(scope="module")
+def finished(ray_local, tmp_path_factory, data_root):
+    storage = tmp_path_factory.mktemp("damage") / "runs"
+    space = tiny_space(storage, data_root)
+    return space, run_search(space, name="damaged")
+
+
+@pytest.mark.slow
+def test_a_damaged_run_folder_keeps_every_row_and_says_what_it_could_not_recover(finished):
+    space, first = finished
+    run = Path(first.path)
+    before = rows_of(first.results)
+    best_before = (run / "best.yaml").read_text()
+    others = first.results[first.results["trial_id"] != first.best["result"]["trial_id"]]
+    gone, lost = sorted(others["trial_id"].unique())
+    shutil.rmtree(run / f"trial_{gone}")  # Tune's record of one trial
+    with open(run / JOURNAL_FILE, "ab") as f:  # a kill mid-append
+        f.write(b'{"op_code": 6, "worker_id": "x", "trial_id"')
+
+    resumed = resume(first)
+    assert_frame = rows_of(pd.read_parquet(run / "results.parquet"))
+    pd.testing.assert_frame_equal(assert_frame, before)  # nothing lost, statuses unchanged (not STOPPED)
+    assert "its folder (Tune's record) is gone; its rows come from results.parquet" in resumed.stdout
+    assert (run / "best.yaml").read_text() == best_before
+    assert f"{JOURNAL_FILE} could not be used" in resumed.stdout and (run / f"{JOURNAL_FILE}.damaged").exists()
+    study = optuna.load_study(study_name="damaged", storage=journal(str(run / JOURNAL_FILE)))
+    assert len(study.trials) == 3 and study.best_value == assert_frame["val_acc"].max()
+
+    # gone from both places: nothing to recover, and its status says so
+    shutil.rmtree(run / f"trial_{lost}")
+    (run / "results.parquet" / f"{lost}.parquet").unlink()
+    again = resume(first)
+    frame = pd.read_parquet(run / "results.parquet")
+    assert list(frame.loc[frame["trial_id"] == lost, "status"]) == ["LOST"]
+    assert "its folder and its results part are gone; nothing of it could be recovered (status LOST)" in again.stdout
+    assert (run / "best.yaml").read_text() == best_before
+
+
+@pytest.mark.slow
+def test_outputs_never_follow_a_link_out_of_the_run_folder(finished, tmp_path):
+    space, first = finished
+    run = Path(first.path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.rmtree(run / "report")
+    (run / "report").symlink_to(elsewhere)
+    try:
+        done = subprocess.run([sys.executable, "-m", "search", "report", str(run)], capture_output=True, text=True,
+                              cwd=REPO, timeout=300)
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert f"{run}/report is a symbolic link (to {elsewhere}); hpsearch writes nothing outside the run folder" \
+            in done.stderr
+        assert list(elsewhere.iterdir()) == []
+        with pytest.raises(ConfigError, match="report is a symbolic link"):
+            run_search(space, name="damaged", resume=True)
+    finally:
+        (run / "report").unlink()
+
+
+def spec_folder(tmp_path: Path, data_root: Path) -> RunFolder:
+    space = tiny_space(tmp_path / "runs", data_root)
+    folder = RunFolder(Storage.at(str(tmp_path / "runs")), "held")
+    folder.claim()
+    folder.write_spec(space)
+    return folder
+
+
+def test_a_second_resume_of_a_run_being_searched_is_refused(tmp_path, data_root):
+    folder = spec_folder(tmp_path, data_root)
+    with folder.held("--name"):
+        done = subprocess.run([sys.executable, "-m", "search", "--space", str(REPO / "spaces" / "mnist.yaml"),
+                               "--storage-path", str(tmp_path / "runs"), "--name", "held", "--resume"],
+                              capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"--resume: {folder.path} is being searched right now (pid {os.getpid()} on " in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_killed_holder_does_not_block_a_resume(tmp_path, data_root):
+    folder = spec_folder(tmp_path, data_root)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\nfrom search.run_folder import RunFolder\nfrom search.storage import Storage\n"
+        f"with RunFolder(Storage.at({str(tmp_path / 'runs')!r}), 'held').held('--name'):\n"
+        "    print('held', flush=True)\n    time.sleep(600)\n")], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match="is being searched right now"):
+            with folder.held("--resume"):
+                pass
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=60)
+    with folder.held("--resume"):  # the kernel released the dead holder's lock
+        pass
+
+
+def test_an_edited_spec_is_refused_and_a_reformatted_one_is_not(tmp_path, data_root):
+    folder = spec_folder(tmp_path, data_root)
+    spec = Path(folder.path) / "spec.yaml"
+    text = spec.read_text()
+    spec.write_text(text.replace("\n", "\n\n", 3) + "# a comment\n")  # the same spec, written otherwise
+    folder.read_spec()
+    raw = yaml.safe_load(text)
+    raw["experiment"]["num_samples"] = 5
+    spec.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(ConfigError) as caught:
+        folder.read_spec()
+    assert caught.value.problems == [f"--resume: {folder.path}/spec.yaml was edited after the run started; a resume "
+                                     "runs the search as it started (Tune's record holds its trials and their "
+                                     "count), so undo the edit, or start a new run from a space file with the "
+                                     "change, got 'held'"]
+
+
+def test_a_resume_with_other_data_is_refused_naming_both_fingerprints(tmp_path, data_root):
+    folder = spec_folder(tmp_path, data_root)
+    then = load_data(tiny_space(tmp_path, data_root).trial_defaults(), data_root)
+    other = parse_space({**yaml.safe_load((Path(folder.path) / "spec.yaml").read_text()),
+                         "data": {"root": str(data_root), "train_size": 1000, "val_size": 300, "split_seed": 1}})
+    now = load_data(other.trial_defaults(), data_root)
+    assert check_same_data({"data": data_fingerprint(then)}, then, folder) == data_fingerprint(then)
+    with pytest.raises(ConfigError) as caught:
+        check_same_data({"data": data_fingerprint(then)}, now, folder)
+    (line,) = caught.value.problems
+    assert line.startswith("--resume: the data differ from those the run started with (train, val: ")
+    assert str(data_fingerprint(then)) in line and str(data_fingerprint(now)) in line
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root (CI runs as root)")
+def test_a_full_disk_stops_the_search_as_ctrl_c_does_and_it_resumes_once_space_is_free(tmp_path, data_root):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(disk)], check=True)
+    try:
+        raw = yaml.safe_load((REPO / "spaces" / "mnist.yaml").read_text())
+        raw["experiment"].update(num_samples=4, storage_path=str(disk), min_free_mb=24, max_failures=0)
+        raw["data"].update(root=str(data_root), train_size=1000, val_size=300)
+        raw["training"]["epochs"] = 2
+        raw["model"]["hidden_sizes"] = [2048]  # ~13 MB a checkpoint with SGD's momentum: the disk fills
+        space_file = tmp_path / "space.yaml"
+        space_file.write_text(yaml.safe_dump(raw))
+        command = [sys.executable, "-m", "search", "--space", str(space_file), "--name", "full"]
+        stopped = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+        assert stopped.returncode == 130, stopped.stderr[-3000:]
+        assert "the search stopped as Ctrl-C stops it" in stopped.stderr and "free space" in stopped.stderr
+        assert 'search/driver.py", line' not in stopped.stderr  # trials may log their own ENOSPC; the driver not
+        subprocess.run(["mount", "-o", "remount,size=512m", str(disk)], check=True)  # space freed
+        resumed = subprocess.run([*command, "--resume"], capture_output=True, text=True, cwd=REPO, timeout=600)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        frame = pd.read_parquet(disk / "full" / "results.parquet")
+        assert frame["trial_id"].nunique() == 4 and set(frame["status"]) == {"COMPLETED"}
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
