@@ -7,7 +7,9 @@ one result (report.epoch_report + a checkpoint in report's format) per epoch.
 It also times where a trial's slot time goes (report.Phases): the actor's start or reuse,
 the data fetch, and per epoch the report of the epoch before, the checkpoint, training and
 validation. `run_trial` is what Tune runs: it fetches the data (once per actor: a reused
-actor keeps it) and calls the trainable.
+actor keeps it) and calls the trainable. A reused actor runs trials one after another in one
+process, so run_trial restores the process-wide state a trial may change (isolation.py) when
+the trial ends.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ray import tune
 from trainable.config import TrialConfig
 from trainable.data import Data
 from trainable.device import get_default_device
+from trainable.isolation import GlobalState
 from trainable.loop import build_run, train_and_evaluate
 from trainable.report import CheckpointError, Phases, Placement, epoch_report, load_checkpoint, save_checkpoint
 
@@ -78,10 +81,12 @@ def run_trial(config: dict[str, Any], *, data: DataHandle, trial_function: Calla
         _fetched[key] = ray.get(data.ref)
         fetch_seconds = time.time() - started_at
     _start = TrialStart(ready_at, started_at, fetch_seconds, checkpoint_every)
+    before = GlobalState.capture()
     try:
         trial_function(config, data=_fetched[key])
     finally:
         _start = None
+        before.restore()  # the next trial on this actor starts from the state this one found
 
 
 def assigned_accelerators() -> str:
