@@ -93,3 +93,28 @@ def test_a_failed_trial_leaves_nothing_behind_either(fetched, tmp_path):
     with pytest.raises(ValueError, match="the user's code failed"):
         adapter.run_trial({}, data=fetched, trial_function=failing)
     assert same(before, observed()) == []
+
+
+@pytest.mark.parametrize("code", [0, 3, "bye"])
+def test_sys_exit_in_a_trial_ends_it_as_an_error_that_says_so(fetched, code):
+    def exiting(config, *, data):
+        sys.exit(code)
+
+    # Tune would report a SystemExit from its trainable thread as "Should not have reached here"
+    with pytest.raises(adapter.TrialExit, match=rf"the trial called sys.exit\({code!r}\)"):
+        adapter.run_trial({}, data=fetched, trial_function=exiting)
+
+
+def test_tunes_own_stop_passes_through_as_tune_expects(fetched, monkeypatch):
+    """Tune stops a trial (a scheduler's decision) by raising SystemExit(0) in tune.report."""
+    def stopping_report(metrics, checkpoint=None):
+        sys.exit(0)
+
+    monkeypatch.setattr(adapter.tune, "report", stopping_report)
+
+    def reporting(config, *, data):
+        adapter.report({"val_acc": 0.5})
+
+    with pytest.raises(SystemExit) as stopped:
+        adapter.run_trial({}, data=fetched, trial_function=reporting)
+    assert stopped.value.code == 0 and not isinstance(stopped.value, adapter.TrialExit)

@@ -9,7 +9,7 @@ the data fetch, and per epoch the report of the epoch before, the checkpoint, tr
 validation. `run_trial` is what Tune runs: it fetches the data (once per actor: a reused
 actor keeps it) and calls the trainable. A reused actor runs trials one after another in one
 process, so run_trial restores the process-wide state a trial may change (isolation.py) when
-the trial ends.
+the trial ends, and turns a `sys.exit()` in the trial into an error that says so.
 """
 
 from __future__ import annotations
@@ -84,9 +84,33 @@ def run_trial(config: dict[str, Any], *, data: DataHandle, trial_function: Calla
     before = GlobalState.capture()
     try:
         trial_function(config, data=_fetched[key])
+    except SystemExit as error:
+        if getattr(error, TUNE_STOP, False):
+            raise  # Tune ending a stopped trial's thread: not an error
+        # Tune would take sys.exit(0) for its own stop and then fail with "Should not have reached here"
+        raise TrialExit(f"the trial called sys.exit({error.code!r}); a trial ends by returning "
+                        "(or raising an error)") from None
     finally:
         _start = None
         before.restore()  # the next trial on this actor starts from the state this one found
+
+
+class TrialExit(RuntimeError):
+    """The trial's code called sys.exit() (or raised SystemExit): the trial ends as an error."""
+
+
+# Tune stops a trial's thread by raising SystemExit(0) inside tune.report; report() marks it so
+# run_trial can tell it from a sys.exit() in the trial's own code
+TUNE_STOP = "hpsearch_stopped_by_tune"
+
+
+def report(metrics: dict[str, Any], checkpoint: tune.Checkpoint | None = None) -> None:
+    """tune.report, with Tune's stop (a SystemExit) marked as Tune's."""
+    try:
+        tune.report(metrics, checkpoint=checkpoint)
+    except SystemExit as stop:
+        setattr(stop, TUNE_STOP, True)
+        raise
 
 
 def assigned_accelerators() -> str:
@@ -172,7 +196,7 @@ def tune_trial(config: dict[str, Any], *, data: Data) -> None:
             # any report may be the trial's last (a scheduler stops trials early); the next
             # trial on this actor counts its start from here, so no time falls between trials
             _last_end = reporting
-            tune.report(epoch_report(record, placement, device, phases),
-                        checkpoint=tune.Checkpoint.from_directory(folder) if keep else None)
+            report(epoch_report(record, placement, device, phases),
+                   checkpoint=tune.Checkpoint.from_directory(folder) if keep else None)
             report_seconds = time.time() - reporting
             fetch_seconds = setup_seconds = 0.0  # once per trial, on its first row
