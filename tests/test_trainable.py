@@ -224,6 +224,50 @@ def test_checkpoint_round_trip_resumes_bit_for_bit(small_data, source, tmp_path)
     assert [metrics(r) for r in resumed] == [metrics(r) for r in uninterrupted[1:]]
 
 
+CNN_WITH_DROPOUT = dict(model="cnn", model_args={"channels": [4], "hidden": 16, "dropout": 0.5},
+                        train_size=500, val_size=100, epochs=3, batch_size=50, seed=5)
+
+
+@pytest.fixture(scope="module")
+def cnn_data(mnist_train) -> Data:
+    return mnist_data(*split(mnist_train, 500, 100, split_seed=0))
+
+
+def test_a_model_with_dropout_resumes_bit_for_bit(cnn_data, tmp_path):
+    """Dropout draws from torch's global RNG, not the trial's generator: the checkpoint must hold it."""
+    config = TrialConfig(**CNN_WITH_DROPOUT)
+    straight = build_run(config, cnn_data, CPU)
+    uninterrupted = list(train_and_evaluate(straight))
+
+    run = build_run(config, cnn_data, CPU)
+    next(train_and_evaluate(run))
+    save_checkpoint(tmp_path, config, run.input_shape, run.num_classes, run.state_dict())
+    torch.manual_seed(999)  # whatever ran in between (another trial, a restarted worker) drew too
+
+    # a fresh build, as a restarted trial makes; another seed, so only the checkpoint can make it agree
+    resumed_run = build_run(dataclasses.replace(config, seed=config.seed + 1), cnn_data, CPU)
+    assert resumed_run.load_state_dict(load_checkpoint(tmp_path).state) is None  # no note: every state was there
+    resumed = list(train_and_evaluate(resumed_run))
+
+    assert [metrics(r) for r in resumed] == [metrics(r) for r in uninterrupted[1:]]
+    for (name, a), b in zip(straight.model.state_dict().items(), resumed_run.model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_a_checkpoint_without_the_global_rng_states_resumes_with_a_note(cnn_data, tmp_path):
+    """Checkpoints written before the RNG states were saved still load; the run says what it lacks."""
+    config = TrialConfig(**{**CNN_WITH_DROPOUT, "epochs": 2})
+    run = build_run(config, cnn_data, CPU)
+    next(train_and_evaluate(run))
+    old_state = {k: v for k, v in run.state_dict().items() if k != "rng"}
+    save_checkpoint(tmp_path, config, run.input_shape, run.num_classes, old_state)
+
+    resumed_run = build_run(config, cnn_data, CPU)
+    note = resumed_run.load_state_dict(load_checkpoint(tmp_path).state)
+    assert note is not None and "random number generator states" in note and "not bit for bit" in note
+    assert [r.epoch for r in train_and_evaluate(resumed_run)] == [2]
+
+
 def test_a_checkpoint_rebuilds_its_model_for_evaluation(small_data, tmp_path):
     """evaluate_model: what the driver does with the best checkpoint and the test part."""
     config = TrialConfig(**{**SMALL, "epochs": 1}, model_args={"hidden_sizes": [32]})

@@ -170,8 +170,9 @@ def tune_trial(config: dict[str, Any], *, data: Data) -> None:
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:  # Tune restarted this trial (failure or resume)
         state = newest_readable_state(checkpoint)
-        if state is not None:
-            run.load_state_dict(state)
+        note = run.load_state_dict(state) if state is not None else None
+        if note:
+            print(f"hpsearch: {note}", file=sys.stderr, flush=True)
     placement = Placement(node=ray.get_runtime_context().get_node_id()[:12], hostname=socket.gethostname(),
                           device=str(device), accelerator_ids=assigned_accelerators())
     # Each row accounts for the slot time since the previous row's report was made (the first,
