@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from trainable.batches import InMemoryBatches
-from trainable.config import OPTIMIZERS, SOURCES, TrialConfig
+from trainable.config import OPTIMIZERS, SOURCES, TrialConfig, schedule_note
 from trainable.data import BUILTIN_CLASSES, TORCHVISION_SETS, Data, Standardize, split
 from trainable.loop import (EpochRecord, accuracy_metric, build_run, evaluate, evaluate_model, train,
                             train_and_evaluate)
@@ -320,6 +320,26 @@ def test_divergent_run_is_reported_and_stops_early(small_data):
     assert records[-1].diverged
     assert not math.isfinite(records[-1].train_loss)
     assert not any(r.diverged for r in records[:-1])
+
+
+# --- learning-rate schedule ------------------------------------------------------------------------
+
+def test_the_cosine_schedule_follows_epochs_unless_t_max_is_set(mnist_train):
+    """With more epochs than the old default t_max (5), the lr fell to 0 and climbed back."""
+    data = mnist_data(*split(mnist_train, 200, 100, split_seed=0))
+    tiny = dict(train_size=200, val_size=100, batch_size=100, model_args={"hidden_sizes": [8]})
+    lrs = [r.epoch_lr for r in run_records(TrialConfig(**tiny, epochs=7), data)]
+    assert lrs[0] == 0.05 and all(a > b > 0 for a, b in zip(lrs, lrs[1:])), lrs  # one half cosine over 7 epochs
+
+    restarting = [r.epoch_lr for r in run_records(TrialConfig(**tiny, epochs=4, t_max=2), data)]
+    assert restarting[2] == pytest.approx(0.0, abs=1e-12) and restarting[3] > 0  # a t_max that is set is kept
+
+
+def test_a_t_max_below_epochs_gets_a_note_and_others_do_not():
+    note = schedule_note(TrialConfig(epochs=10, t_max=4))
+    assert note.startswith("t_max (4) < epochs (10): ") and "climbs back" in note
+    assert schedule_note(TrialConfig(epochs=10)) is None
+    assert schedule_note(TrialConfig(epochs=10, t_max=10)) is None and schedule_note(TrialConfig(epochs=3, t_max=8)) is None
 
 
 # --- models and optimizers ------------------------------------------------------------------------

@@ -153,6 +153,15 @@ def test_cli_trains_a_user_model_on_a_user_dataset(user_files, capsys):
     assert [line[:11] for line in epoch_lines(captured.out)] == ["Epoch [1/2]", "Epoch [2/2]"]
 
 
+def test_cli_says_when_t_max_below_epochs_restarts_the_schedule(user_files, capsys):
+    code = main(["--dataset", f"{user_files / 'my_data.py'}:blobs", "--model", f"{user_files / 'my_model.py'}:Net",
+                 "--epochs", "2", "--t-max", "1", "--data-root", str(user_files)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "note: t_max (1) < epochs (2): the cosine schedule" in captured.err
+    assert len(epoch_lines(captured.out)) == 2
+
+
 def test_cli_bad_dataset_function_exits_2(user_files, capsys):
     code = main(["--dataset", f"{user_files / 'my_data.py'}:nope", "--data-root", str(user_files)])
     captured = capsys.readouterr()

@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Sequence
 
-from trainable.config import FACTORY_KEY, FIELDS, TrialConfig
+from trainable.config import FACTORY_KEY, FIELDS, TrialConfig, schedule_note
 from trainable.data import default_data_root, load_data
 from trainable.factories import check_model
 from trainable.device import get_default_device
@@ -75,6 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if schedule_note(config):
+        print(f"note: {schedule_note(config)}", file=sys.stderr, flush=True)
     device = get_default_device()
     print(f"device: {device} | dataset: {config.dataset} {len(data.train)} train / "
           f"{len(data.val)} val | model: {config.model} | seed: {config.seed}", flush=True)

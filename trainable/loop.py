@@ -17,7 +17,7 @@ from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
 from trainable.batches import Batches, InMemoryBatches, make_loader
-from trainable.config import TrialConfig
+from trainable.config import TrialConfig, schedule_period
 from trainable.data import Arrays, Data, Standardize
 from trainable.factories import build_model
 from trainable.seed import global_rng_states, set_global_rng_states, set_seed
@@ -182,8 +182,8 @@ def build_run(config: TrialConfig, data: Data, device: torch.device) -> Run:
         num_classes=data.num_classes,
         model=model,
         optimizer=optimizer,
-        # stepped once per epoch, so T_max counts epochs
-        scheduler=torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=config.t_max),
+        # stepped once per epoch, so T_max counts epochs; unset, it follows epochs (one half cosine)
+        scheduler=torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=schedule_period(config)),
         generator=generator,
         train_batches=make_batches(config, data.train, data.standardize, device, shuffle=True, generator=generator),
         val_batches=make_batches(config, data.val, data.standardize, device, shuffle=False, generator=None),
