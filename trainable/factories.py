@@ -82,7 +82,13 @@ def resolve(reference: str, key: str) -> Callable[..., Any]:
     if match is None:
         raise ConfigError([problem(key, "must be a built-in name, FILE.py:NAME or package.module:NAME", reference)])
     module_part, name = match["module"], match["name"]
-    if module_part.endswith(".py"):
+    is_file = module_part.endswith(".py")
+    top = module_part.split(".")[0]
+    if not is_file and top in sys.stdlib_module_names:  # refused before importing: some run code at import
+        raise ConfigError([problem(key, f"must not name the standard library ({top}): a reference names a "
+                                        "model factory or dataset function of yours or of an installed package",
+                                   reference)])
+    if is_file:
         module = _import_file(Path(module_part).expanduser().resolve(), key, reference)
     else:
         module = _import_module(module_part, key, reference)
@@ -93,7 +99,25 @@ def resolve(reference: str, key: str) -> Callable[..., Any]:
                                         f"{', '.join(defined[:12]) or 'none'})", reference)])
     if not callable(found):
         raise ConfigError([problem(key, f"{name} in {module_part} is not callable", reference)])
-    return found
+    return own_code(found, module, module_part, name, key, reference)
+
+
+def own_code(found: Any, module: Any, module_part: str, name: str, key: str, reference: str) -> Callable[..., Any]:
+    """`found` if it is a function or class defined in the module named (for a package.module, or
+    in one of its submodules: torch.nn:Linear lives in torch.nn.modules.linear).
+
+    A reference in best.yaml or spec.yaml is code that runs; this keeps it to code the user
+    named, so `os:system` or an `eval` imported into a file cannot be reached through one.
+    """
+    if not (inspect.isfunction(found) or inspect.isclass(found)):
+        raise ConfigError([problem(key, f"{name} in {module_part} must be a function or a class defined "
+                                        f"there (it is a {type(found).__name__} object)", reference)])
+    defined_in = getattr(found, "__module__", None) or "?"
+    package = not module_part.endswith(".py")
+    if defined_in == module.__name__ or (package and defined_in.startswith(module.__name__ + ".")):
+        return found
+    raise ConfigError([problem(key, f"{name} is not defined in {module_part} (it comes from {defined_in}); "
+                                    f"name it where it is defined: {defined_in}:{found.__name__}", reference)])
 
 
 def keyword_problems(function: Callable, keywords: Mapping[str, Any] | list[str], prefix: str,
