@@ -16,6 +16,7 @@ from __future__ import annotations
 import gzip
 import inspect
 import os
+import warnings
 import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -36,6 +37,8 @@ TORCHVISION_SETS: dict[str, tuple[type, tuple[float, ...], tuple[float, ...]]] =
     "cifar10": (datasets.CIFAR10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
 }
 BUILTIN_CLASSES = 10  # every built-in set has ten classes
+MAX_CLASSES = 100_000  # more is a stray label: 30,000,001 classes took 3.3 GB in a check
+NUMERIC_KINDS = "biuf"  # numpy dtype kinds a tensor can be made of: bool, int, uint, float
 RAW_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
@@ -176,6 +179,10 @@ def as_arrays(part: Any, key: str, which: str) -> Arrays:
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer) or len(inputs) != len(labels) or not len(labels):
         raise ConfigError([problem(key, f"its {which} part must hold N >= 1 inputs and N integer labels (N,) "
                                         f"(inputs: {inputs.shape} {inputs.dtype}); labels", f"{labels.shape} {labels.dtype}")])
+    if inputs.dtype.kind not in NUMERIC_KINDS:  # strings, objects: torch cannot make a tensor of them
+        raise ConfigError([problem(key, f"its {which} part must hold numeric inputs (bool, integer or float): "
+                                        "encode text or categories as numbers in the function",
+                                   f"inputs {inputs.shape} {inputs.dtype}")])
     if inputs.dtype == np.float64:
         inputs = inputs.astype(np.float32)  # models are float32; a float64 input would not run
     return Arrays(inputs, labels.astype(np.int64))
@@ -274,7 +281,16 @@ def load_data(config: TrialConfig, root: str | Path | None = None, *, key: str =
             raise ConfigError([problem(key, "every part must hold inputs of one shape", sorted(shapes))])
         if min(int(p.labels.min()) for p in parts) < 0:
             raise DataError(f"{key}: labels must be >= 0 (class indices), got a negative one")
-        num_classes = max(int(p.labels.max()) for p in parts) + 1
+        largest = max(int(p.labels.max()) for p in parts)
+        if largest >= MAX_CLASSES:  # the output layer alone would take gigabytes before the first epoch
+            raise DataError(f"{key}: at most {MAX_CLASSES} classes (labels in [0, {MAX_CLASSES})), got the label "
+                            f"{largest}; labels are class indices 0, 1, 2, ...")
+        num_classes = largest + 1
+        present = np.unique(train_part.labels)
+        if len(present) == 1:
+            warnings.warn(f"{key}: every training label is {int(present[0])} (one class): any model scores "
+                          "accuracy 1.0 by always predicting it; check what the dataset function returns",
+                          UserWarning, stacklevel=2)
         standardize = None
         test = test if with_test else None
     if val_part is None:
