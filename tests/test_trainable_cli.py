@@ -176,6 +176,15 @@ def test_a_best_yaml_naming_the_standard_library_is_refused_before_it_runs(user_
     assert not marker.exists() and not epoch_lines(captured.out)
 
 
+def test_cli_data_root_of_an_unknown_users_home_exits_2(user_files, capsys, monkeypatch):
+    code = main(["--dataset", f"{user_files / 'my_data.py'}:blobs", "--data-root", "~no_such_user_hpsearch/x"])
+    assert code == 2
+    assert "--data-root: ~user must name a user with a home folder" in capsys.readouterr().err
+    monkeypatch.setenv("HPSEARCH_DATA", "~no_such_user_hpsearch/x")
+    assert main(["--epochs", "1"]) == 2
+    assert "HPSEARCH_DATA: ~user must name a user" in capsys.readouterr().err
+
+
 def test_cli_bad_dataset_function_exits_2(user_files, capsys):
     code = main(["--dataset", f"{user_files / 'my_data.py'}:nope", "--data-root", str(user_files)])
     captured = capsys.readouterr()

@@ -455,6 +455,34 @@ def test_a_missing_dataset_function_is_a_config_error(user_file, tmp_path):
     assert "defines no nope (callables there: " in message and "datasets" in message  # what it does define
 
 
+# --- the data root ---------------------------------------------------------------------------------
+
+NO_SUCH_USER = "~no_such_user_hpsearch/data"
+
+
+def test_a_data_root_of_an_unknown_users_home_is_a_config_error_naming_its_key(monkeypatch, user_file, tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        load_data(TrialConfig(), NO_SUCH_USER)
+    assert caught.value.problems == [f"data.root: ~user must name a user with a home folder, got '{NO_SUCH_USER}'"]
+    with pytest.raises(ConfigError, match="^1 problem.*\n  --data-root: ~user must name"):
+        load_data(TrialConfig(dataset=user_file("tensors")), NO_SUCH_USER, root_key="--data-root")
+
+    monkeypatch.setenv("HPSEARCH_DATA", NO_SUCH_USER)
+    with pytest.raises(ConfigError) as caught:
+        load_data(TrialConfig(), None)
+    assert caught.value.problems == [f"HPSEARCH_DATA: ~user must name a user with a home folder, got '{NO_SUCH_USER}'"]
+
+
+def test_a_reference_in_an_unknown_users_home_is_a_config_error(tmp_path):
+    from trainable.config import absolute_reference
+
+    reference = "~no_such_user_hpsearch/data.py:load"
+    assert absolute_reference(reference, tmp_path) == reference  # left for resolve to report
+    with pytest.raises(ConfigError) as caught:
+        load_data(TrialConfig(dataset=reference), tmp_path, key="data.dataset")
+    assert caught.value.problems[0].startswith("data.dataset: ~user must name a user with a home folder")
+
+
 # --- split -------------------------------------------------------------------------------------
 
 def test_split_is_disjoint_sized_and_fixed_by_split_seed_and_val_size():

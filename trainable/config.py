@@ -47,7 +47,10 @@ def absolute_reference(reference: Any, base: Path) -> Any:
     match = REFERENCE.fullmatch(reference) if isinstance(reference, str) else None
     if match is None or not match["module"].endswith(".py"):
         return reference
-    return f"{(base / Path(match['module']).expanduser()).resolve()}:{match['name']}"
+    try:
+        return f"{(base / Path(match['module']).expanduser()).resolve()}:{match['name']}"
+    except RuntimeError:  # ~user without a home: resolving the reference will name the key
+        return reference
 
 
 def frozen_mapping(values: Mapping[str, Any] | None = None) -> dict[str, Any]:

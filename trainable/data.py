@@ -85,17 +85,26 @@ class Data:
         return replace(self, test=None)
 
 
+def expand_root(root: str | Path, key: str) -> Path:
+    """`root` with ~ and ~user expanded; a ~user without a home is a ConfigError naming `key`
+    (data.root, --data-root, HPSEARCH_DATA) rather than pathlib's RuntimeError."""
+    try:
+        return Path(root).expanduser()
+    except RuntimeError:
+        raise ConfigError([problem(key, "~user must name a user with a home folder", str(root))]) from None
+
+
 def default_data_root() -> Path:
     """$HPSEARCH_DATA, else a per-user cache folder."""
     if os.environ.get("HPSEARCH_DATA"):
-        return Path(os.environ["HPSEARCH_DATA"]).expanduser()
+        return expand_root(os.environ["HPSEARCH_DATA"], "HPSEARCH_DATA")
     cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(cache) / "hpsearch"
 
 
 def raw_folder(name: str, root: str | Path) -> Path:
     cls = TORCHVISION_SETS[name][0]
-    return Path(root).expanduser() / (cls.base_folder if name == "cifar10" else f"{cls.__name__}/raw")
+    return expand_root(root, "data.root") / (cls.base_folder if name == "cifar10" else f"{cls.__name__}/raw")
 
 
 def load_dataset(name: str, root: str | Path | None = None, *, train: bool = True) -> Arrays:
@@ -105,7 +114,7 @@ def load_dataset(name: str, root: str | Path | None = None, *, train: bool = Tru
     the md5 of the packed files in the raw folder and unpacks them (no network), and only
     downloads what is missing. If that fails too, a DataError names the folder and files.
     """
-    root = Path(root).expanduser() if root is not None else default_data_root()
+    root = expand_root(root, "data.root") if root is not None else default_data_root()
     cls = TORCHVISION_SETS[name][0]
     try:
         dataset = cls(str(root), train=train, download=True)
@@ -259,14 +268,15 @@ def prepare_inputs(inputs: torch.Tensor, standardize: Standardize | None) -> tor
 
 
 def load_data(config: TrialConfig, root: str | Path | None = None, *, key: str = "dataset",
-              with_test: bool = True) -> Data:
+              with_test: bool = True, root_key: str = "data.root") -> Data:
     """The dataset of `config`, split with `split_seed` and checked, ready for trials.
 
-    `key` names the dataset setting in messages (`data.dataset` in a space file).
+    `key` names the dataset setting in messages (`data.dataset` in a space file), `root_key`
+    where `root` came from (None: $HPSEARCH_DATA or the cache folder).
     """
     from trainable.factories import resolve  # user code is imported only when asked for
 
-    root = Path(root).expanduser() if root is not None else default_data_root()
+    root = expand_root(root, root_key) if root is not None else default_data_root()
     if config.dataset in TORCHVISION_SETS:
         _, mean, std = TORCHVISION_SETS[config.dataset]
         train_part, val_part = load_dataset(config.dataset, root, train=True), None

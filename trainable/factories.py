@@ -89,7 +89,11 @@ def resolve(reference: str, key: str) -> Callable[..., Any]:
                                         "model factory or dataset function of yours or of an installed package",
                                    reference)])
     if is_file:
-        module = _import_file(Path(module_part).expanduser().resolve(), key, reference)
+        try:
+            path = Path(module_part).expanduser().resolve()
+        except RuntimeError:  # ~user of a user without a home
+            raise ConfigError([problem(key, "~user must name a user with a home folder", reference)]) from None
+        module = _import_file(path, key, reference)
     else:
         module = _import_module(module_part, key, reference)
     found = getattr(module, name, None)
