@@ -64,6 +64,12 @@ from shutil import rmtree
 from torch.nn import Linear
 instance = Broken  # an alias of the file's own class is fine
 called = nn.Flatten()  # an object, not a function or class
+
+
+class Exits(nn.Module):
+    def forward(self, x):
+        import sys
+        sys.exit(0)
 '''
 
 
@@ -250,3 +256,13 @@ def test_a_package_reference_may_name_what_the_package_defines_in_its_modules():
     # but not what a module imported from elsewhere (torch.Tensor, imported by torch.nn.functional)
     with pytest.raises(ConfigError, match="Tensor is not defined in torch.nn.functional"):
         resolve("torch.nn.functional:Tensor", "model.factory")
+
+
+def test_a_model_that_calls_sys_exit_is_a_config_error_not_a_silent_exit(models, tmp_path):
+    (message,) = check_problems(models("Exits"))
+    assert message.startswith("model.factory: building the model or running it on a batch of (2, 1, 28, 28) "
+                              "failed: the code called sys.exit(0)")
+    exits_at_import = tmp_path / "exits.py"
+    exits_at_import.write_text("import sys\nsys.exit(3)\n")
+    (message,) = check_problems(f"{exits_at_import}:Net")
+    assert message.startswith(f"model.factory: cannot import {exits_at_import}: the code called sys.exit(3)")

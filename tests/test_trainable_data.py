@@ -299,6 +299,11 @@ def stray_label(root):
     return (torch.zeros(12, 2), torch.tensor([0, 1] * 5 + [1, 30_000_000])), None
 
 
+def exits(root):
+    import sys
+    sys.exit(0)
+
+
 def one_class(root):
     return (torch.randn(12, 2), torch.full((12,), 2)), None
 '''
@@ -445,6 +450,11 @@ def test_a_dataset_function_that_raises_is_a_data_error_naming_it(user_file, tmp
     message = str(caught.value)
     assert message.startswith("data.dataset: the dataset function")
     assert "my_data.py:raises raised FileNotFoundError: nothing in" in message
+
+
+def test_a_dataset_function_that_calls_sys_exit_is_a_data_error(user_file, tmp_path):
+    with pytest.raises(DataError, match=r"data.dataset: the dataset function .*my_data.py:exits called sys.exit\(0\)"):
+        user_data(user_file("exits"), tmp_path)
 
 
 def test_a_missing_dataset_function_is_a_config_error(user_file, tmp_path):

@@ -212,6 +212,8 @@ def call_dataset_function(function: Callable, config: TrialConfig, root: Path, k
         raise ConfigError(problems)
     try:
         returned = function(root, **config.data_args)
+    except SystemExit as error:  # the search would end with its code and no word
+        raise DataError(f"{key}: the dataset function {config.dataset} called sys.exit({error.code!r})") from None
     except Exception as error:
         raise DataError(f"{key}: the dataset function {config.dataset} raised "
                         f"{type(error).__name__}: {error}") from None

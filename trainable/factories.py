@@ -53,11 +53,18 @@ def _import_file(path: Path, key: str, reference: str):
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as error:
+    except (Exception, SystemExit) as error:  # SystemExit: the search would end with its code, silently
         del sys.modules[name]
-        raise ConfigError([problem(key, f"cannot import {path}: {type(error).__name__}: {error} "
+        raise ConfigError([problem(key, f"cannot import {path}: {what_happened(error)} "
                                         f"({where_it_failed(error, (str(path),))})", reference)]) from None
     return module
+
+
+def what_happened(error: BaseException) -> str:
+    """`ValueError: message`, or for SystemExit `the code called sys.exit(0)`."""
+    if isinstance(error, SystemExit):
+        return f"the code called sys.exit({error.code!r})"
+    return f"{type(error).__name__}: {error}"
 
 
 def _import_module(module_name: str, key: str, reference: str):
@@ -69,8 +76,8 @@ def _import_module(module_name: str, key: str, reference: str):
                                             "PYTHONPATH?)", reference)]) from None
         raise ConfigError([problem(key, f"cannot import {module_name}: {error} ({where_it_failed(error)})",
                                    reference)]) from None
-    except Exception as error:
-        raise ConfigError([problem(key, f"cannot import {module_name}: {type(error).__name__}: {error} "
+    except (Exception, SystemExit) as error:
+        raise ConfigError([problem(key, f"cannot import {module_name}: {what_happened(error)} "
                                         f"({where_it_failed(error)})", reference)]) from None
 
 
@@ -188,9 +195,9 @@ def check_model(config: TrialConfig, sample: torch.Tensor, num_classes: int,
             logits = model(sample)
     except ConfigError:
         raise
-    except Exception as error:
+    except (Exception, SystemExit) as error:
         raise ConfigError([problem(key, f"building the model or running it on a batch of {tuple(sample.shape)} "
-                                        f"failed: {type(error).__name__}: {error} ({where_it_failed(error)})",
+                                        f"failed: {what_happened(error)} ({where_it_failed(error)})",
                                    config.model)]) from None
     expected = (len(sample), num_classes)
     if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != expected:
