@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -233,9 +234,14 @@ def cnn_data(mnist_train) -> Data:
     return mnist_data(*split(mnist_train, 500, 100, split_seed=0))
 
 
-def test_a_model_with_dropout_resumes_bit_for_bit(cnn_data, tmp_path):
+EXAMPLE_NET = str(Path(__file__).resolve().parents[1] / "examples" / "mnist_cnn" / "model.py") + ":Net"
+
+
+@pytest.mark.parametrize("model", [{}, {"model": EXAMPLE_NET, "model_args": {"channels": 4, "hidden": 16, "dropout": 0.3}}],
+                         ids=["builtin cnn", "examples/mnist_cnn"])
+def test_a_model_with_dropout_resumes_bit_for_bit(cnn_data, tmp_path, model):
     """Dropout draws from torch's global RNG, not the trial's generator: the checkpoint must hold it."""
-    config = TrialConfig(**CNN_WITH_DROPOUT)
+    config = TrialConfig(**{**CNN_WITH_DROPOUT, **model})
     straight = build_run(config, cnn_data, CPU)
     uninterrupted = list(train_and_evaluate(straight))
 
