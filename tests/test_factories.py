@@ -57,6 +57,19 @@ class Broken(nn.Module):
 
 def flexible(**settings):
     return nn.Sequential(nn.Flatten(), nn.Linear(784, 10))
+
+
+from os import system  # imported names are not the file's own: a reference to one is refused
+from shutil import rmtree
+from torch.nn import Linear
+instance = Broken  # an alias of the file's own class is fine
+called = nn.Flatten()  # an object, not a function or class
+
+
+class Exits(nn.Module):
+    def forward(self, x):
+        import sys
+        sys.exit(0)
 '''
 
 
@@ -206,3 +219,50 @@ def test_absolute_reference_anchors_files_and_leaves_modules(tmp_path):
     assert absolute_reference("models/net.py:Net", tmp_path) == f"{tmp_path.resolve() / 'models' / 'net.py'}:Net"
     assert absolute_reference("pkg.models:Net", tmp_path) == "pkg.models:Net"
     assert absolute_reference("mlp", tmp_path) == "mlp"
+
+
+# --- a reference is code: what it may name ----------------------------------------------------------
+
+@pytest.mark.parametrize("reference, expected", [
+    ("os:system", "must not name the standard library (os)"),
+    ("builtins:eval", "must not name the standard library (builtins)"),
+    ("subprocess:run", "must not name the standard library (subprocess)"),
+    ("shutil:rmtree", "must not name the standard library (shutil)"),
+    ("os.path:join", "must not name the standard library (os)"),
+    ("sys:exit", "must not name the standard library (sys)"),
+])
+def test_references_into_the_standard_library_are_refused_before_anything_runs(reference, expected):
+    with pytest.raises(ConfigError) as caught:
+        resolve(reference, "model.factory")
+    (message,) = caught.value.problems
+    assert message.startswith(f"model.factory: {expected}") and message.endswith(f"got '{reference}'")
+
+
+def test_a_file_reference_must_name_a_function_or_class_the_file_defines(models):
+    assert resolve(models("instance"), "model.factory").__name__ == "Broken"
+    (message,) = check_problems(models("system"))
+    assert "system in " in message and "must be a function or a class defined there" in message
+    (message,) = check_problems(models("rmtree"))
+    assert "rmtree is not defined in " in message and "name it where it is defined: shutil:rmtree" in message
+    (message,) = check_problems(models("Linear"))
+    assert "Linear is not defined in" in message and "torch.nn.modules.linear:Linear" in message
+    (message,) = check_problems(models("called"))
+    assert "must be a function or a class" in message and "Flatten" in message
+
+
+def test_a_package_reference_may_name_what_the_package_defines_in_its_modules():
+    # torch.nn re-exports Linear from torch.nn.modules.linear: still code of the package named
+    assert resolve("torch.nn:Linear", "model.factory") is nn.Linear
+    # but not what a module imported from elsewhere (torch.Tensor, imported by torch.nn.functional)
+    with pytest.raises(ConfigError, match="Tensor is not defined in torch.nn.functional"):
+        resolve("torch.nn.functional:Tensor", "model.factory")
+
+
+def test_a_model_that_calls_sys_exit_is_a_config_error_not_a_silent_exit(models, tmp_path):
+    (message,) = check_problems(models("Exits"))
+    assert message.startswith("model.factory: building the model or running it on a batch of (2, 1, 28, 28) "
+                              "failed: the code called sys.exit(0)")
+    exits_at_import = tmp_path / "exits.py"
+    exits_at_import.write_text("import sys\nsys.exit(3)\n")
+    (message,) = check_problems(f"{exits_at_import}:Net")
+    assert message.startswith(f"model.factory: cannot import {exits_at_import}: the code called sys.exit(3)")

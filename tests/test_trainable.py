@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 from trainable.batches import InMemoryBatches
-from trainable.config import OPTIMIZERS, SOURCES, TrialConfig
+from trainable.config import OPTIMIZERS, SOURCES, TrialConfig, schedule_note
 from trainable.data import BUILTIN_CLASSES, TORCHVISION_SETS, Data, Standardize, split
 from trainable.loop import (EpochRecord, accuracy_metric, build_run, evaluate, evaluate_model, train,
                             train_and_evaluate)
@@ -224,6 +225,55 @@ def test_checkpoint_round_trip_resumes_bit_for_bit(small_data, source, tmp_path)
     assert [metrics(r) for r in resumed] == [metrics(r) for r in uninterrupted[1:]]
 
 
+CNN_WITH_DROPOUT = dict(model="cnn", model_args={"channels": [4], "hidden": 16, "dropout": 0.5},
+                        train_size=500, val_size=100, epochs=3, batch_size=50, seed=5)
+
+
+@pytest.fixture(scope="module")
+def cnn_data(mnist_train) -> Data:
+    return mnist_data(*split(mnist_train, 500, 100, split_seed=0))
+
+
+EXAMPLE_NET = str(Path(__file__).resolve().parents[1] / "examples" / "mnist_cnn" / "model.py") + ":Net"
+
+
+@pytest.mark.parametrize("model", [{}, {"model": EXAMPLE_NET, "model_args": {"channels": 4, "hidden": 16, "dropout": 0.3}}],
+                         ids=["builtin cnn", "examples/mnist_cnn"])
+def test_a_model_with_dropout_resumes_bit_for_bit(cnn_data, tmp_path, model):
+    """Dropout draws from torch's global RNG, not the trial's generator: the checkpoint must hold it."""
+    config = TrialConfig(**{**CNN_WITH_DROPOUT, **model})
+    straight = build_run(config, cnn_data, CPU)
+    uninterrupted = list(train_and_evaluate(straight))
+
+    run = build_run(config, cnn_data, CPU)
+    next(train_and_evaluate(run))
+    save_checkpoint(tmp_path, config, run.input_shape, run.num_classes, run.state_dict())
+    torch.manual_seed(999)  # whatever ran in between (another trial, a restarted worker) drew too
+
+    # a fresh build, as a restarted trial makes; another seed, so only the checkpoint can make it agree
+    resumed_run = build_run(dataclasses.replace(config, seed=config.seed + 1), cnn_data, CPU)
+    assert resumed_run.load_state_dict(load_checkpoint(tmp_path).state) is None  # no note: every state was there
+    resumed = list(train_and_evaluate(resumed_run))
+
+    assert [metrics(r) for r in resumed] == [metrics(r) for r in uninterrupted[1:]]
+    for (name, a), b in zip(straight.model.state_dict().items(), resumed_run.model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_a_checkpoint_without_the_global_rng_states_resumes_with_a_note(cnn_data, tmp_path):
+    """Checkpoints written before the RNG states were saved still load; the run says what it lacks."""
+    config = TrialConfig(**{**CNN_WITH_DROPOUT, "epochs": 2})
+    run = build_run(config, cnn_data, CPU)
+    next(train_and_evaluate(run))
+    old_state = {k: v for k, v in run.state_dict().items() if k != "rng"}
+    save_checkpoint(tmp_path, config, run.input_shape, run.num_classes, old_state)
+
+    resumed_run = build_run(config, cnn_data, CPU)
+    note = resumed_run.load_state_dict(load_checkpoint(tmp_path).state)
+    assert note is not None and "random number generator states" in note and "not bit for bit" in note
+    assert [r.epoch for r in train_and_evaluate(resumed_run)] == [2]
+
+
 def test_a_checkpoint_rebuilds_its_model_for_evaluation(small_data, tmp_path):
     """evaluate_model: what the driver does with the best checkpoint and the test part."""
     config = TrialConfig(**{**SMALL, "epochs": 1}, model_args={"hidden_sizes": [32]})
@@ -276,6 +326,26 @@ def test_divergent_run_is_reported_and_stops_early(small_data):
     assert records[-1].diverged
     assert not math.isfinite(records[-1].train_loss)
     assert not any(r.diverged for r in records[:-1])
+
+
+# --- learning-rate schedule ------------------------------------------------------------------------
+
+def test_the_cosine_schedule_follows_epochs_unless_t_max_is_set(mnist_train):
+    """With more epochs than the old default t_max (5), the lr fell to 0 and climbed back."""
+    data = mnist_data(*split(mnist_train, 200, 100, split_seed=0))
+    tiny = dict(train_size=200, val_size=100, batch_size=100, model_args={"hidden_sizes": [8]})
+    lrs = [r.epoch_lr for r in run_records(TrialConfig(**tiny, epochs=7), data)]
+    assert lrs[0] == 0.05 and all(a > b > 0 for a, b in zip(lrs, lrs[1:])), lrs  # one half cosine over 7 epochs
+
+    restarting = [r.epoch_lr for r in run_records(TrialConfig(**tiny, epochs=4, t_max=2), data)]
+    assert restarting[2] == pytest.approx(0.0, abs=1e-12) and restarting[3] > 0  # a t_max that is set is kept
+
+
+def test_a_t_max_below_epochs_gets_a_note_and_others_do_not():
+    note = schedule_note(TrialConfig(epochs=10, t_max=4))
+    assert note.startswith("t_max (4) < epochs (10): ") and "climbs back" in note
+    assert schedule_note(TrialConfig(epochs=10)) is None
+    assert schedule_note(TrialConfig(epochs=10, t_max=10)) is None and schedule_note(TrialConfig(epochs=3, t_max=8)) is None
 
 
 # --- models and optimizers ------------------------------------------------------------------------

@@ -153,6 +153,38 @@ def test_cli_trains_a_user_model_on_a_user_dataset(user_files, capsys):
     assert [line[:11] for line in epoch_lines(captured.out)] == ["Epoch [1/2]", "Epoch [2/2]"]
 
 
+def test_cli_says_when_t_max_below_epochs_restarts_the_schedule(user_files, capsys):
+    code = main(["--dataset", f"{user_files / 'my_data.py'}:blobs", "--model", f"{user_files / 'my_model.py'}:Net",
+                 "--epochs", "2", "--t-max", "1", "--data-root", str(user_files)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "note: t_max (1) < epochs (2): the cosine schedule" in captured.err
+    assert len(epoch_lines(captured.out)) == 2
+
+
+@pytest.mark.parametrize("fields", [{"dataset": "os:system"}, {"model": "os:system"}, {"dataset": "builtins:exec"}])
+def test_a_best_yaml_naming_the_standard_library_is_refused_before_it_runs(user_files, tmp_path, capsys, fields):
+    """A best.yaml is code: dataset os:system would be called as os.system(data_root)."""
+    marker = tmp_path / "ran"
+    config = {"dataset": f"{user_files / 'my_data.py'}:blobs", "model": f"{user_files / 'my_model.py'}:Net",
+              **fields}
+    (tmp_path / "best.yaml").write_text(yaml.safe_dump(config))
+    code = main(["--config", str(tmp_path / "best.yaml"), "--data-root", f"touch {marker}", "--epochs", "1"])
+    captured = capsys.readouterr()
+    assert code == 2, captured.err
+    assert "must not name the standard library" in captured.err
+    assert not marker.exists() and not epoch_lines(captured.out)
+
+
+def test_cli_data_root_of_an_unknown_users_home_exits_2(user_files, capsys, monkeypatch):
+    code = main(["--dataset", f"{user_files / 'my_data.py'}:blobs", "--data-root", "~no_such_user_hpsearch/x"])
+    assert code == 2
+    assert "--data-root: ~user must name a user with a home folder" in capsys.readouterr().err
+    monkeypatch.setenv("HPSEARCH_DATA", "~no_such_user_hpsearch/x")
+    assert main(["--epochs", "1"]) == 2
+    assert "HPSEARCH_DATA: ~user must name a user" in capsys.readouterr().err
+
+
 def test_cli_bad_dataset_function_exits_2(user_files, capsys):
     code = main(["--dataset", f"{user_files / 'my_data.py'}:nope", "--data-root", str(user_files)])
     captured = capsys.readouterr()

@@ -274,6 +274,38 @@ class FloatLabels(Dataset):
 
 def dataset_of_float_labels(root):
     return FloatLabels(), None
+
+
+def string_inputs(root):
+    import numpy as np
+    return (np.array([["a", "b"]] * 10), np.zeros(10, dtype=np.int64)), None
+
+
+def object_inputs(root):
+    import numpy as np
+    return (np.array([None, 1.0] * 5, dtype=object), np.zeros(10, dtype=np.int64)), None
+
+
+def dataset_of_strings(root):
+    return Pairs(["text"] * 10, [0, 1] * 5), None
+
+
+def string_labels(root):
+    import numpy as np
+    return (torch.zeros(10, 2), np.array(["cat", "dog"] * 5)), None
+
+
+def stray_label(root):
+    return (torch.zeros(12, 2), torch.tensor([0, 1] * 5 + [1, 30_000_000])), None
+
+
+def exits(root):
+    import sys
+    sys.exit(0)
+
+
+def one_class(root):
+    return (torch.randn(12, 2), torch.full((12,), 2)), None
 '''
 
 
@@ -379,6 +411,39 @@ def test_negative_labels_are_a_data_error(user_file, tmp_path):
         user_data(user_file("negative"), tmp_path)
 
 
+@pytest.mark.parametrize("name, returned", [
+    ("string_inputs", "<U1"), ("object_inputs", "object"), ("dataset_of_strings", "<U4"),
+])
+def test_inputs_that_are_not_numbers_are_a_config_error_saying_what_was_returned(user_file, tmp_path, name, returned):
+    with pytest.raises(ConfigError) as caught:
+        user_data(user_file(name), tmp_path)
+    (message,) = caught.value.problems
+    assert message.startswith("data.dataset: its train part must hold numeric inputs (bool, integer or float)")
+    assert returned in message
+
+
+def test_labels_that_are_not_integers_are_a_config_error_naming_their_type(user_file, tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        user_data(user_file("string_labels"), tmp_path)
+    (message,) = caught.value.problems
+    assert message.startswith("data.dataset: its train part must hold N >= 1 inputs and N integer labels")
+    assert "<U3" in message
+
+
+def test_a_stray_label_that_would_make_millions_of_classes_is_refused(user_file, tmp_path):
+    # 30,000,001 classes: a 3.3 GB output layer before the first epoch
+    with pytest.raises(DataError) as caught:
+        user_data(user_file("stray_label"), tmp_path)
+    message = str(caught.value)
+    assert message.startswith("data.dataset: at most 100000 classes (labels in [0, 100000)), got the label 30000000")
+
+
+def test_data_of_a_single_class_is_loaded_with_a_warning(user_file, tmp_path):
+    with pytest.warns(UserWarning, match=r"data.dataset: every training label is 2 \(one class\)"):
+        data = user_data(user_file("one_class"), tmp_path)
+    assert data.num_classes == 3
+
+
 def test_a_dataset_function_that_raises_is_a_data_error_naming_it(user_file, tmp_path):
     with pytest.raises(DataError) as caught:
         user_data(user_file("raises"), tmp_path)
@@ -387,12 +452,45 @@ def test_a_dataset_function_that_raises_is_a_data_error_naming_it(user_file, tmp
     assert "my_data.py:raises raised FileNotFoundError: nothing in" in message
 
 
+def test_a_dataset_function_that_calls_sys_exit_is_a_data_error(user_file, tmp_path):
+    with pytest.raises(DataError, match=r"data.dataset: the dataset function .*my_data.py:exits called sys.exit\(0\)"):
+        user_data(user_file("exits"), tmp_path)
+
+
 def test_a_missing_dataset_function_is_a_config_error(user_file, tmp_path):
     with pytest.raises(ConfigError) as caught:
         user_data(user_file("nope"), tmp_path)
     (message,) = caught.value.problems
     assert message.startswith("data.dataset: ")
     assert "defines no nope (callables there: " in message and "datasets" in message  # what it does define
+
+
+# --- the data root ---------------------------------------------------------------------------------
+
+NO_SUCH_USER = "~no_such_user_hpsearch/data"
+
+
+def test_a_data_root_of_an_unknown_users_home_is_a_config_error_naming_its_key(monkeypatch, user_file, tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        load_data(TrialConfig(), NO_SUCH_USER)
+    assert caught.value.problems == [f"data.root: ~user must name a user with a home folder, got '{NO_SUCH_USER}'"]
+    with pytest.raises(ConfigError, match="^1 problem.*\n  --data-root: ~user must name"):
+        load_data(TrialConfig(dataset=user_file("tensors")), NO_SUCH_USER, root_key="--data-root")
+
+    monkeypatch.setenv("HPSEARCH_DATA", NO_SUCH_USER)
+    with pytest.raises(ConfigError) as caught:
+        load_data(TrialConfig(), None)
+    assert caught.value.problems == [f"HPSEARCH_DATA: ~user must name a user with a home folder, got '{NO_SUCH_USER}'"]
+
+
+def test_a_reference_in_an_unknown_users_home_is_a_config_error(tmp_path):
+    from trainable.config import absolute_reference
+
+    reference = "~no_such_user_hpsearch/data.py:load"
+    assert absolute_reference(reference, tmp_path) == reference  # left for resolve to report
+    with pytest.raises(ConfigError) as caught:
+        load_data(TrialConfig(dataset=reference), tmp_path, key="data.dataset")
+    assert caught.value.problems[0].startswith("data.dataset: ~user must name a user with a home folder")
 
 
 # --- split -------------------------------------------------------------------------------------

@@ -135,6 +135,11 @@ def test_the_example_tunes_a_user_model_and_best_yaml_replays_bit_for_bit(tmp_pa
     ({"data": {"dataset": "data.py:four_parts", "args": {}}}, "data.dataset", ["must return (train, val)", "tuple of 4"]),
     ({"data": {"dataset": "data.py:blobs", "args": {"colour": 1}}}, "data.args.colour",
      ["not a keyword argument", "classes"]),
+    # a reference is code: never the standard library, only what the named module defines
+    ({"model": {"factory": "os:system"}}, "model.factory", ["must not name the standard library (os)"]),
+    ({"data": {"dataset": "builtins:eval", "args": {}}}, "data.dataset", ["must not name the standard library"]),
+    ({"data": {"dataset": "data.py:text", "args": {}}}, "data.dataset", ["numeric inputs", "<U5"]),
+    ({"data": {"root": "~no_such_user_hpsearch/data"}}, "data.root", ["~user must name a user with a home"]),
 ])
 def test_bad_references_keywords_and_returns_exit_2_naming_the_key(tmp_path, change, key, words):
     raw = blob_space(tmp_path)
@@ -145,7 +150,9 @@ def test_bad_references_keywords_and_returns_exit_2_naming_the_key(tmp_path, cha
         f.write("\ndef wrong_logits(input_shape, num_classes, width=8):\n    return nn.Linear(input_shape[0], 5)\n")
     with open(tmp_path / "data.py", "a") as f:
         f.write("\ndef one_tensor(root):\n    return torch.zeros(10, 6)\n"
-                "\ndef four_parts(root):\n    return (1, 2, 3, 4)\n")
+                "\ndef four_parts(root):\n    return (1, 2, 3, 4)\n"
+                "\ndef text(root):\n    import numpy as np\n"
+                "    return (np.array([['hello']] * 10), torch.zeros(10, dtype=torch.long)), None\n")
     space_file = tmp_path / "space.yaml"
     space_file.write_text(yaml.safe_dump(raw))
     done = run_search_cli(space_file, cwd=tmp_path)

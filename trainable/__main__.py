@@ -11,8 +11,8 @@ import json
 import sys
 from typing import Sequence
 
-from trainable.config import FACTORY_KEY, FIELDS, TrialConfig
-from trainable.data import default_data_root, load_data
+from trainable.config import FACTORY_KEY, FIELDS, TrialConfig, schedule_note
+from trainable.data import load_data
 from trainable.factories import check_model
 from trainable.device import get_default_device
 from trainable.errors import ConfigError, DataError, problem
@@ -69,12 +69,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         config = trial_config(args)
-        data = load_data(config, args.data_root or default_data_root(), with_test=False)
+        data = load_data(config, args.data_root, root_key="--data-root", with_test=False)
         # the model once on two inputs: a bad keyword or output shape is exit 2, not a crash mid-epoch
         check_model(config, data.sample(), data.num_classes)
     except (ConfigError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if schedule_note(config):
+        print(f"note: {schedule_note(config)}", file=sys.stderr, flush=True)
     device = get_default_device()
     print(f"device: {device} | dataset: {config.dataset} {len(data.train)} train / "
           f"{len(data.val)} val | model: {config.model} | seed: {config.seed}", flush=True)

@@ -7,7 +7,9 @@ one result (report.epoch_report + a checkpoint in report's format) per epoch.
 It also times where a trial's slot time goes (report.Phases): the actor's start or reuse,
 the data fetch, and per epoch the report of the epoch before, the checkpoint, training and
 validation. `run_trial` is what Tune runs: it fetches the data (once per actor: a reused
-actor keeps it) and calls the trainable.
+actor keeps it) and calls the trainable. A reused actor runs trials one after another in one
+process, so run_trial restores the process-wide state a trial may change (isolation.py) when
+the trial ends, and turns a `sys.exit()` in the trial into an error that says so.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ray import tune
 from trainable.config import TrialConfig
 from trainable.data import Data
 from trainable.device import get_default_device
+from trainable.isolation import GlobalState
 from trainable.loop import build_run, train_and_evaluate
 from trainable.report import CheckpointError, Phases, Placement, epoch_report, load_checkpoint, save_checkpoint
 
@@ -78,10 +81,36 @@ def run_trial(config: dict[str, Any], *, data: DataHandle, trial_function: Calla
         _fetched[key] = ray.get(data.ref)
         fetch_seconds = time.time() - started_at
     _start = TrialStart(ready_at, started_at, fetch_seconds, checkpoint_every)
+    before = GlobalState.capture()
     try:
         trial_function(config, data=_fetched[key])
+    except SystemExit as error:
+        if getattr(error, TUNE_STOP, False):
+            raise  # Tune ending a stopped trial's thread: not an error
+        # Tune would take sys.exit(0) for its own stop and then fail with "Should not have reached here"
+        raise TrialExit(f"the trial called sys.exit({error.code!r}); a trial ends by returning "
+                        "(or raising an error)") from None
     finally:
         _start = None
+        before.restore()  # the next trial on this actor starts from the state this one found
+
+
+class TrialExit(RuntimeError):
+    """The trial's code called sys.exit() (or raised SystemExit): the trial ends as an error."""
+
+
+# Tune stops a trial's thread by raising SystemExit(0) inside tune.report; report() marks it so
+# run_trial can tell it from a sys.exit() in the trial's own code
+TUNE_STOP = "hpsearch_stopped_by_tune"
+
+
+def report(metrics: dict[str, Any], checkpoint: tune.Checkpoint | None = None) -> None:
+    """tune.report, with Tune's stop (a SystemExit) marked as Tune's."""
+    try:
+        tune.report(metrics, checkpoint=checkpoint)
+    except SystemExit as stop:
+        setattr(stop, TUNE_STOP, True)
+        raise
 
 
 def assigned_accelerators() -> str:
@@ -141,8 +170,9 @@ def tune_trial(config: dict[str, Any], *, data: Data) -> None:
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:  # Tune restarted this trial (failure or resume)
         state = newest_readable_state(checkpoint)
-        if state is not None:
-            run.load_state_dict(state)
+        note = run.load_state_dict(state) if state is not None else None
+        if note:
+            print(f"hpsearch: {note}", file=sys.stderr, flush=True)
     placement = Placement(node=ray.get_runtime_context().get_node_id()[:12], hostname=socket.gethostname(),
                           device=str(device), accelerator_ids=assigned_accelerators())
     # Each row accounts for the slot time since the previous row's report was made (the first,
@@ -167,7 +197,7 @@ def tune_trial(config: dict[str, Any], *, data: Data) -> None:
             # any report may be the trial's last (a scheduler stops trials early); the next
             # trial on this actor counts its start from here, so no time falls between trials
             _last_end = reporting
-            tune.report(epoch_report(record, placement, device, phases),
-                        checkpoint=tune.Checkpoint.from_directory(folder) if keep else None)
+            report(epoch_report(record, placement, device, phases),
+                   checkpoint=tune.Checkpoint.from_directory(folder) if keep else None)
             report_seconds = time.time() - reporting
             fetch_seconds = setup_seconds = 0.0  # once per trial, on its first row

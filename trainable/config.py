@@ -47,7 +47,10 @@ def absolute_reference(reference: Any, base: Path) -> Any:
     match = REFERENCE.fullmatch(reference) if isinstance(reference, str) else None
     if match is None or not match["module"].endswith(".py"):
         return reference
-    return f"{(base / Path(match['module']).expanduser()).resolve()}:{match['name']}"
+    try:
+        return f"{(base / Path(match['module']).expanduser()).resolve()}:{match['name']}"
+    except RuntimeError:  # ~user without a home: resolving the reference will name the key
+        return reference
 
 
 def frozen_mapping(values: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -127,9 +130,9 @@ class TrialConfig:
     #: L2 penalty (sgd, adam) or decoupled weight decay (adamw)
     batch_size: int = field(default=128, metadata=fact("training", lambda v: 0 < v <= 2**24, "must be in [1, 2**24]"))
     #: training batch size (evaluation uses the same)
-    t_max: int = field(default=5, metadata=fact("training", lambda v: 0 < v <= 100_000,
-                                                "must be in [1, 100000] (epochs)"))
-    #: cosine schedule period in epochs (lr reaches its minimum after t_max epochs)
+    t_max: int | None = field(default=None, metadata=fact("training", lambda v: v is None or 0 < v <= 100_000,
+                                                       "must be in [1, 100000] (epochs)"))
+    #: cosine schedule period in epochs (lr reaches its minimum after t_max epochs); null: epochs
     clip_norm: float | None = field(default=None, metadata=fact(
         "training", lambda v: v is None or (math.isfinite(v) and v > 0), "must be > 0 (or null to disable)"))
     #: max gradient L2 norm; None disables clipping
@@ -370,6 +373,23 @@ def cross_field_problems(values: Mapping[str, Any], prefix: str = "") -> list[st
     if values.get("persistent_workers") and not values.get("num_workers", FIELDS["num_workers"].default):
         problems.append(problem(prefix + "persistent_workers", "needs num_workers > 0", True))
     return problems
+
+
+def schedule_period(config: TrialConfig) -> int:
+    """The cosine schedule's period in epochs: t_max, or epochs when t_max is not set."""
+    return config.t_max if config.t_max is not None else config.epochs
+
+
+def schedule_note(config: TrialConfig) -> str | None:
+    """A note when t_max < epochs: the learning rate reaches its minimum, then climbs back.
+
+    Worth saying once before a search (or a run); not an error, a warm restart can be meant.
+    """
+    if config.t_max is None or config.t_max >= config.epochs:
+        return None
+    return (f"t_max ({config.t_max}) < epochs ({config.epochs}): the cosine schedule reaches its minimum "
+            f"learning rate after epoch {config.t_max} and climbs back for the remaining "
+            f"{config.epochs - config.t_max} epoch(s); leave t_max unset to follow epochs")
 
 
 def is_integer_field(name: str) -> bool:

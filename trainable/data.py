@@ -16,6 +16,7 @@ from __future__ import annotations
 import gzip
 import inspect
 import os
+import warnings
 import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -36,6 +37,8 @@ TORCHVISION_SETS: dict[str, tuple[type, tuple[float, ...], tuple[float, ...]]] =
     "cifar10": (datasets.CIFAR10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
 }
 BUILTIN_CLASSES = 10  # every built-in set has ten classes
+MAX_CLASSES = 100_000  # more is a stray label: 30,000,001 classes took 3.3 GB in a check
+NUMERIC_KINDS = "biuf"  # numpy dtype kinds a tensor can be made of: bool, int, uint, float
 RAW_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
@@ -82,17 +85,26 @@ class Data:
         return replace(self, test=None)
 
 
+def expand_root(root: str | Path, key: str) -> Path:
+    """`root` with ~ and ~user expanded; a ~user without a home is a ConfigError naming `key`
+    (data.root, --data-root, HPSEARCH_DATA) rather than pathlib's RuntimeError."""
+    try:
+        return Path(root).expanduser()
+    except RuntimeError:
+        raise ConfigError([problem(key, "~user must name a user with a home folder", str(root))]) from None
+
+
 def default_data_root() -> Path:
     """$HPSEARCH_DATA, else a per-user cache folder."""
     if os.environ.get("HPSEARCH_DATA"):
-        return Path(os.environ["HPSEARCH_DATA"]).expanduser()
+        return expand_root(os.environ["HPSEARCH_DATA"], "HPSEARCH_DATA")
     cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(cache) / "hpsearch"
 
 
 def raw_folder(name: str, root: str | Path) -> Path:
     cls = TORCHVISION_SETS[name][0]
-    return Path(root).expanduser() / (cls.base_folder if name == "cifar10" else f"{cls.__name__}/raw")
+    return expand_root(root, "data.root") / (cls.base_folder if name == "cifar10" else f"{cls.__name__}/raw")
 
 
 def load_dataset(name: str, root: str | Path | None = None, *, train: bool = True) -> Arrays:
@@ -102,7 +114,7 @@ def load_dataset(name: str, root: str | Path | None = None, *, train: bool = Tru
     the md5 of the packed files in the raw folder and unpacks them (no network), and only
     downloads what is missing. If that fails too, a DataError names the folder and files.
     """
-    root = Path(root).expanduser() if root is not None else default_data_root()
+    root = expand_root(root, "data.root") if root is not None else default_data_root()
     cls = TORCHVISION_SETS[name][0]
     try:
         dataset = cls(str(root), train=train, download=True)
@@ -176,6 +188,10 @@ def as_arrays(part: Any, key: str, which: str) -> Arrays:
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer) or len(inputs) != len(labels) or not len(labels):
         raise ConfigError([problem(key, f"its {which} part must hold N >= 1 inputs and N integer labels (N,) "
                                         f"(inputs: {inputs.shape} {inputs.dtype}); labels", f"{labels.shape} {labels.dtype}")])
+    if inputs.dtype.kind not in NUMERIC_KINDS:  # strings, objects: torch cannot make a tensor of them
+        raise ConfigError([problem(key, f"its {which} part must hold numeric inputs (bool, integer or float): "
+                                        "encode text or categories as numbers in the function",
+                                   f"inputs {inputs.shape} {inputs.dtype}")])
     if inputs.dtype == np.float64:
         inputs = inputs.astype(np.float32)  # models are float32; a float64 input would not run
     return Arrays(inputs, labels.astype(np.int64))
@@ -196,6 +212,8 @@ def call_dataset_function(function: Callable, config: TrialConfig, root: Path, k
         raise ConfigError(problems)
     try:
         returned = function(root, **config.data_args)
+    except SystemExit as error:  # the search would end with its code and no word
+        raise DataError(f"{key}: the dataset function {config.dataset} called sys.exit({error.code!r})") from None
     except Exception as error:
         raise DataError(f"{key}: the dataset function {config.dataset} raised "
                         f"{type(error).__name__}: {error}") from None
@@ -252,14 +270,15 @@ def prepare_inputs(inputs: torch.Tensor, standardize: Standardize | None) -> tor
 
 
 def load_data(config: TrialConfig, root: str | Path | None = None, *, key: str = "dataset",
-              with_test: bool = True) -> Data:
+              with_test: bool = True, root_key: str = "data.root") -> Data:
     """The dataset of `config`, split with `split_seed` and checked, ready for trials.
 
-    `key` names the dataset setting in messages (`data.dataset` in a space file).
+    `key` names the dataset setting in messages (`data.dataset` in a space file), `root_key`
+    where `root` came from (None: $HPSEARCH_DATA or the cache folder).
     """
     from trainable.factories import resolve  # user code is imported only when asked for
 
-    root = Path(root).expanduser() if root is not None else default_data_root()
+    root = expand_root(root, root_key) if root is not None else default_data_root()
     if config.dataset in TORCHVISION_SETS:
         _, mean, std = TORCHVISION_SETS[config.dataset]
         train_part, val_part = load_dataset(config.dataset, root, train=True), None
@@ -274,7 +293,16 @@ def load_data(config: TrialConfig, root: str | Path | None = None, *, key: str =
             raise ConfigError([problem(key, "every part must hold inputs of one shape", sorted(shapes))])
         if min(int(p.labels.min()) for p in parts) < 0:
             raise DataError(f"{key}: labels must be >= 0 (class indices), got a negative one")
-        num_classes = max(int(p.labels.max()) for p in parts) + 1
+        largest = max(int(p.labels.max()) for p in parts)
+        if largest >= MAX_CLASSES:  # the output layer alone would take gigabytes before the first epoch
+            raise DataError(f"{key}: at most {MAX_CLASSES} classes (labels in [0, {MAX_CLASSES})), got the label "
+                            f"{largest}; labels are class indices 0, 1, 2, ...")
+        num_classes = largest + 1
+        present = np.unique(train_part.labels)
+        if len(present) == 1:
+            warnings.warn(f"{key}: every training label is {int(present[0])} (one class): any model scores "
+                          "accuracy 1.0 by always predicting it; check what the dataset function returns",
+                          UserWarning, stacklevel=2)
         standardize = None
         test = test if with_test else None
     if val_part is None:

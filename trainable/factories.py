@@ -53,11 +53,18 @@ def _import_file(path: Path, key: str, reference: str):
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as error:
+    except (Exception, SystemExit) as error:  # SystemExit: the search would end with its code, silently
         del sys.modules[name]
-        raise ConfigError([problem(key, f"cannot import {path}: {type(error).__name__}: {error} "
+        raise ConfigError([problem(key, f"cannot import {path}: {what_happened(error)} "
                                         f"({where_it_failed(error, (str(path),))})", reference)]) from None
     return module
+
+
+def what_happened(error: BaseException) -> str:
+    """`ValueError: message`, or for SystemExit `the code called sys.exit(0)`."""
+    if isinstance(error, SystemExit):
+        return f"the code called sys.exit({error.code!r})"
+    return f"{type(error).__name__}: {error}"
 
 
 def _import_module(module_name: str, key: str, reference: str):
@@ -69,8 +76,8 @@ def _import_module(module_name: str, key: str, reference: str):
                                             "PYTHONPATH?)", reference)]) from None
         raise ConfigError([problem(key, f"cannot import {module_name}: {error} ({where_it_failed(error)})",
                                    reference)]) from None
-    except Exception as error:
-        raise ConfigError([problem(key, f"cannot import {module_name}: {type(error).__name__}: {error} "
+    except (Exception, SystemExit) as error:
+        raise ConfigError([problem(key, f"cannot import {module_name}: {what_happened(error)} "
                                         f"({where_it_failed(error)})", reference)]) from None
 
 
@@ -82,8 +89,18 @@ def resolve(reference: str, key: str) -> Callable[..., Any]:
     if match is None:
         raise ConfigError([problem(key, "must be a built-in name, FILE.py:NAME or package.module:NAME", reference)])
     module_part, name = match["module"], match["name"]
-    if module_part.endswith(".py"):
-        module = _import_file(Path(module_part).expanduser().resolve(), key, reference)
+    is_file = module_part.endswith(".py")
+    top = module_part.split(".")[0]
+    if not is_file and top in sys.stdlib_module_names:  # refused before importing: some run code at import
+        raise ConfigError([problem(key, f"must not name the standard library ({top}): a reference names a "
+                                        "model factory or dataset function of yours or of an installed package",
+                                   reference)])
+    if is_file:
+        try:
+            path = Path(module_part).expanduser().resolve()
+        except RuntimeError:  # ~user of a user without a home
+            raise ConfigError([problem(key, "~user must name a user with a home folder", reference)]) from None
+        module = _import_file(path, key, reference)
     else:
         module = _import_module(module_part, key, reference)
     found = getattr(module, name, None)
@@ -93,7 +110,25 @@ def resolve(reference: str, key: str) -> Callable[..., Any]:
                                         f"{', '.join(defined[:12]) or 'none'})", reference)])
     if not callable(found):
         raise ConfigError([problem(key, f"{name} in {module_part} is not callable", reference)])
-    return found
+    return own_code(found, module, module_part, name, key, reference)
+
+
+def own_code(found: Any, module: Any, module_part: str, name: str, key: str, reference: str) -> Callable[..., Any]:
+    """`found` if it is a function or class defined in the module named (for a package.module, or
+    in one of its submodules: torch.nn:Linear lives in torch.nn.modules.linear).
+
+    A reference in best.yaml or spec.yaml is code that runs; this keeps it to code the user
+    named, so `os:system` or an `eval` imported into a file cannot be reached through one.
+    """
+    if not (inspect.isfunction(found) or inspect.isclass(found)):
+        raise ConfigError([problem(key, f"{name} in {module_part} must be a function or a class defined "
+                                        f"there (it is a {type(found).__name__} object)", reference)])
+    defined_in = getattr(found, "__module__", None) or "?"
+    package = not module_part.endswith(".py")
+    if defined_in == module.__name__ or (package and defined_in.startswith(module.__name__ + ".")):
+        return found
+    raise ConfigError([problem(key, f"{name} is not defined in {module_part} (it comes from {defined_in}); "
+                                    f"name it where it is defined: {defined_in}:{found.__name__}", reference)])
 
 
 def keyword_problems(function: Callable, keywords: Mapping[str, Any] | list[str], prefix: str,
@@ -160,9 +195,9 @@ def check_model(config: TrialConfig, sample: torch.Tensor, num_classes: int,
             logits = model(sample)
     except ConfigError:
         raise
-    except Exception as error:
+    except (Exception, SystemExit) as error:
         raise ConfigError([problem(key, f"building the model or running it on a batch of {tuple(sample.shape)} "
-                                        f"failed: {type(error).__name__}: {error} ({where_it_failed(error)})",
+                                        f"failed: {what_happened(error)} ({where_it_failed(error)})",
                                    config.model)]) from None
     expected = (len(sample), num_classes)
     if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != expected:

@@ -17,10 +17,10 @@ from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
 from trainable.batches import Batches, InMemoryBatches, make_loader
-from trainable.config import TrialConfig
+from trainable.config import TrialConfig, schedule_period
 from trainable.data import Arrays, Data, Standardize
 from trainable.factories import build_model
-from trainable.seed import set_seed
+from trainable.seed import global_rng_states, set_global_rng_states, set_seed
 
 
 def train(model: nn.Module, batches: Batches, loss_fn: nn.Module, optimizer: torch.optim.Optimizer,
@@ -125,15 +125,22 @@ class Run:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "generator": self.generator.get_state(),
+            # the global RNGs too: dropout draws from torch's, user code from NumPy's or Python's
+            "rng": global_rng_states(),
             "epoch": self.epoch,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> str | None:
+        """Continue from `state`; returns a note when the resume cannot be bit for bit."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["generator"])
         self.epoch = int(state["epoch"])
+        if "rng" not in state:  # written before checkpoints held them
+            return ("the checkpoint holds no global random number generator states (an older version wrote "
+                    "it): a model that draws randomness (dropout) resumes correctly but not bit for bit")
+        return set_global_rng_states(state["rng"])
 
 
 def make_optimizer(config: TrialConfig, model: nn.Module) -> torch.optim.Optimizer:
@@ -175,8 +182,8 @@ def build_run(config: TrialConfig, data: Data, device: torch.device) -> Run:
         num_classes=data.num_classes,
         model=model,
         optimizer=optimizer,
-        # stepped once per epoch, so T_max counts epochs
-        scheduler=torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=config.t_max),
+        # stepped once per epoch, so T_max counts epochs; unset, it follows epochs (one half cosine)
+        scheduler=torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=schedule_period(config)),
         generator=generator,
         train_batches=make_batches(config, data.train, data.standardize, device, shuffle=True, generator=generator),
         val_batches=make_batches(config, data.val, data.standardize, device, shuffle=False, generator=None),

@@ -5,7 +5,9 @@
 - The checkpoint: a format version, the trial config and what the data told the model
   (input shape, classes) beside the state, so a checkpoint alone rebuilds its model
   (as nanoGPT keeps `model_args` and `config` beside the weights). Plain data and
-  tensors only, so `torch.load(weights_only=True)` reads it.
+  tensors only, so `torch.load(weights_only=True)` reads it. The state holds every RNG the trial
+  draws from (its generator and the global ones, `rng`); a format-2 checkpoint written before
+  `rng` was added still loads, and the resume says it is not bit for bit.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ class Checkpoint:
     config: TrialConfig
     input_shape: tuple[int, ...]
     num_classes: int
-    state: dict[str, Any]  #: Run.state_dict(): model, optimizer, scheduler, generator, epoch
+    state: dict[str, Any]  #: Run.state_dict(): model, optimizer, scheduler, generator, rng (absent before), epoch
 
 
 class CheckpointError(RuntimeError):

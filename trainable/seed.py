@@ -1,9 +1,15 @@
-"""Seeding: one call per trial makes weight init and shuffling reproducible."""
+"""Seeding: one call per trial makes weight init and shuffling reproducible; RNG states for checkpoints.
+
+A trial draws from its own generator (shuffling) and from the global ones: weight init, and
+every `nn.Dropout` (torch's global CPU or CUDA RNG), plus NumPy's and Python's for user code.
+A checkpoint holds all of them, so a resumed run draws what the uninterrupted one drew.
+"""
 
 from __future__ import annotations
 
 import os
 import random
+from typing import Any
 
 import numpy as np
 import torch
@@ -13,8 +19,8 @@ def set_seed(seed: int, *, deterministic: bool = True, benchmark: bool = False,
              warn_only: bool = True) -> torch.Generator:
     """Seed Python, NumPy and torch; return a generator for shuffling seeded the same way.
 
-    The returned generator is the only source of randomness the loop uses after model
-    init, so its state (saved in checkpoints) is enough to resume a run bit for bit.
+    The returned generator drives shuffling; a model may still draw from the global RNGs
+    (dropout), so checkpoints also save global_rng_states().
     """
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -52,3 +58,38 @@ def seed_worker(worker_id: int) -> None:
     worker_seed = torch.initial_seed() % 2**32
     np.random.seed(worker_seed)
     random.seed(worker_seed)
+
+
+def global_rng_states() -> dict[str, Any]:
+    """torch's CPU (and, once initialised, CUDA) RNG, NumPy's and Python's: plain data and
+    tensors only, so torch.load(weights_only=True) reads them back."""
+    name, keys, position, has_gauss, cached = np.random.get_state()
+    version, python_state, gauss = random.getstate()
+    states: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(position),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "python": {"version": version, "state": list(python_state), "gauss": gauss},
+    }
+    if torch.cuda.is_initialized():  # reading it before would initialise CUDA in a CPU trial
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_global_rng_states(states: dict[str, Any]) -> str | None:
+    """Restore what global_rng_states() saved; a note when part of it cannot be restored here."""
+    torch.set_rng_state(states["torch"])
+    numpy = states["numpy"]
+    np.random.set_state((numpy["name"], numpy["keys"].numpy().astype(np.uint32), numpy["pos"],
+                         numpy["has_gauss"], numpy["cached_gaussian"]))
+    python = states["python"]
+    random.setstate((python["version"], tuple(python["state"]), python["gauss"]))
+    cuda = states.get("cuda")
+    if cuda:
+        here = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        for index, state in enumerate(cuda[:here]):
+            torch.cuda.set_rng_state(state, index)
+        if here < len(cuda):
+            return (f"the checkpoint holds the CUDA RNG states of {len(cuda)} GPU(s), this process sees {here}: "
+                    "randomness drawn on a GPU (dropout) differs from the uninterrupted run")
+    return None
