@@ -24,7 +24,7 @@ from search.run_folder import RunFolder
 from search.schema import is_run_name
 from search.space import Space, example_config, to_raw
 from search.storage import Storage, is_uri
-from trainable.config import keyword_of
+from trainable.config import keyword_of, schedule_note
 from trainable.data import Data, load_data
 from trainable.errors import ConfigError, problem
 from trainable.factories import check_model
@@ -119,6 +119,9 @@ def check_search(space: Space) -> Data:
     data = load_data(space.trial_defaults(), space.data_root, key="data.dataset")
     searched_keys = tuple(keyword_of(d.name) for d in space.searched if keyword_of(d.name) is not None)
     check_model(example_config(space), data.sample(), data.num_classes, searched_keys)
+    note = schedule_note(space.trial_defaults())  # a fixed t_max below epochs; a searched one is the user's choice
+    if note:
+        print(f"note: {note}", file=sys.stderr, flush=True)
     return data
 
 
