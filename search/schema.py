@@ -115,6 +115,9 @@ class Experiment(Section):
     #: checkpoints kept per trial (the best by metric, and always the latest); null: all
     storage_path: Annotated[str, rule("must be a folder or URI", lambda v: v != "")] = "./runs"
     #: local folder or pyarrow.fs URI (s3://..., gs://..., file://...)
+    trial_timeout: Annotated[float | None, rule("must be null (no limit) or a number of seconds in [1, 10000000]",
+                                                lambda v: v is None or (_finite(v) and 1 <= v <= 1e7))] = None
+    #: seconds one epoch of a trial may take; past it the trial ends as ERROR (trainable/watchdog.py)
     min_free_mb: Annotated[float, rule("must be a number of MB in [0, 1000000]",
                                        lambda v: _finite(v) and 0 <= v <= 1_000_000)] = 100.0
     #: below this much free space at a local storage path the search stops as Ctrl-C does (search/disk_guard.py)

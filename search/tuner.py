@@ -78,7 +78,7 @@ def build_tuner(space: Space, folder: RunFolder, data: Data, trial_function: Cal
     experiment = space.experiment
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, data=DataHandle.put(data.for_trials()), trial_function=trial_function,
-                             checkpoint_every=experiment.checkpoint_every),
+                             checkpoint_every=experiment.checkpoint_every, trial_timeout=experiment.trial_timeout),
         {"cpu": space.resources.cpus, "gpu": gpus})
     if resume:
         return tune.Tuner.restore(folder.path, trainable=trainable, resume_unfinished=True, resume_errored=True)

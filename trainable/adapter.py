@@ -33,6 +33,7 @@ from trainable.device import get_default_device
 from trainable.isolation import GlobalState
 from trainable.loop import build_run, train_and_evaluate
 from trainable.report import CheckpointError, Phases, Placement, epoch_report, load_checkpoint, save_checkpoint
+from trainable.watchdog import Watchdog
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class TrialStart:
 _fetched: dict[str, Data] = {}  # object id -> data: a reused actor keeps what it fetched
 _last_end: float | None = None  # when this actor's previous trial made its last report
 _start: TrialStart | None = None  # the running trial's, set by run_trial
+_watchdog: Watchdog | None = None  # the running trial's, told of each report
 
 
 def process_started_at() -> float:
@@ -70,9 +72,10 @@ def process_started_at() -> float:
 
 
 def run_trial(config: dict[str, Any], *, data: DataHandle, trial_function: Callable[..., None],
-              checkpoint_every: int = 1) -> None:
-    """What Tune runs: fetch the data (timed, once per actor), then run the trainable."""
-    global _start
+              checkpoint_every: int = 1, trial_timeout: float | None = None) -> None:
+    """What Tune runs: fetch the data (timed, once per actor), then run the trainable, watched
+    (trial_timeout: seconds an epoch may take, watchdog.py)."""
+    global _start, _watchdog
     started_at = time.time()
     ready_at = _last_end if _last_end is not None else process_started_at()
     key, fetch_seconds = data.ref.hex(), 0.0
@@ -83,7 +86,8 @@ def run_trial(config: dict[str, Any], *, data: DataHandle, trial_function: Calla
     _start = TrialStart(ready_at, started_at, fetch_seconds, checkpoint_every)
     before = GlobalState.capture()
     try:
-        trial_function(config, data=_fetched[key])
+        with Watchdog(trial_timeout, f"trial #{config.get('trial_number')}") as _watchdog:
+            trial_function(config, data=_fetched[key])
     except SystemExit as error:
         if getattr(error, TUNE_STOP, False):
             raise  # Tune ending a stopped trial's thread: not an error
@@ -91,7 +95,7 @@ def run_trial(config: dict[str, Any], *, data: DataHandle, trial_function: Calla
         raise TrialExit(f"the trial called sys.exit({error.code!r}); a trial ends by returning "
                         "(or raising an error)") from None
     finally:
-        _start = None
+        _start, _watchdog = None, None
         before.restore()  # the next trial on this actor starts from the state this one found
 
 
@@ -108,6 +112,8 @@ def report(metrics: dict[str, Any], checkpoint: tune.Checkpoint | None = None) -
     """tune.report, with Tune's stop (a SystemExit) marked as Tune's."""
     try:
         tune.report(metrics, checkpoint=checkpoint)
+        if _watchdog is not None:
+            _watchdog.progress()  # the next epoch's time starts now
     except SystemExit as stop:
         setattr(stop, TUNE_STOP, True)
         raise
