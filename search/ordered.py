@@ -44,7 +44,6 @@ from optuna.trial import TrialState, create_trial
 from ray.tune.search import Searcher
 
 from search.results import best_of, score
-from search.schema import SAMPLERS  # the names the space file accepts
 from trainable.seed import derive_seed
 # Pinned: Optuna 5 changed TPE's defaults, which silently changes every seeded search.
 TPE_SETTINGS = {"multivariate": True, "constant_liar": True, "n_startup_trials": 10, "n_ei_candidates": 24}

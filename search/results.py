@@ -27,7 +27,7 @@ from optuna.distributions import IntDistribution
 
 from trainable.config import FACTORY_KEY, FIELDS, TrialConfig, field_of, json_text, keyword_of, kind
 from trainable.metrics import score  # noqa: F401  (search's modules read it from here)
-from trainable.report import EPOCH_COLUMNS, REPORT_COLUMNS
+from trainable.report import REPORT_COLUMNS
 
 RESULTS_FILE = "results.parquet"
 RECORD_FILE = "result.json"  # Tune's per-trial record: one JSON line per report

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import optuna
-import pandas as pd
 import pytest
 
 from search.driver import run_search
