@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import copy
 import gzip
-import json
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -189,16 +189,20 @@ def test_a_stopped_search_exits_130_marks_unfinished_trials_and_resumes(tmp_path
     driver = subprocess.Popen([sys.executable, "-m", "search", "--space", str(space), "--name", "stopped"],
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    def a_trial_mid_way():
-        for record in run.glob("trial_*/result.json"):
-            lines = record.read_text().splitlines()
-            if lines and json.loads(lines[-1])["epoch"] < 4:
-                return True
-        return None
-
-    wait_for(a_trial_mid_way, 180, "a trial between epochs")
+    # the driver's progress lines say when a trial has reported an epoch but not its last (Tune
+    # copies result.json into the run folder only with its snapshots, so the folder can lag)
+    lines, errors = [], []
+    readers = [threading.Thread(target=into.extend, args=(stream,), daemon=True)
+               for stream, into in ((driver.stdout, lines), (driver.stderr, errors))]
+    for reader in readers:
+        reader.start()
+    wait_for(lambda: True if any(f"epoch {e}/4 " in line for line in list(lines) for e in (1, 2, 3)) else None,
+             180, "a trial between epochs")
     driver.send_signal(stop)
-    out, err = driver.communicate(timeout=120)
+    driver.wait(timeout=120)
+    for reader in readers:
+        reader.join(timeout=30)
+    out, err = "".join(lines), "".join(errors)
     assert driver.returncode == 130, err[-3000:]
     assert f"--storage-path {tmp_path / 'runs'} --resume --name stopped" in out and "Interrupted:" in out
     frame = pd.read_parquet(run / "results.parquet")
