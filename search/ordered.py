@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 import optuna
 from optuna.distributions import distribution_to_json, json_to_distribution
 from optuna.storages import InMemoryStorage
+from optuna.study import StudyDirection
 from optuna.trial import TrialState, create_trial
 from ray.tune.search import Searcher
 
@@ -56,11 +57,11 @@ CACHES = ("_kept", "_told", "_settled")  # derived from the record, see _drop_ca
 
 
 class KeptStudy(NamedTuple):
-    """The study kept between suggestions, with the storage we made for it and its id there."""
+    """The study kept between suggestions, with the storage we made for it and its key there."""
 
     study: optuna.Study
     storage: InMemoryStorage
-    study_id: int
+    key: int  #: what the storage's create_new_study returned
 
 
 def record_to_json(record: Mapping[str, Any]) -> str:
@@ -163,11 +164,11 @@ class OrderedSearch(Searcher):
             except BaseException:
                 self._drop_caches()  # the study holds a half-asked trial n, which would shift every later number
                 raise
-        # a copy of the stored trial alone (study.trials[-1] would deep-copy every trial), so the
-        # record shares no object with the study
-        stored = kept.storage.get_trial_id_from_study_id_trial_number(kept.study_id, trial.number)
-        asked = copy.deepcopy(kept.storage.get_trial(stored))
-        self.study_attrs = copy.deepcopy(kept.storage.get_study_system_attrs(kept.study_id))
+        # a copy of the asked trial alone (study.trials[-1] would deep-copy every trial), so the
+        # record shares no object with the study; the running trials are the last `lag` or fewer
+        asked = copy.deepcopy(next(t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                                   if t.number == trial.number))
+        self.study_attrs = copy.deepcopy(kept.storage.get_study_system_attrs(kept.key))
         self.asked.append((dict(asked.params), dict(asked.distributions), dict(asked.system_attrs)))
         self.numbers[trial_id] = n
         self.suggested[n] = (time.time(), time.perf_counter() - asking)
@@ -182,10 +183,12 @@ class OrderedSearch(Searcher):
     def _study_for(self, n: int) -> KeptStudy:
         """The kept study, brought to what trial n must see: trials 0 .. n-L-1 told, the rest running.
 
-        Results are written through the storage, not Study.tell: tell would call the sampler's
-        after_trial, which a study built from the record never saw. Trials are told in
-        trial-number order, as the build adds them, so the storage's best trial (ties to the
-        earlier) and the trial list read the same either way.
+        Results are told with Study.tell by trial number. Tell also calls the sampler's
+        after_trial, which a study built from the record never saw; for the five samplers here
+        (no constraints) it does nothing, so both studies are the same. Trials are told in
+        trial-number order, as the build adds them, so the best trial (ties to the earlier) and
+        the trial list read the same either way. Neither holds the trials' curves (intermediate
+        values): no sampler here reads them, and Study has no public way to set them afterwards.
         """
         if self._kept is None:
             self._kept, self._told = self._built(n), max(0, n - self.lag)
@@ -197,34 +200,31 @@ class OrderedSearch(Searcher):
     def _built(self, n: int) -> KeptStudy:
         """A study made from the record for trial n, as every suggestion made it before the study was kept."""
         storage = InMemoryStorage()
-        study = optuna.create_study(storage=storage, direction="maximize" if self.mode == "max" else "minimize",
-                                    sampler=optuna.samplers.RandomSampler())  # replaced before each ask
-        study_id = storage.get_study_id_from_name(study.study_name)
-        for key, value in self.study_attrs.items():  # Study has no public setter for these; the storage has
-            storage.set_study_system_attr(study_id, key, value)
+        direction = StudyDirection.MAXIMIZE if self.mode == "max" else StudyDirection.MINIMIZE
+        key = storage.create_new_study([direction], study_name="ordered")
+        for name, value in self.study_attrs.items():  # Study has no public setter for these; the storage has
+            storage.set_study_system_attr(key, name, value)
+        study = optuna.load_study(study_name="ordered", storage=storage,
+                                  sampler=optuna.samplers.RandomSampler())  # replaced before each ask
         for k in range(n):
             params, distributions, system_attrs = self.asked[k]
             if k < n - self.lag:
                 value = self.finished[k]
                 study.add_trial(create_trial(
                     state=TrialState.COMPLETE if value is not None else TrialState.FAIL,
-                    value=value, params=params, distributions=distributions, system_attrs=system_attrs,
-                    intermediate_values=self.curves.get(k, {}) if value is not None else None))
+                    value=value, params=params, distributions=distributions, system_attrs=system_attrs))
             else:
                 study.add_trial(create_trial(state=TrialState.RUNNING, params=params, distributions=distributions,
                                              system_attrs=system_attrs))
-        return KeptStudy(study, storage, study_id)
+        return KeptStudy(study, storage, key)
 
     def _tell(self, kept: KeptStudy, k: int) -> None:
         """Trial k, running in the study, gets its result: as create_trial made it in a build."""
-        storage, value = kept.storage, self.finished[k]
-        trial_id = storage.get_trial_id_from_study_id_trial_number(kept.study_id, k)
+        value = self.finished[k]
         if value is None:
-            storage.set_trial_state_values(trial_id, TrialState.FAIL)
-            return
-        for step, metric in self.curves.get(k, {}).items():  # a finished trial takes no more of these
-            storage.set_trial_intermediate_value(trial_id, step, metric)
-        storage.set_trial_state_values(trial_id, TrialState.COMPLETE, values=[value])
+            kept.study.tell(k, state=TrialState.FAIL)
+        else:
+            kept.study.tell(k, value)
 
     def _drop_caches(self) -> None:
         """Forget what is derived from the record; it is derived again when next needed."""
