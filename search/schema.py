@@ -258,7 +258,7 @@ def _on_grid(span: float, step: float) -> bool:
     return math.isclose(steps, round(steps), rel_tol=0, abs_tol=1e-8)
 
 
-def _field_value(path: str, name: str, value: Any, problems: list[str]) -> Any:
+def field_value(path: str, name: str, value: Any, problems: list[str]) -> Any:
     """`value` checked against field `name`'s own type and rule (a bound, a choice)."""
     broken = check_value(name, value)
     if broken:
@@ -313,7 +313,7 @@ def parse_searched(name: str, spec: Mapping[str, Any], problems: list[str]) -> S
             problems.append(problem(f"{path}.{key}", f"must be > 0 for {written}" + (" with log" if written in KINDS
                                                                                       else ""), bound))
         else:
-            _field_value(f"{path}.{key}", name, bound, problems)
+            field_value(f"{path}.{key}", name, bound, problems)
     if step is not None:
         if not (_is_int(step) if kind == "int" else _is_number(step)) or step <= 0:
             problems.append(problem(f"{path}.step", f"must be a positive {'integer' if kind == 'int' else 'number'}",
@@ -339,7 +339,7 @@ def _choice(name: str, path: str, values: Any, problems: list[str], before: int)
     if not isinstance(values, list) or not values:
         problems.append(problem(f"{path}.values", "must be a non-empty list", values))
         return None
-    typed = [_field_value(f"{path}.values[{i}]", name, v, problems) for i, v in enumerate(values)]
+    typed = [field_value(f"{path}.values[{i}]", name, v, problems) for i, v in enumerate(values)]
     if len(problems) > before:
         return None
     labels = [label(v) for v in typed]

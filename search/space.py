@@ -22,10 +22,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from search.schema import DataRoot, Experiment, Resources, Searched, parse_searched, validated
-from trainable.config import (FACTORY_KEY, FIELDS, MODEL, MOVED, TrialConfig, absolute_reference, check_value,
-                              coerce, cross_field_problems, fields_in, keyword_of, model_key, plain, searchable,
-                              section)
+from search.schema import DataRoot, Experiment, Resources, Searched, field_value, parse_searched, validated
+from trainable.config import (FACTORY_KEY, FIELDS, MODEL, MOVED, TrialConfig, absolute_reference,
+                              cross_field_problems, fields_in, keyword_of, model_key, plain, searchable, section)
 from trainable.errors import ConfigError, problem
 
 SECTIONS = ("experiment", "resources", "model", "data", "training", "space")
@@ -60,14 +59,6 @@ def _section(raw: Mapping[str, Any], name: str, problems: list[str]) -> dict[str
         problems.append(problem(name, "must be a mapping of keys to values", value))
         return {}
     return value
-
-
-def _fixed_field(path: str, name: str, value: Any, problems: list[str]) -> Any:
-    broken = check_value(name, value)
-    if broken:
-        problems.append(problem(path, broken, value))
-        return None
-    return coerce(name, value)[0]
 
 
 def max_epochs(searched: tuple[Searched, ...], fixed_epochs: int) -> int:
@@ -136,7 +127,7 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
     fixed: dict[str, Any] = {}
     for key, value in _section(raw, MODEL, problems).items():
         name = model_key(key)
-        fixed[name] = _fixed_field(name, name, absolute_reference(value, base) if key == "factory" else value, problems)
+        fixed[name] = field_value(name, name, absolute_reference(value, base) if key == "factory" else value, problems)
 
     data = dict(_section(raw, "data", problems))
     data_root = validated(DataRoot, "data", {"root": data.pop("root")} if "root" in data else {}, problems).root
@@ -146,7 +137,7 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
             if name not in fields_in(sec) or (sec == "data" and key in DATA_KEYS.values()):
                 problems.append(_key_problem(sec, key, value))
             else:
-                fixed[name] = _fixed_field(f"{sec}.{key}", name, absolute_reference(value, base)
+                fixed[name] = field_value(f"{sec}.{key}", name, absolute_reference(value, base)
                                            if name == "dataset" else value, problems)
 
     searched = []
@@ -160,7 +151,7 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
             if found:
                 searched.append(found)
         else:
-            fixed[key] = _fixed_field(f"space.{key}", key, value, problems)
+            fixed[key] = field_value(f"space.{key}", key, value, problems)
     if not problems:
         problems += cross_field_problems(fixed, "data.")
     if not problems and experiment.scheduler == "asha":
