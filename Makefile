@@ -35,8 +35,10 @@ browser:
 	  (apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null) || \
 	  echo "could not install chromium (apt-get); the report's browser test will fail"
 
+# Two test files at a time (pytest-xdist, whole files per worker so module fixtures are made
+# once): most of a test's time is Ray and processes starting, so two cores overlap it.
 test: install browser
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 bench: install data
 	$(PY) bench/epoch.py

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -114,8 +115,12 @@ def test_fractional_gpus_pack_two_trials_per_gpu_across_workers(cluster, tmp_pat
 def test_search_runs_as_a_ray_job(cluster, tmp_path, data_root):
     dashboard = "http://" + cluster.head_node.address_info["webui_url"]
     command = search_command(space_file(tmp_path, data_root, num_samples=4), "auto", "job")
-    done = subprocess.run([RAY, "job", "submit", "--address", dashboard, "--", *command],
-                          cwd=REPO, capture_output=True, text=True, timeout=400)
+    for _ in range(30):  # the head's job agent comes up after the node; Ray answers "try again later" till then
+        done = subprocess.run([RAY, "job", "submit", "--address", dashboard, "--", *command],
+                              cwd=REPO, capture_output=True, text=True, timeout=400)
+        if "No available agent to submit job" not in done.stderr:
+            break
+        time.sleep(2)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert "succeeded" in done.stdout
     check_landed(tmp_path / "runs" / "job", 4)
