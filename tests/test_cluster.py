@@ -41,9 +41,11 @@ def cluster():
     # The head runs drivers only (no GPU). Each worker offers 2 GPUs but 1 CPU: with 0.5 CPU
     # per trial it holds 2 trials, so 4 concurrent trials need both workers (Ray packs
     # placement groups onto one node while it has room).
+    # its own dashboard agent port: the job server's agent would otherwise share Ray's default
+    # (52365) with any other Ray on this machine (the other test worker's, a CLI search's)
     cluster = Cluster(initialize_head=True, connect=False,
                       head_node_args={"num_cpus": 1, "num_gpus": 0, "include_dashboard": True,
-                                      "dashboard_port": free_port()})
+                                      "dashboard_port": free_port(), "dashboard_agent_listen_port": free_port()})
     workers = [cluster.add_node(num_cpus=1, num_gpus=2) for _ in range(2)]
     cluster.wait_for_nodes()
     cluster.workers = workers
