@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -133,7 +134,10 @@ def test_losing_a_worker_restarts_its_trials_from_checkpoints(cluster, tmp_path,
     run = tmp_path / "runs" / "lossy"
     command = search_command(space, cluster.address, "lossy", "--epochs", "4",
                              "--set", "data.train_size=10000")
-    driver = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Tune copies result.json into the run folder with its snapshots (by default at most every
+    # 10 s); every second here, so the test sees a trial mid-way before it ends
+    driver = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "1"})
     output = {}
     reader = threading.Thread(target=lambda: output.update(zip(("out", "err"), driver.communicate())))
     reader.start()
