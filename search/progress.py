@@ -209,7 +209,7 @@ class Journal:
         """Add one trial's rows (one per epoch), or replace its entry if it holds something else."""
         from search.study import frozen_trial
 
-        trial = frozen_trial(rows, self.space)
+        trial = frozen_trial(rows, self.space, self.schema)
         key = journal_key(trial)
         known = self.entries.get(key)
         if known is not None and _content(known) == _content(trial):
@@ -227,7 +227,7 @@ class Journal:
         wanted = {}
         ended = frame[frame["status"] != INTERRUPTED]  # an unfinished trial has no entry until it ends
         for _, rows in ended.groupby("trial_id", sort=False):
-            trial = frozen_trial(rows, self.space)
+            trial = frozen_trial(rows, self.space, self.schema)
             wanted[journal_key(trial)] = trial
         stale = set(self.entries) - set(wanted)
         changed = [k for k in wanted.keys() & self.entries.keys()

@@ -18,7 +18,7 @@ start-up (search/driver.check_search then imports the references and tries the m
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -29,7 +29,6 @@ from trainable.errors import ConfigError, problem
 
 SECTIONS = ("experiment", "resources", "model", "data", "training", "space")
 DATA_KEYS = {"args": "data_args"}  # data section key -> trial config field, where they differ
-DRIVER_FIELDS = fields_in("driver")  # set by the driver for each trial
 
 
 @dataclass(frozen=True)
@@ -46,9 +45,6 @@ class Space:
     def trial_defaults(self) -> TrialConfig:
         """The trial config with the fixed fields set and searched ones at their defaults."""
         return TrialConfig.from_mapping(self.fixed)
-
-    def with_resources(self, **changes: Any) -> "Space":
-        return replace(self, resources=self.resources.model_copy(update=changes))
 
 
 def _section(raw: Mapping[str, Any], name: str, problems: list[str]) -> dict[str, Any]:
