@@ -12,6 +12,7 @@ SIGTERM; the summary prints the --resume command), 1 the search itself failed.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import signal
 import sys
@@ -117,6 +118,9 @@ def report_main(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from search import phases
+
+    phases.begin_command()  # the summary's wall time is the command's, from the process's start
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["report"]:
         return report_main(argv[1:])
@@ -160,10 +164,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run() -> None:
-    """The command's entry point: main(), then exit with its code even if user code left a thread running.
+    """The command's entry point: main(), then exit with its code, at once.
 
-    A dataset function or model that starts a non-daemon thread would otherwise keep the
-    process alive after the summary (Python waits for such threads at exit).
+    Python's own exit would wait for any non-daemon thread that user code left running (a
+    dataset function, a model), and then spends seconds tearing down torch's and Ray's native
+    state, after everything is written; a stopped search must end in seconds. So the exit
+    handlers run and the process ends here.
     """
     code = main()
     left = [t.name for t in threading.enumerate()
@@ -171,6 +177,7 @@ def run() -> None:
     if left:
         print(f"note: exiting although user code left {len(left)} thread(s) running ({', '.join(left[:5])})",
               file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(code)
-    sys.exit(code)
+    atexit._run_exitfuncs()  # what was registered (logging's flush, user code's) still runs
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -7,8 +7,8 @@ prints, and the Outcome the Python API returns.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,8 @@ from search.storage import is_uri
 from search.disk_guard import stop_reason
 from search.progress import Journal
 from search.study import JOURNAL_FILE
-from search.summary import Timing, format_summary, journal_note
+from search.phases import TIMING_FILE, Phases
+from search.summary import Timing, format_summary, journal_note, wall_line
 from trainable.data import Data
 from trainable.device import get_default_device
 from trainable.loop import evaluate_model
@@ -48,18 +49,6 @@ class Outcome:
     summary: str
     interrupted: bool = False  #: stopped (Ctrl-C, SIGTERM) before every trial finished; --resume continues it
     succeeded: bool = True  #: some trial outside ERROR reported a finite metric (else the CLI exits 3)
-
-
-@dataclass(frozen=True)
-class Clock:
-    """When the command started: wall time for the summary, unix time to tell this run's epochs."""
-
-    perf: float
-    unix: float
-
-    @classmethod
-    def start(cls) -> "Clock":
-        return cls(time.perf_counter(), time.time())
 
 
 def trial_id_of(result) -> str:
@@ -256,21 +245,23 @@ def no_success(frame: pd.DataFrame, metric: str) -> str:
             f"the command exits {NO_SUCCESS_EXIT}")
 
 
-def finish(grid, folder: RunFolder, space: Space, data: Data, clock: Clock, slots: int, gpu_plan: GpuPlan,
+def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, slots: int, gpu_plan: GpuPlan,
            auto_note: str) -> Outcome:
     """Derive results.parquet, best.yaml (with test accuracy), the report and the summary."""
     experiment = space.experiment
     notes: list[str] = []
     frame = derive(folder, space, grid, notes)
     sync_journal(folder, space, frame, notes)
+    phases.mark("results")
     interrupted = (frame["status"] == INTERRUPTED).any() or frame["trial_id"].nunique() < experiment.num_samples
-    this_run = frame[frame["finished_at"] >= clock.unix]
-    timing = Timing(time.perf_counter() - clock.perf, float(this_run["epoch_seconds"].sum()), slots)
+    this_run = frame[frame["finished_at"] >= phases.called]
+    timing = Timing(phases.wall_seconds, float(this_run["epoch_seconds"].sum()), slots)
 
     scored = ranked(frame, experiment.metric, experiment.mode)
     succeeded = bool((scored["status"] != ERROR).any())
     # an errored trial's epochs count only when no other trial scored, and best.yaml then says so
     best, test, note = best_with_test(grid, scored[scored["status"] != ERROR] if succeeded else scored, data)
+    phases.mark("test")
     if best is not None and best["status"] == ERROR:
         note = "; ".join([f"trial #{best['trial_number']} ended in ERROR after its epoch {best['epoch']} (so did "
                           "every trial with a score)", *([note] if note else [])])
@@ -291,13 +282,18 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, clock: Clock, slot
                             f"({experiment.trial_timeout:g} s) ends so (trainable/watchdog.py), as does a crash")
     summary += "".join(f"\nnote: {note}" for note in notes)
     summary += "\n" + search_notes(space, folder, timing)
-    try:
-        report = write_report(folder, space, frame, None if entry is None else entry["result"]["trial_id"], summary,
-                              slots=slots)
-        summary += f"\nReport: {report} (figures in {folder.path}/report/)\n{journal_note(folder.path)}"
-    except Exception as error:  # the results are written; a figure must not turn them into a crash
-        summary += (f"\nReport: not written ({type(error).__name__}: {error}); "
-                    f"try again with: python -m search report {folder.path}")
+    if interrupted:  # a stop must end in seconds (SIGTERM, then SIGKILL); the figures take seconds more
+        summary += (f"\nReport: not remade for a stopped search (the search's end makes it); "
+                    f"now: python -m search report {folder.path}\n{journal_note(folder.path)}")
+    else:
+        try:
+            report = write_report(folder, space, frame, None if entry is None else entry["result"]["trial_id"],
+                                  summary, slots=slots)
+            summary += f"\nReport: {report} (figures in {folder.path}/report/)\n{journal_note(folder.path)}"
+        except Exception as error:  # the results are written; a figure must not turn them into a crash
+            summary += (f"\nReport: not written ({type(error).__name__}: {error}); "
+                        f"try again with: python -m search report {folder.path}")
+    phases.mark("report")
     stopped = stop_reason()
     if stopped:
         summary += f"\nStopped: {stopped}"
@@ -307,3 +303,15 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, clock: Clock, slot
                     f"{experiment.num_samples - frame['trial_id'].nunique()} not started. Continue with:\n"
                     f"  {resume_command(space, folder)}")
     return Outcome(folder.name, folder.path, frame, entry, timing, summary, bool(interrupted), succeeded)
+
+
+def with_time(outcome: Outcome, phases: Phases, folder: RunFolder) -> Outcome:
+    """The outcome once the command is over (Ray shut down): its whole wall time and phases, in the
+    summary and in the run folder's timing.yaml."""
+    timing = Timing(phases.wall_seconds, outcome.timing.training_seconds, outcome.timing.slots)
+    try:
+        folder.storage.write(f"{folder.name}/{TIMING_FILE}", yaml.safe_dump(phases.record(), sort_keys=False).encode())
+    except OSError:  # a full disk: the summary still says it
+        pass
+    summary = outcome.summary.replace(wall_line(outcome.timing), wall_line(timing, phases.line()), 1)
+    return dataclasses.replace(outcome, timing=timing, summary=summary)

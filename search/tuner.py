@@ -16,10 +16,11 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
 from search.disk_guard import DiskGuard
+from search.phases import first_trial_started
 from search.progress import Progress, flush_all
 from search.run_folder import RunFolder
 from search.searcher import make_searcher
-from search.session import sigterm_as_sigint
+from search.session import quick_stop, sigterm_as_sigint
 from search.space import Space, max_epochs
 from search.storage import is_uri
 from trainable.adapter import DataHandle, run_trial
@@ -67,6 +68,14 @@ def tracker_callbacks(space: Space, folder: RunFolder) -> list:
     return callbacks
 
 
+class FirstTrialStart(tune.Callback):
+    """Tells search/phases.py when the first trial starts. It holds nothing: a resumed Tuner brings
+    back the callbacks pickled with the run."""
+
+    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        first_trial_started()
+
+
 def disk_guard(space: Space, folder: RunFolder) -> list[DiskGuard]:
     """A full local disk stops the search as Ctrl-C does (search/disk_guard.py); object stores do not fill."""
     return [] if is_uri(folder.path) else [DiskGuard(folder.path, space.experiment.min_free_mb)]
@@ -102,19 +111,26 @@ def build_tuner(space: Space, folder: RunFolder, data: Data, trial_function: Cal
             # 19x a snapshot's cost)). A SIGKILLed driver loses the trials that ended since: a
             # reproducible search reruns them identically, and their parts written before the kill
             # are dropped on resume (run_folder.drop_unrecorded_parts; docs/stops-and-resume.md)
-            callbacks=[Progress(folder, space), *disk_guard(space, folder), *tracker_callbacks(space, folder)],
+            callbacks=[Progress(folder, space), *disk_guard(space, folder), *tracker_callbacks(space, folder),
+                       FirstTrialStart()],
             verbose=0,
         ),
     )
 
 
-def fit(tuner: tune.Tuner, resume_hint: str):
-    """Run the trials; SIGTERM stops them as Ctrl-C does. Every live results part is written on return."""
-    with sigterm_as_sigint():
+def fit(tuner: tune.Tuner, folder: RunFolder, resume_hint: str):
+    """Run the trials; SIGTERM stops them as Ctrl-C does. Every live results part is written on return.
+
+    A stopped search returns as soon as Tune has saved its state (session.quick_stop): the
+    results are then Tune's saved record, exactly what fit() would have returned after its wait.
+    """
+    with sigterm_as_sigint(), quick_stop() as stop:
         try:
             grid = tuner.fit()
-        except KeyboardInterrupt:  # a second Ctrl-C: Tune stopped saving; its last state stands
-            print(f"interrupted; continue with:\n  {resume_hint}", file=sys.stderr)
-            raise
+        except KeyboardInterrupt:
+            if not stop.cut:  # a second Ctrl-C: Tune stopped saving; its last state stands
+                print(f"interrupted; continue with:\n  {resume_hint}", file=sys.stderr)
+                raise
+            grid = tune.ResultGrid(folder.analysis())
     flush_all()  # the live parts first: the end of the search writes every part again, from Tune's record
     return grid

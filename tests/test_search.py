@@ -12,7 +12,7 @@ from search.capacity import CapacityError
 from search.driver import run_search
 from search.ordered import RECORD_FILE, record_from_json
 from search.results import COMPLETED, DIVERGED, STOPPED, columns, config_from_row, results_schema
-from tests.helpers import small_space
+from tests.helpers import assert_outputs_agree, small_space
 from trainable.config import TrialConfig
 from trainable.data import load_data
 from trainable.device import get_default_device
@@ -163,6 +163,7 @@ def test_crashed_trial_resumes_from_its_checkpoint(ray_local, tmp_path, data_roo
     straight = list(train_and_evaluate(build_run(config, load_data(config, data_root, with_test=False),
                                                  get_default_device())))
     assert list(frame["val_acc"]) == [r.val_acc for r in straight]
+    assert_outputs_agree(Path(outcome.path))
 
 
 def always_fails():
@@ -178,3 +179,4 @@ def test_a_failing_trial_is_reported_not_fatal(ray_local, tmp_path, data_root):
     assert list(outcome.results["status"]) == ["ERROR"]
     assert outcome.best is None and not (tmp_path / "failing" / "best.yaml").exists()
     assert "Failed: " in outcome.summary and "ValueError: broken trainable" in outcome.summary
+    assert_outputs_agree(Path(outcome.path))
