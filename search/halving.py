@@ -102,6 +102,7 @@ class OrderedHalving(FIFOScheduler):
             decision = TrialScheduler.CONTINUE  # its last epoch: it ends anyway; its value counts for later trials
         if decision is None and self._comparable(n, rung):
             decision = self._decide(n, rung)
+            self._save()
         self._settle(tune_controller)  # its value may clear trials waiting at this rung
         if decision is None:
             self._waiting[n] = (rung, time.monotonic())

@@ -7,6 +7,7 @@ import pytest
 
 from search.driver import run_search
 from tests.helpers import small_space
+from trainable.errors import ConfigError
 
 pytestmark = pytest.mark.slow
 TABLE = ["trial_number", "epoch", "status", "seed", "lr", "batch_size", "t_max", "clip_norm", "val_acc"]
@@ -40,3 +41,17 @@ def test_reproducible_asha_stops_the_same_trials_at_the_same_epochs(ray_local, t
     assert stopped_early(first, 4) == stopped_early(second, 4)
     pd.testing.assert_frame_equal(table(first), table(second))
     assert "asha: reproducible" in summary
+
+
+def test_reproducible_hyperband_stops_the_same_trials_at_the_same_epochs(ray_local, tmp_path, data_root):
+    first, second, summary = two_runs(tmp_path, data_root, "hyperband")
+    assert stopped_early(first, 4) == stopped_early(second, 4)
+    pd.testing.assert_frame_equal(table(first), table(second))
+    assert "hyperband: reproducible" in summary
+
+
+def test_a_rung_without_its_checkpoint_is_refused_before_the_search(tmp_path, data_root):
+    with pytest.raises(ConfigError) as error:
+        small_space(tmp_path, data_root, experiment={"scheduler": "asha", "grace_period": 3, "checkpoint_every": 2},
+                    training={"epochs": 6})
+    assert "experiment.checkpoint_every: must divide grace_period (3) for a reproducible asha" in str(error.value)
