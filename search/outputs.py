@@ -23,6 +23,7 @@ from search.run_folder import RunFolder
 from search.space import Space
 from search.storage import is_uri
 from search.disk_guard import stop_reason
+from search.halving import RECORD_FILE as HALVING_RECORD, read_record as read_halving
 from search.progress import Journal
 from search.study import JOURNAL_FILE
 from search.phases import TIMING_FILE, Phases
@@ -199,9 +200,12 @@ def search_notes(space: Space, folder: RunFolder, timing: Timing) -> str:
     line = (f"Search: reproducible ({experiment.sampler}, seed {experiment.seed}): trial n's config depends only "
             f"on the seed and n; {len(waits)} trial(s) waited for earlier results, {sum(waits.values()):.1f} s "
             f"in all ({100 * sum(waits.values()) / slot_seconds if slot_seconds else 0:.0f}% of slot time)")
-    if experiment.scheduler == "asha":
-        line += ("\n      note: ASHA stops trials by the order results arrive, so which trials stop early "
-                 "(and what TPE then sees) is not reproducible; use scheduler: fifo for that")
+    if experiment.scheduler in ("asha", "hyperband"):  # search/halving.py: trial n judged against trials below n
+        halving = read_halving(folder.storage, f"{folder.name}/{HALVING_RECORD}")
+        held = sum(halving["waits"].values())
+        line += (f"\n      {experiment.scheduler}: reproducible: trial n is judged at a rung against the trials "
+                 f"numbered below it; {len(halving['stopped'])} trial(s) stopped early; "
+                 f"{len(halving['waits'])} paused at a rung for lower-numbered ones, {held:.1f} s in all")
     return line
 
 

@@ -16,6 +16,7 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
 from search.disk_guard import DiskGuard
+from search.halving import RECORD_FILE as HALVING_RECORD, OrderedHalving, bracket_count
 from search.phases import first_trial_started
 from search.progress import Progress, flush_all
 from search.run_folder import RunFolder
@@ -29,13 +30,22 @@ from trainable.data import Data
 MLFLOW_DB = "mlflow.db"
 
 
-def make_scheduler(space: Space) -> TrialScheduler:
+def make_scheduler(space: Space, folder: RunFolder | None = None) -> TrialScheduler:
+    """FIFO, or early stopping: reproducible (search/halving.py) unless experiment.reproducible is false."""
     experiment = space.experiment
-    if experiment.scheduler == "asha":
-        return ASHAScheduler(time_attr="training_iteration", metric=experiment.metric, mode=experiment.mode,
-                             max_t=max_epochs(space.searched, space.trial_defaults().epochs),
-                             grace_period=experiment.grace_period, reduction_factor=experiment.reduction_factor)
-    return FIFOScheduler()
+    if experiment.scheduler not in ("asha", "hyperband"):
+        return FIFOScheduler()
+    max_t = max_epochs(space.searched, space.trial_defaults().epochs)
+    brackets = 1 if experiment.scheduler == "asha" else \
+        bracket_count(experiment.grace_period, max_t, experiment.reduction_factor)
+    if experiment.reproducible:
+        return OrderedHalving(metric=experiment.metric, mode=experiment.mode, max_t=max_t,
+                              grace_period=experiment.grace_period, reduction_factor=experiment.reduction_factor,
+                              brackets=brackets, storage=None if folder is None else folder.storage,
+                              record=f"{folder.name if folder else ''}/{HALVING_RECORD}")
+    return ASHAScheduler(time_attr="training_iteration", metric=experiment.metric, mode=experiment.mode,
+                         max_t=max_t, grace_period=experiment.grace_period,
+                         reduction_factor=experiment.reduction_factor, brackets=brackets)
 
 
 def param_space(space: Space) -> dict[str, Any]:
@@ -94,7 +104,7 @@ def build_tuner(space: Space, folder: RunFolder, data: Data, trial_function: Cal
     return tune.Tuner(
         trainable,
         param_space=param_space(space),
-        tune_config=tune.TuneConfig(search_alg=make_searcher(space), scheduler=make_scheduler(space),
+        tune_config=tune.TuneConfig(search_alg=make_searcher(space), scheduler=make_scheduler(space, folder),
                                     num_samples=experiment.num_samples, reuse_actors=True,
                                     trial_dirname_creator=trial_folder_name),
         run_config=tune.RunConfig(
