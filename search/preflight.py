@@ -20,10 +20,14 @@ from typing import Any
 
 import numpy as np
 
+import yaml
+
+from search import local_ray
+from search.capacity import CapacityError, trials_fit
 from search.run_folder import RunFolder
 from search.schema import is_run_name
 from search.space import Space, example_config, to_raw
-from search.storage import Storage, is_uri
+from search.storage import Storage, check_storage, is_uri
 from trainable.config import keyword_of, schedule_note
 from trainable.data import Data, load_data
 from trainable.errors import ConfigError, problem
@@ -207,7 +211,39 @@ def prepare(space: Space, storage: Storage, name: str | None, resume: bool,
         folder = claim(folder, automatic=name is None)
         held.enter_context(folder.held("--name"))
         folder.write_spec(space, data_fingerprint(data))
+    local_ray.checks_passed()  # the CLI's local Ray begins only now when user code had to be checked
     return space, folder, data
+
+
+def check_local_capacity(space: Space) -> None:
+    """A local Ray gets this machine's CPUs and GPUs: a trial that asks for more would never start."""
+    resources = space.resources
+    if resources.gpus == "auto":  # measured when the search starts (search/gpu_probe.py)
+        return
+    import torch
+
+    machine = {"CPU": float(len(os.sched_getaffinity(0))), "GPU": float(torch.cuda.device_count())}
+    if trials_fit(machine, resources) == 0:
+        raise CapacityError(f"resources: each trial asks for {resources.cpus:g} CPU and {resources.gpus:g} GPU, "
+                            f"but this machine has {machine['CPU']:g} CPU and {machine['GPU']:g} GPU for a local "
+                            "Ray. Lower --gpus-per-trial / --cpus-per-trial, or run on a cluster with GPUs "
+                            "(--address).")
+
+
+def check_space(space: Space, *, address: str | None = None) -> str:
+    """Every check a search makes before its first trial, without Ray or a run folder (`python -m search
+    check`); returns the resolved spec as spec.yaml would hold it. ConfigError, DataError, CapacityError."""
+    storage = Storage.at(space.experiment.storage_path)
+    check_storage(storage)
+    check_storage_outlives_ray(storage)
+    data = check_search(space)
+    if address is None and "RAY_ADDRESS" not in os.environ:  # a cluster's capacity is checked when joined
+        check_local_capacity(space)
+    shape = ", ".join(map(str, data.input_shape))
+    return (f"# The resolved spec of {space.source}: defaults and flags applied; checks passed (data: "
+            f"{len(data.train)} train, {len(data.val)} val, {0 if data.test is None else len(data.test)} test, "
+            f"inputs ({shape}), {data.num_classes} classes; the model on two inputs)\n"
+            + yaml.safe_dump(to_raw(space), sort_keys=False))
 
 
 @contextmanager
