@@ -177,14 +177,16 @@ def metadata(chosen: Chosen) -> dict[str, Any]:
     """What a user needs beside the weights: where they came from, what goes in, what comes out."""
     import torch
 
+    import json
+
     saved = chosen.saved
-    return {
+    return json.loads(json.dumps({  # plain lists, strings and numbers: YAML, torch.load(weights_only) read them
         "run": chosen.folder.path, "checkpoint": chosen.checkpoint, "trial_number": chosen.trial_number,
         "trial_id": chosen.trial_id, "epoch": chosen.epoch, "metrics": chosen.metrics,
         "input_shape": list(saved.input_shape), "num_classes": saved.num_classes,
         "inputs": input_preparation(saved.config.dataset), "outputs": f"logits (N, {saved.num_classes})",
-        "config": saved.config.to_dict(), "torch": torch.__version__,
-    }
+        "config": saved.config.to_dict(), "torch": str(torch.__version__),
+    }))
 
 
 def check_format(fmt: str) -> None:
@@ -200,6 +202,8 @@ def check_format(fmt: str) -> None:
 def write(model, meta: dict[str, Any], fmt: str, output: str) -> None:
     import torch
 
+    # frozen weights: a traced model with grad-requiring weights fails under torch.inference_mode
+    model.requires_grad_(False)
     example = torch.zeros(2, *meta["input_shape"])
     text = yaml.safe_dump(meta, sort_keys=False)
     if fmt == "state_dict":
