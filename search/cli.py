@@ -190,8 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.address is None and "RAY_ADDRESS" not in os.environ:
         defaults = space.trial_defaults()
-        if ":" in defaults.model or ":" in defaults.dataset:  # FILE.py:NAME, module:NAME: the user's code
-            local_ray.begin_after_checks()  # it runs before Ray starts: an error in it costs seconds
+        # FILE.py:NAME, module:NAME: the user's code runs before Ray starts, so an error in it costs seconds;
+        # a --resume of a finished run starts no Ray at all
+        if args.resume or ":" in defaults.model or ":" in defaults.dataset:
+            local_ray.begin_after_checks()
         else:  # built-ins only: Ray comes up while the driver imports torch and loads the data
             local_ray.begin()
     try:

@@ -16,7 +16,7 @@ from typing import Callable
 from search.capacity import check_capacity, plan_gpus
 from search.gpu_probe import resolve_auto
 from search.outputs import Clock, Outcome, finish, resume_command
-from search.preflight import prepare, released_on_failure
+from search.preflight import finished_run, prepare, released_on_failure
 from search.session import ray_session
 from search.space import Space
 from search.storage import Storage, check_storage
@@ -33,6 +33,8 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
     clock = Clock.start()
     storage = Storage.at(space.experiment.storage_path)
     check_storage(storage)
+    if resume and (done := finished_run(space, storage, name, clock.perf)) is not None:
+        return done  # nothing left to run: said without starting Ray
     with ExitStack() as held:  # the run folder, then Ray: released in reverse order
         # a resume runs its spec.yaml, whatever the space file says now
         space, folder, data = prepare(space, storage, name, resume, held)

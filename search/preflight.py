@@ -255,3 +255,42 @@ def released_on_failure(folder: RunFolder, *, resume: bool):
         if not resume:
             folder.release()
         raise
+
+
+def finished_run(space: Space, storage: Storage, name: str | None, started: float):
+    """The Outcome of a --resume with nothing left to run, read from the run folder without starting Ray;
+    None when some trial is unfinished, errored (a resume retries it) or not started.
+
+    `started`: the command's time.perf_counter() at its start, for the summary's wall time.
+    """
+    import pandas as pd
+
+    from search.outputs import Outcome
+    from search.results import RESULTS_FILE
+    from search.run_folder import BEST_FILE
+    from search.summary import Timing
+
+    check_storage_outlives_ray(storage)
+    folder = RunFolder(storage, run_folder_name(space, storage, name, resume=True))
+    stored, _ = folder.read_spec()
+    statuses = [status for status, _ in folder.saved_trials().values()]
+    if len(statuses) < stored.experiment.num_samples or any(s != "TERMINATED" for s in statuses):
+        return None
+    try:
+        frame = pd.read_parquet(f"{folder.path}/{RESULTS_FILE}")
+    except (OSError, ValueError):  # derived files are gone: the resume derives them again
+        return None
+    best = yaml.safe_load(folder.storage.read(f"{folder.name}/{BEST_FILE}") or b"null")
+    counts = frame.drop_duplicates("trial_id")["status"].value_counts().to_dict()
+    lines = [f"Search {folder.name} is finished: all {len(statuses)} of experiment.num_samples "
+             f"{stored.experiment.num_samples} trials ended ({', '.join(f'{n} {s.lower()}' for s, n in sorted(counts.items()))}); "
+             f"--resume has nothing to run (Ray was not started). More trials need a new run."]
+    if isinstance(best, dict) and "result" in best:
+        result, metric = best["result"], stored.experiment.metric
+        lines.append(f"Best: trial #{result['trial_number']} ({result['trial_id']}), epoch {result['epoch']}, "
+                     f"{metric} {result[metric]:.4f}: {folder.storage.join(folder.name, BEST_FILE)}")
+    lines.append(f"Results: {folder.path}/{RESULTS_FILE}; report: {folder.path}/report.html "
+                 f"(again: python -m search report {folder.path})")
+    timing = Timing(time.perf_counter() - started, 0.0, 0)
+    return Outcome(folder.name, folder.path, frame, best if isinstance(best, dict) else None, timing,
+                   "\n".join(lines), interrupted=False, succeeded=isinstance(best, dict))

@@ -16,6 +16,7 @@ import search
 from search.cli import main
 from search.driver import run_search
 from search.export import META_FILE, open_run
+from search.space import to_raw
 from trainable.data import load_data, prepare_inputs
 from tests.helpers import small_space
 
@@ -110,3 +111,17 @@ def test_an_onnx_export_computes_what_the_model_computes(finished, tmp_path):
     with torch.inference_mode():
         expected = search.load_best(finished.path)(inputs).numpy()
     assert logits.shape == (3, 10) and abs(logits - expected).max() < 1e-4
+
+
+def test_resuming_a_finished_run_says_so_without_starting_ray(finished, tmp_path):
+    space, _ = open_run(finished.path).read_spec()
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text(yaml.safe_dump(to_raw(space)))
+    code = (f"import ray, search; o = search.run({str(space_file)!r}, name='exported', resume=True); "
+            "print(o.summary); print('ray started:', ray.is_initialized())")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    assert "Search exported is finished: all 3 of experiment.num_samples 3 trials ended (3 completed)" in done.stdout
+    assert f"epoch {finished.best['result']['epoch']}" in done.stdout
+    assert "ray started: False" in done.stdout
