@@ -33,11 +33,11 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
     clock = Clock.start()
     storage = Storage.at(space.experiment.storage_path)
     check_storage(storage)
-    if resume and (done := finished_run(space, storage, name, clock.perf)) is not None:
-        return done  # nothing left to run: said without starting Ray
     with ExitStack() as held:  # the run folder, then Ray: released in reverse order
         # a resume runs its spec.yaml, whatever the space file says now
         space, folder, data = prepare(space, storage, name, resume, held)
+        if resume and (done := finished_run(space, folder, clock.perf)) is not None:
+            return done  # every trial ended and the outputs read: said without starting Ray
         experiment = space.experiment
         with released_on_failure(folder, resume=resume):  # an unreachable cluster, Ctrl-C: nothing ran
             held.enter_context(ray_session(address, experiment.connect_timeout))  # shut down on leaving

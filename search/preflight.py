@@ -211,7 +211,8 @@ def prepare(space: Space, storage: Storage, name: str | None, resume: bool,
         folder = claim(folder, automatic=name is None)
         held.enter_context(folder.held("--name"))
         folder.write_spec(space, data_fingerprint(data))
-    local_ray.checks_passed()  # the CLI's local Ray begins only now when user code had to be checked
+    if not (resume and finished(space, folder)):  # a finished run's resume starts no Ray (driver.finished_run)
+        local_ray.checks_passed()  # the CLI's local Ray begins only now when user code had to be checked
     return space, folder, data
 
 
@@ -257,12 +258,37 @@ def released_on_failure(folder: RunFolder, *, resume: bool):
         raise
 
 
-def finished_run(space: Space, storage: Storage, name: str | None, started: float):
-    """The Outcome of a --resume with nothing left to run, read from the run folder without starting Ray;
-    None when some trial is unfinished, errored (a resume retries it) or not started.
 
-    `started`: the command's time.perf_counter() at its start, for the summary's wall time.
-    """
+def finished(space: Space, folder: RunFolder) -> bool:
+    """Nothing for a resume to run or repair: every trial TERMINATED in Tune's record (an errored one is
+    retried), each with its record, and results.parquet, best.yaml's checkpoint and the journal read."""
+    from search.export import read_checkpoint
+    from search.results import RESULTS_FILE
+    from search.run_folder import BEST_FILE
+    from search.study import JOURNAL_FILE
+    from trainable.report import CheckpointError
+
+    saved = folder.saved_trials()
+    if len(saved) < space.experiment.num_samples or any(s != "TERMINATED" for s, _ in saved.values()):
+        return False
+    if any(folder.storage.read(f"{folder.name}/trial_{t}/result.json") is None for t in saved):
+        return False  # a trial folder is gone: the resume rebuilds its rows and says so
+    try:
+        import pandas as pd
+
+        if pd.read_parquet(f"{folder.path}/{RESULTS_FILE}")["trial_id"].nunique() != len(saved):
+            return False
+        best = yaml.safe_load(folder.storage.read(f"{folder.name}/{BEST_FILE}") or b"null")
+        read_checkpoint(folder, best["result"]["checkpoint"])
+    except (OSError, ValueError, TypeError, KeyError, CheckpointError):  # derived files to derive again
+        return False
+    journal = folder.storage.read(f"{folder.name}/{JOURNAL_FILE}")
+    return is_uri(folder.path) or (journal is not None and journal.endswith(b"\n"))
+
+
+def finished_run(space: Space, folder: RunFolder, started: float):
+    """The Outcome of a --resume with nothing left to run, read from the run folder without starting Ray;
+    None unless `finished`. `started`: the command's time.perf_counter() at its start."""
     import pandas as pd
 
     from search.outputs import Outcome
@@ -270,27 +296,19 @@ def finished_run(space: Space, storage: Storage, name: str | None, started: floa
     from search.run_folder import BEST_FILE
     from search.summary import Timing
 
-    check_storage_outlives_ray(storage)
-    folder = RunFolder(storage, run_folder_name(space, storage, name, resume=True))
-    stored, _ = folder.read_spec()
-    statuses = [status for status, _ in folder.saved_trials().values()]
-    if len(statuses) < stored.experiment.num_samples or any(s != "TERMINATED" for s in statuses):
+    if not finished(space, folder):
         return None
-    try:
-        frame = pd.read_parquet(f"{folder.path}/{RESULTS_FILE}")
-    except (OSError, ValueError):  # derived files are gone: the resume derives them again
-        return None
-    best = yaml.safe_load(folder.storage.read(f"{folder.name}/{BEST_FILE}") or b"null")
+    frame = pd.read_parquet(f"{folder.path}/{RESULTS_FILE}")
+    best = yaml.safe_load(folder.storage.read(f"{folder.name}/{BEST_FILE}"))
     counts = frame.drop_duplicates("trial_id")["status"].value_counts().to_dict()
-    lines = [f"Search {folder.name} is finished: all {len(statuses)} of experiment.num_samples "
-             f"{stored.experiment.num_samples} trials ended ({', '.join(f'{n} {s.lower()}' for s, n in sorted(counts.items()))}); "
-             f"--resume has nothing to run (Ray was not started). More trials need a new run."]
-    if isinstance(best, dict) and "result" in best:
-        result, metric = best["result"], stored.experiment.metric
-        lines.append(f"Best: trial #{result['trial_number']} ({result['trial_id']}), epoch {result['epoch']}, "
-                     f"{metric} {result[metric]:.4f}: {folder.storage.join(folder.name, BEST_FILE)}")
-    lines.append(f"Results: {folder.path}/{RESULTS_FILE}; report: {folder.path}/report.html "
-                 f"(again: python -m search report {folder.path})")
+    result, metric = best["result"], space.experiment.metric
+    summary = (f"Search {folder.name} is finished: all {frame['trial_id'].nunique()} of experiment.num_samples "
+               f"{space.experiment.num_samples} trials ended "
+               f"({', '.join(f'{n} {s.lower()}' for s, n in sorted(counts.items()))}); --resume has nothing to "
+               f"run (Ray was not started). More trials need a new run.\n"
+               f"Best: trial #{result['trial_number']} ({result['trial_id']}), epoch {result['epoch']}, "
+               f"{metric} {result[metric]:.4f}: {folder.storage.join(folder.name, BEST_FILE)}\n"
+               f"Results: {folder.path}/{RESULTS_FILE}; report: {folder.path}/report.html "
+               f"(again: python -m search report {folder.path})")
     timing = Timing(time.perf_counter() - started, 0.0, 0)
-    return Outcome(folder.name, folder.path, frame, best if isinstance(best, dict) else None, timing,
-                   "\n".join(lines), interrupted=False, succeeded=isinstance(best, dict))
+    return Outcome(folder.name, folder.path, frame, best, timing, summary)
