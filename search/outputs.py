@@ -111,21 +111,24 @@ def kept_rows(folder: RunFolder, trial_id: str, derived: list[dict[str, Any]], s
     return [{**by_epoch[e], "status": status} for e in sorted(by_epoch)]
 
 
-def best_with_test(grid, rows: pd.DataFrame, data: Data) -> tuple[pd.Series | None, tuple[float, float] | None, str]:
-    """The best row whose checkpoint reads, its test (loss, acc), and a note on any skipped.
+def best_with_test(grid, rows: pd.DataFrame, data: Data, metric: str | None = None
+                   ) -> tuple[pd.Series | None, tuple[float, float] | None, str]:
+    """The best row whose checkpoint reads (its `checkpoint`: the folder, relative to the run folder),
+    its test (loss, acc), and a note on any skipped.
 
-    A corrupt checkpoint at the best epoch falls back to the next best row, said in the note.
+    A corrupt checkpoint at the best epoch falls back to the next best row, said in the note;
+    rows without a checkpoint that only tie it (Tune keeps the newest of equals) are not "better".
     """
     checkpoints = {}
     for result in grid:
         trial_id = trial_id_of(result)
         for checkpoint, metrics in result.best_checkpoints:
             checkpoints[(trial_id, metrics.get("epoch"))] = checkpoint
-    skipped, unsaved = [], 0
+    skipped, unsaved = [], []
     for _, row in rows.iterrows():
         checkpoint = checkpoints.get((row["trial_id"], int(row["epoch"])))
         if checkpoint is None:  # checkpoint_every skipped that epoch, or num_to_keep removed it
-            unsaved += 1
+            unsaved.append(row)
             continue
         try:
             with checkpoint.as_directory() as where:
@@ -133,8 +136,11 @@ def best_with_test(grid, rows: pd.DataFrame, data: Data) -> tuple[pd.Series | No
         except CheckpointError as error:
             skipped.append(str(error))
             continue
-        notes = ([f"the best epoch with a checkpoint: {unsaved} better one(s) had none kept "
-                  "(experiment.checkpoint_every, num_to_keep)"] if unsaved else [])
+        better = sum(metric is None or r[metric] != row[metric] for r in unsaved)
+        notes = ([f"the best epoch with a checkpoint: {better} better one(s) had none kept "
+                  "(experiment.checkpoint_every, num_to_keep)"] if better else [])
+        # trial_<id>/checkpoint_<k>: Tune numbers checkpoints, not epochs
+        row = pd.concat([row, pd.Series({"checkpoint": "/".join(checkpoint.path.rstrip("/").split("/")[-2:])})])
         notes += [f"skipped {s}" for s in skipped]
         if data.test is None:
             return row, None, "; ".join(["the dataset has no test part", *notes])
@@ -142,7 +148,7 @@ def best_with_test(grid, rows: pd.DataFrame, data: Data) -> tuple[pd.Series | No
                                data.test, data.standardize, get_default_device())
         return row, score, "; ".join(notes)
     return ((rows.iloc[0] if len(rows) else None), None,
-            "no readable checkpoint" + (f" ({unsaved} epoch(s) had none kept)" if unsaved else "")
+            "no readable checkpoint" + (f" ({len(unsaved)} epoch(s) had none kept)" if unsaved else "")
             + "".join(f"; {s}" for s in skipped))
 
 
@@ -158,6 +164,7 @@ def best_entry(best: pd.Series, test: tuple[float, float] | None, note: str, met
             **{m: float(best[m]) for m in METRICS},
             "test_acc": None if test is None else float(test[1]),
             "test_loss": None if test is None else float(test[0]),
+            "checkpoint": best.get("checkpoint"),  #: its folder, relative to the run folder; null: none read
             **({"note": note} if note else {}),
             "search": name,
         },
@@ -264,7 +271,8 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
     scored = ranked(frame, experiment.metric, experiment.mode)
     succeeded = bool((scored["status"] != ERROR).any())
     # an errored trial's epochs count only when no other trial scored, and best.yaml then says so
-    best, test, note = best_with_test(grid, scored[scored["status"] != ERROR] if succeeded else scored, data)
+    best, test, note = best_with_test(grid, scored[scored["status"] != ERROR] if succeeded else scored, data,
+                                      experiment.metric)
     phases.mark("test")
     if best is not None and best["status"] == ERROR:
         note = "; ".join([f"trial #{best['trial_number']} ended in ERROR after its epoch {best['epoch']} (so did "
