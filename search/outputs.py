@@ -270,13 +270,17 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
 
     scored = ranked(frame, experiment.metric, experiment.mode)
     succeeded = bool((scored["status"] != ERROR).any())
-    # an errored trial's epochs count only when no other trial scored, and best.yaml then says so
-    best, test, note = best_with_test(grid, scored[scored["status"] != ERROR] if succeeded else scored, data,
-                                      experiment.metric)
+    # the best is a finished trial's, as in the journal's study; an interrupted trial's epochs count
+    # only when no trial has finished, an errored trial's only when no other trial scored: best.yaml says so
+    finished = scored[~scored["status"].isin([ERROR, INTERRUPTED])]
+    candidates = finished if len(finished) else scored[scored["status"] != ERROR] if succeeded else scored
+    best, test, note = best_with_test(grid, candidates, data, experiment.metric)
     phases.mark("test")
-    if best is not None and best["status"] == ERROR:
-        note = "; ".join([f"trial #{best['trial_number']} ended in ERROR after its epoch {best['epoch']} (so did "
-                          "every trial with a score)", *([note] if note else [])])
+    if best is not None and best["status"] in (ERROR, INTERRUPTED):
+        how = "ended in ERROR" if best["status"] == ERROR else "was interrupted"
+        others = "so did every trial with a score" if best["status"] == ERROR else "no trial has finished yet"
+        note = "; ".join([f"trial #{best['trial_number']} {how} after its epoch {best['epoch']} ({others})",
+                          *([note] if note else [])])
     entry = None
     best_path = folder.storage.join(folder.name, "best.yaml")
     if best is not None:
