@@ -80,9 +80,11 @@ class Progress(Callback):
         self._writer: ThreadPoolExecutor | None = None  # parts and journal, off Tune's controller thread
         self._epochs: dict[str, float] = {}  # running trial -> share of its epochs done (the ETA's)
         self._ended_before = len(self.ended)  # trials that ended before this process: not in its ETA
+        self._paced_from: float | None = None  # when this process's first trial started: the ETA's pace
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("_journal", "_journal_failed", "_ending", "_schema", "_writer", "_epochs", "_ended_before")
+        keep = ("_journal", "_journal_failed", "_ending", "_schema", "_writer", "_epochs", "_ended_before",
+                "_paced_from")
         return {k: v for k, v in self.__dict__.items() if k not in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -97,6 +99,7 @@ class Progress(Callback):
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         self.running.add(trial.trial_id)
+        self._paced_from = self._paced_from or time.monotonic()
         self._submit(self._to_journal, functools.partial(self._start_entry, trial.trial_id, dict(trial.config)))
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
@@ -121,12 +124,14 @@ class Progress(Callback):
               f"| elapsed {elapsed} | ETA {eta}", flush=True)
 
     def _times(self) -> tuple[str, str]:
-        """Elapsed time, and the ETA from this process's pace (ended trials, and the epochs of running ones)."""
-        elapsed = time.monotonic() - self.started
+        """Elapsed time, and the ETA at this process's pace since its first trial started (start-up excluded):
+        trials ended, and the share of epochs done of those running."""
+        now = time.monotonic()
         running = sum(self._epochs.get(t, 0.0) for t in self.running)
         done = len(self.ended) - self._ended_before + running
         left = max(0.0, self.total - len(self.ended) - running)
-        return clock(elapsed), (clock(elapsed / done * left) if done > 0 else "?")
+        paced = now - (self._paced_from or now)
+        return clock(now - self.started), (clock(paced / done * left) if done > 0 and paced > 0 else "?")
 
     def _bar(self) -> None:
         done, width = len(self.ended), 24
