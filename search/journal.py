@@ -41,12 +41,12 @@ from search.storage import is_uri
 from search.study import JOURNAL_FILE, PENDING, frozen_trial, journal
 
 
-def local_journal_path(folder: RunFolder) -> str:
-    """Where the journal is written: in a local run folder, or, on URI storage, on the driver's disk under
-    $XDG_CACHE_HOME (~/.cache) at hpsearch/journals/<scheme>/<the run folder's path>/optuna.journal."""
-    if not is_uri(folder.path):
-        return os.path.join(folder.path, JOURNAL_FILE)
-    scheme, rest = folder.path.split("://", 1)
+def local_journal_path(run_path: str) -> str:
+    """Where the journal of the run folder `run_path` is written: in it if local, or, on URI storage, on
+    the driver's disk under $XDG_CACHE_HOME (~/.cache) at hpsearch/journals/<scheme>/<its path>/optuna.journal."""
+    if not is_uri(run_path):
+        return os.path.join(run_path, JOURNAL_FILE)
+    scheme, rest = run_path.split("://", 1)
     parts = [re.sub(r"[^A-Za-z0-9._=-]", "_", p) for p in rest.split("/") if p not in ("", ".", "..")]
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(cache, "hpsearch", "journals", scheme, *parts, JOURNAL_FILE)
@@ -74,7 +74,7 @@ class Journal:
     def __init__(self, folder: RunFolder, space: Space, schema=None):
         self.folder, self.space = folder, space
         self.schema = schema if schema is not None else results_schema(space)
-        self.path = local_journal_path(folder)
+        self.path = local_journal_path(folder.path)
         self._uploaded_at, self._upload_seconds = 0.0, 0.0
         if is_uri(folder.path) and not os.path.exists(self.path):  # a resume on another machine
             os.makedirs(os.path.dirname(self.path), exist_ok=True)

@@ -223,7 +223,7 @@ def sync_journal(folder: RunFolder, space: Space, frame: pd.DataFrame, notes: li
     make it unreadable), is moved aside and written anew from results.parquet, as the results are.
     On URI storage the journal is the driver's local copy (local_journal_path), copied into the run folder.
     """
-    path = local_journal_path(folder)
+    path = local_journal_path(folder.path)
     try:
         if os.path.exists(path) and os.path.getsize(path) and not _ends_a_line(path):
             raise ValueError("its last line is cut short")

@@ -121,7 +121,7 @@ def test_on_uri_storage_the_journal_is_on_the_drivers_disk_and_copied_to_the_run
     journal = Journal(folder, space)
     local = tmp_path / "cache" / "hpsearch" / "journals" / "file" / str(tmp_path / "runs").strip("/") / \
         folder.name / JOURNAL_FILE
-    assert journal.path == local_journal_path(folder) == str(local) and local.exists()
+    assert journal.path == local_journal_path(folder.path) == str(local) and local.exists()
     copied = tmp_path / "runs" / folder.name / JOURNAL_FILE
     assert copied.exists(), "the run folder has a journal from the start"
     journal.sync(pd.DataFrame(rows("a", 0, 0.15, [0.5, 0.7])))
