@@ -5,6 +5,8 @@
     outcome.results   # the results.parquet rows as a DataFrame
     outcome.best      # best.yaml's content
 
+    model = search.load_best("runs/mnist-20261130-101500")   # best.yaml's model, eval mode, CPU
+
 A space may also be a dict with the space file's sections. Bad input raises ConfigError
 (or DataError, CapacityError) before Ray starts, with every problem listed.
 """
@@ -63,3 +65,16 @@ def restore(path: str, *, trainable: Callable | None = None):
     space, _ = folder.read_spec()
     gpus = space.resources.gpus if isinstance(space.resources.gpus, (int, float)) else 0  # Tune keeps each trial's
     return build_tuner(space, folder, check_search(space), trainable or tune_trial, gpus=gpus, resume=True)
+
+
+def load_best(run: str | Path, *, trial: int | None = None):
+    """The model of best.yaml's checkpoint (or of trial number `trial`'s best readable epoch) of the
+    run folder `run`, as a torch.nn.Module in eval mode on the CPU.
+
+    It takes inputs as the trials' models got them (docs/outputs.md, "Export the model").
+    Raises ConfigError (no best.yaml, no such trial, no readable checkpoint) or
+    search.export.NotARunFolder.
+    """
+    from search.export import chosen_checkpoint, model_of, open_run
+
+    return model_of(chosen_checkpoint(open_run(str(run)), trial))

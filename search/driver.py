@@ -15,8 +15,9 @@ from typing import Callable
 
 from search.capacity import check_capacity, plan_gpus
 from search.gpu_probe import resolve_auto
-from search.outputs import Clock, Outcome, finish, resume_command
-from search.preflight import prepare, released_on_failure
+from search.outputs import Outcome, finish, resume_command, with_time
+from search.phases import Phases
+from search.preflight import finished_run, prepare, released_on_failure
 from search.session import ray_session
 from search.space import Space
 from search.storage import Storage, check_storage
@@ -30,25 +31,33 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
                trainable: Callable = tune_trial) -> Outcome:
     """Run (or resume) a search. Raises ConfigError, DataError or CapacityError before any trial starts,
     DiskFull if the run folder's disk filled (the search is then stopped and resumable)."""
-    clock = Clock.start()
+    phases = Phases()  # where the command's time goes, in the summary and timing.yaml
     storage = Storage.at(space.experiment.storage_path)
     check_storage(storage)
     with ExitStack() as held:  # the run folder, then Ray: released in reverse order
         # a resume runs its spec.yaml, whatever the space file says now
         space, folder, data = prepare(space, storage, name, resume, held)
+        if resume and (done := finished_run(space, folder, phases)) is not None:
+            return done  # every trial ended and the outputs read: said without starting Ray
         experiment = space.experiment
+        phases.mark("checks")
+        held.callback(phases.mark, "shutdown")  # after Ray's shutdown, before the run folder's release
         with released_on_failure(folder, resume=resume):  # an unreachable cluster, Ctrl-C: nothing ran
             held.enter_context(ray_session(address, experiment.connect_timeout))  # shut down on leaving
+        phases.mark("ray")
         with released_on_failure(folder, resume=resume):  # no capacity, a failed probe: no trial ran
             resources, auto_note = resolve_auto(space, data, folder, resume=resume)  # gpus: auto, measured
             capacity = check_capacity(resources)  # 0 only where an autoscaler will add the nodes
         slots = slot_count(experiment.max_concurrent, capacity)
         gpu_plan = plan_gpus(resources, min(slots, experiment.num_samples))  # spread over every GPU
+        phases.mark("probe")
         tuner = build_tuner(space, folder, data, trainable, gpus=gpu_plan.gpus, resume=resume)
         try:
-            grid = fit(tuner, resume_command(space, folder))
-            return finish(grid, folder, space, data, clock, slots, gpu_plan, auto_note)
+            grid = fit(tuner, folder, resume_command(space, folder))
+            phases.mark("trials")
+            outcome = finish(grid, folder, space, data, phases, slots, gpu_plan, auto_note)
         except OSError as error:
             if error.errno != errno.ENOSPC:
                 raise
             raise DiskFull(folder.path, error, resume_command(space, folder)) from None
+    return with_time(outcome, phases, folder)

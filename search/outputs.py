@@ -7,8 +7,8 @@ prints, and the Outcome the Python API returns.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,9 +23,11 @@ from search.run_folder import RunFolder
 from search.space import Space
 from search.storage import is_uri
 from search.disk_guard import stop_reason
+from search.halving import RECORD_FILE as HALVING_RECORD, read_record as read_halving
 from search.journal import Journal, local_journal_path
 from search.study import JOURNAL_FILE
-from search.summary import Timing, format_summary, journal_note
+from search.phases import TIMING_FILE, Phases
+from search.summary import Timing, format_summary, journal_note, wall_line
 from trainable.data import Data
 from trainable.device import get_default_device
 from trainable.loop import evaluate_model
@@ -48,18 +50,6 @@ class Outcome:
     summary: str
     interrupted: bool = False  #: stopped (Ctrl-C, SIGTERM) before every trial finished; --resume continues it
     succeeded: bool = True  #: some trial outside ERROR reported a finite metric (else the CLI exits 3)
-
-
-@dataclass(frozen=True)
-class Clock:
-    """When the command started: wall time for the summary, unix time to tell this run's epochs."""
-
-    perf: float
-    unix: float
-
-    @classmethod
-    def start(cls) -> "Clock":
-        return cls(time.perf_counter(), time.time())
 
 
 def trial_id_of(result) -> str:
@@ -121,21 +111,24 @@ def kept_rows(folder: RunFolder, trial_id: str, derived: list[dict[str, Any]], s
     return [{**by_epoch[e], "status": status} for e in sorted(by_epoch)]
 
 
-def best_with_test(grid, rows: pd.DataFrame, data: Data) -> tuple[pd.Series | None, tuple[float, float] | None, str]:
-    """The best row whose checkpoint reads, its test (loss, acc), and a note on any skipped.
+def best_with_test(grid, rows: pd.DataFrame, data: Data, metric: str | None = None
+                   ) -> tuple[pd.Series | None, tuple[float, float] | None, str]:
+    """The best row whose checkpoint reads (its `checkpoint`: the folder, relative to the run folder),
+    its test (loss, acc), and a note on any skipped.
 
-    A corrupt checkpoint at the best epoch falls back to the next best row, said in the note.
+    A corrupt checkpoint at the best epoch falls back to the next best row, said in the note;
+    rows without a checkpoint that only tie it (Tune keeps the newest of equals) are not "better".
     """
     checkpoints = {}
     for result in grid:
         trial_id = trial_id_of(result)
         for checkpoint, metrics in result.best_checkpoints:
             checkpoints[(trial_id, metrics.get("epoch"))] = checkpoint
-    skipped, unsaved = [], 0
+    skipped, unsaved = [], []
     for _, row in rows.iterrows():
         checkpoint = checkpoints.get((row["trial_id"], int(row["epoch"])))
         if checkpoint is None:  # checkpoint_every skipped that epoch, or num_to_keep removed it
-            unsaved += 1
+            unsaved.append(row)
             continue
         try:
             with checkpoint.as_directory() as where:
@@ -143,8 +136,11 @@ def best_with_test(grid, rows: pd.DataFrame, data: Data) -> tuple[pd.Series | No
         except CheckpointError as error:
             skipped.append(str(error))
             continue
-        notes = ([f"the best epoch with a checkpoint: {unsaved} better one(s) had none kept "
-                  "(experiment.checkpoint_every, num_to_keep)"] if unsaved else [])
+        better = sum(metric is None or r[metric] != row[metric] for r in unsaved)
+        notes = ([f"the best epoch with a checkpoint: {better} better one(s) had none kept "
+                  "(experiment.checkpoint_every, num_to_keep)"] if better else [])
+        # trial_<id>/checkpoint_<k>: Tune numbers checkpoints, not epochs
+        row = pd.concat([row, pd.Series({"checkpoint": "/".join(checkpoint.path.rstrip("/").split("/")[-2:])})])
         notes += [f"skipped {s}" for s in skipped]
         if data.test is None:
             return row, None, "; ".join(["the dataset has no test part", *notes])
@@ -152,7 +148,7 @@ def best_with_test(grid, rows: pd.DataFrame, data: Data) -> tuple[pd.Series | No
                                data.test, data.standardize, get_default_device())
         return row, score, "; ".join(notes)
     return ((rows.iloc[0] if len(rows) else None), None,
-            "no readable checkpoint" + (f" ({unsaved} epoch(s) had none kept)" if unsaved else "")
+            "no readable checkpoint" + (f" ({len(unsaved)} epoch(s) had none kept)" if unsaved else "")
             + "".join(f"; {s}" for s in skipped))
 
 
@@ -168,6 +164,7 @@ def best_entry(best: pd.Series, test: tuple[float, float] | None, note: str, met
             **{m: float(best[m]) for m in METRICS},
             "test_acc": None if test is None else float(test[1]),
             "test_loss": None if test is None else float(test[0]),
+            "checkpoint": best.get("checkpoint"),  #: its folder, relative to the run folder; null: none read
             **({"note": note} if note else {}),
             "search": name,
         },
@@ -210,9 +207,12 @@ def search_notes(space: Space, folder: RunFolder, timing: Timing) -> str:
     line = (f"Search: reproducible ({experiment.sampler}, seed {experiment.seed}): trial n's config depends only "
             f"on the seed and n; {len(waits)} trial(s) waited for earlier results, {sum(waits.values()):.1f} s "
             f"in all ({100 * sum(waits.values()) / slot_seconds if slot_seconds else 0:.0f}% of slot time)")
-    if experiment.scheduler == "asha":
-        line += ("\n      note: ASHA stops trials by the order results arrive, so which trials stop early "
-                 "(and what TPE then sees) is not reproducible; use scheduler: fifo for that")
+    if experiment.scheduler in ("asha", "hyperband"):  # search/halving.py: trial n judged against trials below n
+        halving = read_halving(folder.storage, f"{folder.name}/{HALVING_RECORD}")
+        held = sum(halving["waits"].values())
+        line += (f"\n      {experiment.scheduler}: reproducible: trial n is judged at a rung against the trials "
+                 f"numbered below it; {len(halving['stopped'])} trial(s) stopped early; "
+                 f"{len(halving['waits'])} paused at a rung for lower-numbered ones, {held:.1f} s in all")
     return line
 
 
@@ -255,21 +255,24 @@ def no_success(frame: pd.DataFrame, metric: str) -> str:
             f"the command exits {NO_SUCCESS_EXIT}")
 
 
-def finish(grid, folder: RunFolder, space: Space, data: Data, clock: Clock, slots: int, gpu_plan: GpuPlan,
+def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, slots: int, gpu_plan: GpuPlan,
            auto_note: str) -> Outcome:
     """Derive results.parquet, best.yaml (with test accuracy), the report and the summary."""
     experiment = space.experiment
     notes: list[str] = []
     frame = derive(folder, space, grid, notes)
     sync_journal(folder, space, frame, notes)
+    phases.mark("results")
     interrupted = (frame["status"] == INTERRUPTED).any() or frame["trial_id"].nunique() < experiment.num_samples
-    this_run = frame[frame["finished_at"] >= clock.unix]
-    timing = Timing(time.perf_counter() - clock.perf, float(this_run["epoch_seconds"].sum()), slots)
+    this_run = frame[frame["finished_at"] >= phases.called]
+    timing = Timing(phases.wall_seconds, float(this_run["epoch_seconds"].sum()), slots)
 
     scored = ranked(frame, experiment.metric, experiment.mode)
     succeeded = bool((scored["status"] != ERROR).any())
     # an errored trial's epochs count only when no other trial scored, and best.yaml then says so
-    best, test, note = best_with_test(grid, scored[scored["status"] != ERROR] if succeeded else scored, data)
+    best, test, note = best_with_test(grid, scored[scored["status"] != ERROR] if succeeded else scored, data,
+                                      experiment.metric)
+    phases.mark("test")
     if best is not None and best["status"] == ERROR:
         note = "; ".join([f"trial #{best['trial_number']} ended in ERROR after its epoch {best['epoch']} (so did "
                           "every trial with a score)", *([note] if note else [])])
@@ -290,13 +293,18 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, clock: Clock, slot
                             f"({experiment.trial_timeout:g} s) ends so (trainable/watchdog.py), as does a crash")
     summary += "".join(f"\nnote: {note}" for note in notes)
     summary += "\n" + search_notes(space, folder, timing)
-    try:
-        report = write_report(folder, space, frame, None if entry is None else entry["result"]["trial_id"], summary,
-                              slots=slots)
-        summary += f"\nReport: {report} (figures in {folder.path}/report/)\n{journal_note(folder.path)}"
-    except Exception as error:  # the results are written; a figure must not turn them into a crash
-        summary += (f"\nReport: not written ({type(error).__name__}: {error}); "
-                    f"try again with: python -m search report {folder.path}")
+    if interrupted:  # a stop must end in seconds (SIGTERM, then SIGKILL); the figures take seconds more
+        summary += (f"\nReport: not remade for a stopped search (the search's end makes it); "
+                    f"now: python -m search report {folder.path}\n{journal_note(folder.path)}")
+    else:
+        try:
+            report = write_report(folder, space, frame, None if entry is None else entry["result"]["trial_id"],
+                                  summary, slots=slots)
+            summary += f"\nReport: {report} (figures in {folder.path}/report/)\n{journal_note(folder.path)}"
+        except Exception as error:  # the results are written; a figure must not turn them into a crash
+            summary += (f"\nReport: not written ({type(error).__name__}: {error}); "
+                        f"try again with: python -m search report {folder.path}")
+    phases.mark("report")
     stopped = stop_reason()
     if stopped:
         summary += f"\nStopped: {stopped}"
@@ -306,3 +314,15 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, clock: Clock, slot
                     f"{experiment.num_samples - frame['trial_id'].nunique()} not started. Continue with:\n"
                     f"  {resume_command(space, folder)}")
     return Outcome(folder.name, folder.path, frame, entry, timing, summary, bool(interrupted), succeeded)
+
+
+def with_time(outcome: Outcome, phases: Phases, folder: RunFolder) -> Outcome:
+    """The outcome once the command is over (Ray shut down): its whole wall time and phases, in the
+    summary and in the run folder's timing.yaml."""
+    timing = Timing(phases.wall_seconds, outcome.timing.training_seconds, outcome.timing.slots)
+    try:
+        folder.storage.write(f"{folder.name}/{TIMING_FILE}", yaml.safe_dump(phases.record(), sort_keys=False).encode())
+    except OSError:  # a full disk: the summary still says it
+        pass
+    summary = outcome.summary.replace(wall_line(outcome.timing), wall_line(timing, phases.line()), 1)
+    return dataclasses.replace(outcome, timing=timing, summary=summary)

@@ -69,7 +69,7 @@ def _finite(v: float) -> bool:
 
 Mode = Literal["max", "min"]
 Sampler = Literal["tpe", "random", "qmc", "cmaes", "gp"]  # search/ordered.py builds them
-Scheduler = Literal["fifo", "asha"]
+Scheduler = Literal["fifo", "asha", "hyperband"]
 Logger = Literal["tensorboard", "mlflow", "wandb"]
 SAMPLERS, SCHEDULERS, LOGGERS = get_args(Sampler), get_args(Scheduler), get_args(Logger)
 AUTO = "auto"  #: resources.gpus: auto, trials per GPU measured by a probe before the search
@@ -100,19 +100,20 @@ class Experiment(Section):
     reproducible: Annotated[bool, rule("must be true or false")] = True
     #: trial n's config depends only on seed and n, whatever finishes first (search/ordered.py)
     scheduler: Annotated[Scheduler, rule(f"must be one of {', '.join(SCHEDULERS)}")] = "fifo"
-    #: fifo (every trial runs all epochs) or asha (stops poor trials early)
+    #: fifo (every trial runs all epochs), asha (stops poor trials early) or hyperband (asha in brackets
+    #: that start at different epochs); reproducible with experiment.reproducible (search/halving.py)
     grace_period: Annotated[int, rule("must be an integer in [1, 100000] (epochs)",
-                                      lambda v: 0 < v <= 100_000)] = 1  #: asha: epochs before a stop
+                                      lambda v: 0 < v <= 100_000)] = 1  #: asha, hyperband: epochs before a stop
     reduction_factor: Annotated[int, rule("must be an integer in [2, 1000]", lambda v: 1 < v <= 1000)] = 2
-    #: asha: keep the top 1/reduction_factor at each rung
+    #: asha, hyperband: keep the top 1/reduction_factor at each rung
     max_failures: Annotated[int, rule("must be an integer in [0, 1000]", lambda v: 0 <= v <= 1000)] = 2
     #: restarts of a crashed trial, from its last checkpoint
     checkpoint_every: Annotated[int, rule("must be an integer in [1, 100000] (epochs)",
                                           lambda v: 0 < v <= 100_000)] = 1
     #: a trial checkpoints every N epochs; its last epoch always
     num_to_keep: Annotated[int | None, rule("must be null (keep all) or an integer in [1, 100000]",
-                                            lambda v: v is None or 0 < v <= 100_000)] = None
-    #: checkpoints kept per trial (the best by metric, and always the latest); null: all
+                                            lambda v: v is None or 0 < v <= 100_000)] = 1
+    #: checkpoints kept per trial: the best num_to_keep by metric, and always the latest; null: all
     storage_path: Annotated[str, rule("must be a folder or URI", lambda v: v != "")] = "./runs"
     #: local folder or pyarrow.fs URI (s3://..., gs://..., file://...)
     trial_timeout: Annotated[float | None, rule("must be null (no limit) or a number of seconds in [1, 10000000]",

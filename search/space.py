@@ -150,11 +150,16 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
             fixed[key] = field_value(f"space.{key}", key, value, problems)
     if not problems:
         problems += cross_field_problems(fixed, "data.")
-    if not problems and experiment.scheduler == "asha":
+    if not problems and experiment.scheduler in ("asha", "hyperband"):
         epochs = max_epochs(tuple(searched), TrialConfig.from_mapping(fixed).epochs)
         if experiment.grace_period > epochs:
             problems.append(problem("experiment.grace_period", f"must be <= the epochs a trial runs ({epochs}) "
-                                                               "for asha", experiment.grace_period))
+                                                               f"for {experiment.scheduler}", experiment.grace_period))
+        if experiment.reproducible and experiment.grace_period % experiment.checkpoint_every:
+            problems.append(problem("experiment.checkpoint_every", f"must divide grace_period "
+                                    f"({experiment.grace_period}) for a reproducible {experiment.scheduler}: a trial "
+                                    "that waits at a rung resumes from that rung's checkpoint",
+                                    experiment.checkpoint_every))
     if not problems and not searched:
         problems.append(problem("space", "must search at least one field (e.g. lr: {distribution: float, "
                                          "low: 0.01, high: 0.3, log: true})", raw.get("space")))

@@ -2,7 +2,8 @@
 trial's entry in optuna.journal for `optuna-dashboard` (search/journal.py).
 
 A trial's value is its best epoch's metric (the epoch best.yaml picks), as in OrderedSearch;
-a trial without a finite metric is FAIL. Each trial carries `trial_number`, `trial_id` and
+a trial without a finite metric, or that ended in ERROR, is FAIL (its epochs stay as
+intermediate values), so the study's best is best.yaml's. Each trial carries `trial_number`, `trial_id` and
 `seed` as user attributes, and its metric per epoch as intermediate values.
 """
 
@@ -42,6 +43,8 @@ def frozen_trial(rows: pd.DataFrame, space: Space, schema=None, *, live: bool = 
              if not pd.isna(r["epoch"]) and score(r[metric]) is not None}
     value = best_of(curve.values(), mode)
     status = str(first["status"])
+    if status == "ERROR":  # it raised, as a failed Optuna trial does: never the best, as in best.yaml
+        value = None
     state = TrialState.COMPLETE if value is not None else TrialState.FAIL
     if live and status in UNENDED:
         state, value = UNENDED[status], None
@@ -50,7 +53,7 @@ def frozen_trial(rows: pd.DataFrame, space: Space, schema=None, *, live: bool = 
         value=value,
         params={d.name: d.param(_cell(first[d.name], d.name in json_columns)) for d in space.searched},
         distributions={d.name: d.distribution for d in space.searched},
-        intermediate_values=curve if value is not None or state == TrialState.RUNNING else None,
+        intermediate_values=curve or None,
         user_attrs={"trial_number": None if pd.isna(first["trial_number"]) else int(first["trial_number"]),
                     "trial_id": str(first["trial_id"]), "seed": int(first["seed"]), "status": status},
     )

@@ -17,7 +17,7 @@ from trainable.config import TrialConfig
 class Timing:
     """Where the wall time of a search went."""
 
-    wall_seconds: float  #: the whole command: Ray start, data loading, trials, results
+    wall_seconds: float  #: the whole command (search/phases.py), from its start to the summary
     training_seconds: float  #: sum of epoch_seconds of the epochs this run trained
     slots: int  #: trials that could run at once
 
@@ -143,6 +143,14 @@ def format_table(frame: pd.DataFrame, metric: str, mode: str, searched: list[str
     return table[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}")
 
 
+def wall_line(timing: Timing, phases: str | None = None) -> str:
+    """The summary's time line; `phases`, once the command is over: where its wall time went."""
+    return (f"Wall time {timing.wall_seconds:.1f} s ({'the whole command' if phases else 'until the report'}): training "
+            f"{timing.training_seconds:.1f} trial-s over {timing.slots} slot(s); outside training "
+            f"{timing.overhead_seconds:.1f} s ({100 * timing.overhead_share:.0f}%)"
+            + (f"\n      phases: {phases}" if phases else ""))
+
+
 def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Timing, *,
                    metric: str, mode: str, searched: list[str], gpus_per_trial: float,
                    rerun: str, gpu_notes: tuple[str, ...] = (), no_best: str | None = None) -> str:
@@ -171,10 +179,7 @@ def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Tim
             f"      {config}",
             f"      re-run: {rerun}",
         ]
-    lines.append(
-        f"Wall time {timing.wall_seconds:.1f} s: training {timing.training_seconds:.1f} trial-s over "
-        f"{timing.slots} slot(s); outside training {timing.overhead_seconds:.1f} s "
-        f"({100 * timing.overhead_share:.0f}%)")
+    lines.append(wall_line(timing))
     breakdown = time_breakdown(frame)
     if breakdown:
         lines.append(breakdown)

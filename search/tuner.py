@@ -16,10 +16,12 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
 from search.disk_guard import DiskGuard
+from search.halving import RECORD_FILE as HALVING_RECORD, OrderedHalving, bracket_count
+from search.phases import first_trial_started
 from search.progress import Progress, flush_all
 from search.run_folder import RunFolder
 from search.searcher import make_searcher
-from search.session import sigterm_as_sigint
+from search.session import quick_stop, sigterm_as_sigint
 from search.space import Space, max_epochs
 from search.storage import is_uri
 from trainable.adapter import DataHandle, run_trial
@@ -28,13 +30,22 @@ from trainable.data import Data
 MLFLOW_DB = "mlflow.db"
 
 
-def make_scheduler(space: Space) -> TrialScheduler:
+def make_scheduler(space: Space, folder: RunFolder | None = None) -> TrialScheduler:
+    """FIFO, or early stopping: reproducible (search/halving.py) unless experiment.reproducible is false."""
     experiment = space.experiment
-    if experiment.scheduler == "asha":
-        return ASHAScheduler(time_attr="training_iteration", metric=experiment.metric, mode=experiment.mode,
-                             max_t=max_epochs(space.searched, space.trial_defaults().epochs),
-                             grace_period=experiment.grace_period, reduction_factor=experiment.reduction_factor)
-    return FIFOScheduler()
+    if experiment.scheduler not in ("asha", "hyperband"):
+        return FIFOScheduler()
+    max_t = max_epochs(space.searched, space.trial_defaults().epochs)
+    brackets = 1 if experiment.scheduler == "asha" else \
+        bracket_count(experiment.grace_period, max_t, experiment.reduction_factor)
+    if experiment.reproducible:
+        return OrderedHalving(metric=experiment.metric, mode=experiment.mode, max_t=max_t,
+                              grace_period=experiment.grace_period, reduction_factor=experiment.reduction_factor,
+                              brackets=brackets, storage=None if folder is None else folder.storage,
+                              record=f"{folder.name if folder else ''}/{HALVING_RECORD}")
+    return ASHAScheduler(time_attr="training_iteration", metric=experiment.metric, mode=experiment.mode,
+                         max_t=max_t, grace_period=experiment.grace_period,
+                         reduction_factor=experiment.reduction_factor, brackets=brackets)
 
 
 def param_space(space: Space) -> dict[str, Any]:
@@ -67,6 +78,14 @@ def tracker_callbacks(space: Space, folder: RunFolder) -> list:
     return callbacks
 
 
+class FirstTrialStart(tune.Callback):
+    """Tells search/phases.py when the first trial starts. It holds nothing: a resumed Tuner brings
+    back the callbacks pickled with the run."""
+
+    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        first_trial_started()
+
+
 def disk_guard(space: Space, folder: RunFolder) -> list[DiskGuard]:
     """A full local disk stops the search as Ctrl-C does (search/disk_guard.py); object stores do not fill."""
     return [] if is_uri(folder.path) else [DiskGuard(folder.path, space.experiment.min_free_mb)]
@@ -85,7 +104,7 @@ def build_tuner(space: Space, folder: RunFolder, data: Data, trial_function: Cal
     return tune.Tuner(
         trainable,
         param_space=param_space(space),
-        tune_config=tune.TuneConfig(search_alg=make_searcher(space), scheduler=make_scheduler(space),
+        tune_config=tune.TuneConfig(search_alg=make_searcher(space), scheduler=make_scheduler(space, folder),
                                     num_samples=experiment.num_samples, reuse_actors=True,
                                     trial_dirname_creator=trial_folder_name),
         run_config=tune.RunConfig(
@@ -102,19 +121,26 @@ def build_tuner(space: Space, folder: RunFolder, data: Data, trial_function: Cal
             # 19x a snapshot's cost)). A SIGKILLed driver loses the trials that ended since: a
             # reproducible search reruns them identically, and their parts written before the kill
             # are dropped on resume (run_folder.drop_unrecorded_parts; docs/stops-and-resume.md)
-            callbacks=[Progress(folder, space), *disk_guard(space, folder), *tracker_callbacks(space, folder)],
+            callbacks=[Progress(folder, space), *disk_guard(space, folder), *tracker_callbacks(space, folder),
+                       FirstTrialStart()],
             verbose=0,
         ),
     )
 
 
-def fit(tuner: tune.Tuner, resume_hint: str):
-    """Run the trials; SIGTERM stops them as Ctrl-C does. Every live results part is written on return."""
-    with sigterm_as_sigint():
+def fit(tuner: tune.Tuner, folder: RunFolder, resume_hint: str):
+    """Run the trials; SIGTERM stops them as Ctrl-C does. Every live results part is written on return.
+
+    A stopped search returns as soon as Tune has saved its state (session.quick_stop): the
+    results are then Tune's saved record, exactly what fit() would have returned after its wait.
+    """
+    with sigterm_as_sigint(), quick_stop() as stop:
         try:
             grid = tuner.fit()
-        except KeyboardInterrupt:  # a second Ctrl-C: Tune stopped saving; its last state stands
-            print(f"interrupted; continue with:\n  {resume_hint}", file=sys.stderr)
-            raise
+        except KeyboardInterrupt:
+            if not stop.cut:  # a second Ctrl-C: Tune stopped saving; its last state stands
+                print(f"interrupted; continue with:\n  {resume_hint}", file=sys.stderr)
+                raise
+            grid = tune.ResultGrid(folder.analysis())
     flush_all()  # the live parts first: the end of the search writes every part again, from Tune's record
     return grid

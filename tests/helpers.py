@@ -31,3 +31,42 @@ def small_space(storage: Path, data_root: Path, **sections: dict[str, Any]) -> S
     raw["experiment"]["storage_path"] = str(storage)
     raw["data"]["root"] = str(data_root)
     return parse_space(raw, source="tests")
+
+
+def assert_outputs_agree(run: Path) -> None:
+    """results.parquet, best.yaml and optuna.journal agree on the trials and on the best value.
+
+    The promise after every fault (docs/stops-and-resume.md): the journal holds each ended trial
+    of results.parquet once (an interrupted one only once it ends), and the best value of the
+    journal's study, of best.yaml and of results.parquet's scoring rows (ERROR trials never best)
+    is one number. best.yaml may name a worse epoch only where its note says why (a checkpoint).
+    """
+    import math
+
+    import optuna
+    import pandas as pd
+    import yaml
+    from optuna.storages.journal import JournalFileBackend
+    from optuna.trial import TrialState
+
+    frame = pd.read_parquet(run / "results.parquet")
+    experiment = yaml.safe_load((run / "spec.yaml").read_text())["experiment"]
+    metric, best_of = experiment["metric"], (max if experiment["mode"] == "max" else min)
+    ended = frame[frame["status"] != "INTERRUPTED"]
+    study = optuna.load_study(study_name=run.name,
+                              storage=optuna.storages.JournalStorage(JournalFileBackend(str(run / "optuna.journal"))))
+    journal = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+    numbers = [t.user_attrs.get("trial_number", t.number) for t in journal]
+    assert sorted(numbers) == sorted(set(ended["trial_number"])), (numbers, sorted(set(ended["trial_number"])))
+
+    scoring = frame.loc[(frame["status"] != "ERROR") & frame[metric].map(lambda v: v is not None and math.isfinite(v)),
+                        metric]
+    best_path = run / "best.yaml"
+    if scoring.empty:
+        assert not [t for t in journal if t.state == TrialState.COMPLETE and t.user_attrs.get("status") != "ERROR"]
+        return
+    best = best_of(scoring)
+    assert study.best_value == best, (study.best_value, best)
+    recorded = yaml.safe_load(best_path.read_text())["result"]
+    if recorded[metric] != best:
+        assert "checkpoint" in recorded.get("note", ""), (recorded, best)

@@ -21,7 +21,7 @@ from search.run_folder import RunFolder
 from search.space import parse_space
 from search.storage import Storage
 from search.study import JOURNAL_FILE, journal
-from tests.helpers import small_space
+from tests.helpers import assert_outputs_agree, small_space
 from trainable.data import load_data
 from trainable.errors import ConfigError
 
@@ -74,6 +74,7 @@ def test_a_damaged_run_folder_keeps_every_row_and_says_what_it_could_not_recover
     assert f"{JOURNAL_FILE} could not be used" in resumed.stdout and (run / f"{JOURNAL_FILE}.damaged").exists()
     study = optuna.load_study(study_name="damaged", storage=journal(str(run / JOURNAL_FILE)))
     assert len(study.trials) == 3 and study.best_value == assert_frame["val_acc"].max()
+    assert_outputs_agree(run)
 
     # gone from both places: nothing to recover, and its status says so
     shutil.rmtree(run / f"trial_{lost}")
@@ -83,6 +84,7 @@ def test_a_damaged_run_folder_keeps_every_row_and_says_what_it_could_not_recover
     assert list(frame.loc[frame["trial_id"] == lost, "status"]) == ["LOST"]
     assert "its folder and its results part are gone; nothing of it could be recovered (status LOST)" in again.stdout
     assert (run / "best.yaml").read_text() == best_before
+    assert_outputs_agree(run)
 
 
 @pytest.mark.slow
@@ -193,10 +195,12 @@ def test_a_full_disk_stops_the_search_as_ctrl_c_does_and_it_resumes_once_space_i
         assert stopped.returncode == 130, stopped.stderr[-3000:]
         assert "the search stopped as Ctrl-C stops it" in stopped.stderr and "free space" in stopped.stderr
         assert 'search/driver.py", line' not in stopped.stderr  # trials may log their own ENOSPC; the driver not
+        assert_outputs_agree(disk / "full")
         subprocess.run(["mount", "-o", "remount,size=512m", str(disk)], check=True)  # space freed
         resumed = subprocess.run([*command, "--resume"], capture_output=True, text=True, cwd=REPO, timeout=600)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         frame = pd.read_parquet(disk / "full" / "results.parquet")
         assert frame["trial_id"].nunique() == 4 and set(frame["status"]) == {"COMPLETED"}
+        assert_outputs_agree(disk / "full")
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)

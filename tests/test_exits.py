@@ -3,8 +3,10 @@ no trial succeeded, user code left a thread running, a folder that is no run, a 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import yaml
 
 from search.preflight import check_storage_outlives_ray
 from search.storage import Storage
+from tests.helpers import assert_outputs_agree
 from tests.test_user_code import blob_space, run_search_cli, write
 from trainable.errors import ConfigError
 
@@ -55,6 +58,7 @@ def test_a_search_where_every_trial_fails_exits_3_says_why_and_ends_despite_a_us
     assert "No trial succeeded: none outside ERROR reported a finite val_acc (2 error)" in done.stdout
     assert "no best.yaml" in done.stdout
     assert not list((tmp_path / "runs").glob("*/best.yaml"))
+    assert_outputs_agree(next((tmp_path / "runs").glob("*/spec.yaml")).parent)
     assert "note: exiting although user code left 1 thread(s) running (users-thread)" in done.stderr
     assert "Failed: " in done.stdout and "this model fails on every real batch" in done.stdout
 
@@ -78,3 +82,25 @@ def test_a_run_folder_inside_rays_runtime_folder_is_refused(tmp_path):
     assert line.startswith("experiment.storage_path: resolves inside Ray's runtime folder")
     check_storage_outlives_ray(Storage.at(str(tmp_path / "runs")))  # elsewhere: fine
     check_storage_outlives_ray(Storage.at("s3://bucket/runs"))
+
+
+@pytest.mark.slow
+def test_the_summary_times_the_whole_command_and_its_phases_add_up(tmp_path):
+    raw = blob_space(tmp_path, experiment={"num_samples": 2, "max_concurrent": 1})
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump(raw))
+    started = time.time()
+    done = run_search_cli(space)
+    took = time.time() - started  # this process's own clock around the command
+    assert done.returncode == 0, done.stderr[-3000:]
+    line, phases = next((l, n) for l, n in zip(done.stdout.splitlines(), done.stdout.splitlines()[1:])
+                        if l.startswith("Wall time"))
+    wall = float(re.match(r"Wall time ([\d.]+) s \(the whole command\)", line).group(1))
+    assert abs(wall - took) <= 2.0, (wall, took)  # Ray's shutdown and the report included
+    run = next((tmp_path / "runs").glob("*/timing.yaml")).parent
+    timing = yaml.safe_load((run / "timing.yaml").read_text())
+    assert list(timing["phases"]) == ["imports", "checks", "ray", "probe", "first_trial", "trials", "results",
+                                      "test", "report", "shutdown"]
+    assert abs(sum(timing["phases"].values()) - timing["wall_seconds"]) <= 0.05 * timing["wall_seconds"]
+    assert phases.strip().startswith("phases: Python's start, imports and the space file ")
+    assert f"Ray's shutdown {timing['phases']['shutdown']:.1f} s" in phases

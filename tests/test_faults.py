@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from search.results import COMPLETED, INTERRUPTED
-from tests.helpers import SMALL
+from tests.helpers import SMALL, assert_outputs_agree
 from tests.test_resume import wait_for
 from tests.test_trainable_data import write_idx
 from trainable.data import RAW_FILES, load_dataset
@@ -180,10 +180,37 @@ def test_run_names_that_leave_the_storage_path_are_refused(tmp_path, name):
 
 # ---- interruptions and hangs ----
 
+# An MLP whose second epoch does not end while the file `hold` exists: the search is stopped
+# mid-epoch, and the stop must not wait for that epoch (Tune would, up to ~15 s; session.quick_stop).
+HELD_MLP = """
+import os
+import torch.nn as nn
+
+HOLD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hold")
+
+
+class Held(nn.Module):
+    def __init__(self, input_shape, num_classes, hidden_sizes=(32,)):
+        super().__init__()
+        width = hidden_sizes[0]
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, width), nn.ReLU(), nn.Linear(width, num_classes))
+        self.validated = False
+
+    def forward(self, x):
+        if not self.training:
+            self.validated = True  # an epoch's validation: the next training batch is epoch 2's
+        while self.training and self.validated and os.path.exists(HOLD):
+            os.sched_yield()  # the trial's hang: only the test's stop (or the file going) ends it
+        return self.net(x)
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_a_stopped_search_exits_130_marks_unfinished_trials_and_resumes(tmp_path, data_root, stop):
-    space = space_file(tmp_path, data_root, experiment={"num_samples": 4},
+    (tmp_path / "held.py").write_text(HELD_MLP)
+    (tmp_path / "hold").write_text("")
+    space = space_file(tmp_path, data_root, experiment={"num_samples": 4}, model={"factory": "held.py:Held"},
                        training={"epochs": 4}, data={"train_size": 3000})
     run = tmp_path / "runs" / "stopped"
     driver = subprocess.Popen([sys.executable, "-m", "search", "--space", str(space), "--name", "stopped"],
@@ -196,10 +223,12 @@ def test_a_stopped_search_exits_130_marks_unfinished_trials_and_resumes(tmp_path
                for stream, into in ((driver.stdout, lines), (driver.stderr, errors))]
     for reader in readers:
         reader.start()
-    wait_for(lambda: True if any(f"epoch {e}/4 " in line for line in list(lines) for e in (1, 2, 3)) else None,
-             180, "a trial between epochs")
+    wait_for(lambda: True if any("epoch 1/4 " in line for line in list(lines)) or driver.poll() is not None
+             else None, 300, "a trial held in its second epoch")
+    assert driver.poll() is None, "".join(errors)[-3000:]
     driver.send_signal(stop)
-    driver.wait(timeout=120)
+    driver.wait(timeout=120)  # with the epoch still held: the stop did not wait for it
+    assert (tmp_path / "hold").exists()
     for reader in readers:
         reader.join(timeout=30)
     out, err = "".join(lines), "".join(errors)
@@ -208,12 +237,16 @@ def test_a_stopped_search_exits_130_marks_unfinished_trials_and_resumes(tmp_path
     frame = pd.read_parquet(run / "results.parquet")
     assert (frame["status"] == INTERRUPTED).any() or frame["trial_id"].nunique() < 4
     assert "STOPPED" not in set(frame["status"]), "an interrupted trial is not one the scheduler stopped"
+    assert "Tuner.restore" not in err + out, "hpsearch's resume command only, not Tune's"
+    assert_outputs_agree(run)
 
+    (tmp_path / "hold").unlink()
     resumed = search_cli("--space", str(space), "--name", "stopped", "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     frame = pd.read_parquet(run / "results.parquet")
     assert frame["trial_id"].nunique() == 4 and set(frame["status"]) == {COMPLETED}
     assert (frame.groupby("trial_id")["epoch"].apply(sorted).map(lambda e: e == [1, 2, 3, 4])).all()
+    assert_outputs_agree(run)
 
 
 def test_an_unreachable_address_gives_up_within_the_bound(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from search.results import COMPLETED
-from tests.helpers import SMALL
+from tests.helpers import SMALL, assert_outputs_agree
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -84,6 +84,7 @@ def test_killed_search_resumes_without_losing_trials(tmp_path, data_root):
     pd.testing.assert_frame_equal(kept[columns].reset_index(drop=True),
                                   before.sort_values(["trial_number", "epoch"])[columns].reset_index(drop=True))
     assert "Top trials by val_acc (max), 6 trials" in resumed.stdout
+    assert_outputs_agree(results.parent)
 
     # and the resumed search equals one that was never stopped: same trials, same numbers
     space_file.write_text(yaml.safe_dump(raw))

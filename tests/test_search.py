@@ -12,7 +12,7 @@ from search.capacity import CapacityError
 from search.driver import run_search
 from search.ordered import RECORD_FILE, record_from_json
 from search.results import COMPLETED, DIVERGED, STOPPED, columns, config_from_row, results_schema
-from tests.helpers import small_space
+from tests.helpers import assert_outputs_agree, small_space
 from trainable.config import TrialConfig
 from trainable.data import load_data
 from trainable.device import get_default_device
@@ -85,9 +85,9 @@ def test_same_seed_same_trials(ray_local, tmp_path, data_root):
     pd.testing.assert_frame_equal(first.reset_index(drop=True), second.reset_index(drop=True))
 
 
-def test_asha_stops_some_trials_early(ray_local, tmp_path, data_root):
-    space = small_space(tmp_path, data_root,
-                        experiment={"scheduler": "asha", "num_samples": 6, "grace_period": 1},
+def test_rays_asha_stops_some_trials_early(ray_local, tmp_path, data_root):
+    space = small_space(tmp_path, data_root,  # reproducible: false keeps Ray's own ASHAScheduler
+                        experiment={"scheduler": "asha", "num_samples": 6, "grace_period": 1, "reproducible": False},
                         training={"epochs": 4}, data={"train_size": 1000})
     frame = run_search(space, name="asha").results
     per_trial = frame.groupby("trial_id").agg(status=("status", "first"), epochs=("epoch", "max"))
@@ -163,6 +163,7 @@ def test_crashed_trial_resumes_from_its_checkpoint(ray_local, tmp_path, data_roo
     straight = list(train_and_evaluate(build_run(config, load_data(config, data_root, with_test=False),
                                                  get_default_device())))
     assert list(frame["val_acc"]) == [r.val_acc for r in straight]
+    assert_outputs_agree(Path(outcome.path))
 
 
 def always_fails():
@@ -178,3 +179,4 @@ def test_a_failing_trial_is_reported_not_fatal(ray_local, tmp_path, data_root):
     assert list(outcome.results["status"]) == ["ERROR"]
     assert outcome.best is None and not (tmp_path / "failing" / "best.yaml").exists()
     assert "Failed: " in outcome.summary and "ValueError: broken trainable" in outcome.summary
+    assert_outputs_agree(Path(outcome.path))

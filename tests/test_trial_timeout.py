@@ -6,12 +6,15 @@ inside C (a sleep; its process is ended). The first trial to reach each marker h
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 import yaml
 
 from search.driver import run_search
 from search.space import parse_space
+from tests.helpers import assert_outputs_agree
 from tests.test_user_code import blob_space, write
 
 HANGING = """
@@ -59,3 +62,4 @@ def test_trials_that_hang_end_as_errors_and_the_search_goes_on(ray_local, tmp_pa
     assert "went 5 s without finishing an epoch (experiment.trial_timeout); it was stopped" in outcome.summary
     assert "its process ended: a trial blocked outside Python past experiment.trial_timeout (5 s)" in outcome.summary
     assert outcome.succeeded and outcome.best is not None
+    assert_outputs_agree(Path(outcome.path))
