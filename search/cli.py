@@ -63,6 +63,8 @@ def parse_args(argv: Sequence[str] | None, prog: str = "python -m search",
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="set any key of the space file, e.g. training.momentum=0.8, "
                              "model.hidden_sizes=[64] or space.lr.high=0.5 (repeatable)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="let Ray and Tune print everything they print (their hints, INFO lines)")
     return parser.parse_args(argv)
 
 
@@ -191,6 +193,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # imported only now: a bad file should fail in a second, without loading torch or Ray
     from search import local_ray
     from search.capacity import CapacityError
+    from search.session import quiet
+
+    quiet(args.verbose)  # before Ray starts: Ray's and Tune's misleading hints stay unsaid
 
     if args.address is None and "RAY_ADDRESS" not in os.environ:
         defaults = space.trial_defaults()

@@ -24,7 +24,7 @@ from search.space import Space
 from search.storage import is_uri
 from search.disk_guard import stop_reason
 from search.halving import RECORD_FILE as HALVING_RECORD, read_record as read_halving
-from search.progress import Journal
+from search.journal import Journal, local_journal_path
 from search.study import JOURNAL_FILE
 from search.phases import TIMING_FILE, Phases
 from search.summary import Timing, format_summary, journal_note, wall_line
@@ -217,14 +217,13 @@ def search_notes(space: Space, folder: RunFolder, timing: Timing) -> str:
 
 
 def sync_journal(folder: RunFolder, space: Space, frame: pd.DataFrame, notes: list[str]) -> None:
-    """optuna.journal as results.parquet holds the trials: one entry per trial number (local storage only).
+    """optuna.journal as results.parquet holds the trials: entry k is trial_number k (search/journal.py).
 
     A journal that does not read, or whose last line a kill cut short (the next append would
     make it unreadable), is moved aside and written anew from results.parquet, as the results are.
+    On URI storage the journal is the driver's local copy (local_journal_path), copied into the run folder.
     """
-    if is_uri(folder.path):
-        return
-    path = os.path.join(folder.path, JOURNAL_FILE)
+    path = local_journal_path(folder.path)
     try:
         if os.path.exists(path) and os.path.getsize(path) and not _ends_a_line(path):
             raise ValueError("its last line is cut short")
