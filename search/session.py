@@ -176,9 +176,10 @@ class _QuickStop(logging.Filter):
     STOP = "Stop signal received"
     SAVED = "Wrote the latest version of all result files and experiment state"
 
-    def __init__(self):
+    def __init__(self, floor: int):
         super().__init__()
         self.stopping = self.cut = False
+        self.floor = floor  # records below the logger's own level are read here, not shown
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = str(record.msg)
@@ -188,18 +189,17 @@ class _QuickStop(logging.Filter):
                 and threading.current_thread() is threading.main_thread():
             self.cut = True
             raise KeyboardInterrupt
-        return True
+        return record.levelno >= self.floor
 
 
 @contextmanager
 def quick_stop():
     """While fit() runs: a stopped search ends after Tune's last save (yields the filter; `.cut` says it did)."""
     logger = logging.getLogger("ray.tune.tune")
-    cut = _QuickStop()
+    cut = _QuickStop(floor=logger.getEffectiveLevel())
     logger.addFilter(cut)
     level = logger.level
-    if not logger.isEnabledFor(logging.INFO):  # the save's line must reach the filter (handlers decide what shows)
-        logger.setLevel(logging.INFO)
+    logger.setLevel(logging.INFO)  # the save's line (INFO) must reach the filter, even when quiet
     try:
         yield cut
     finally:
