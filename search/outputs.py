@@ -17,7 +17,6 @@ import pyarrow.fs as pafs
 import yaml
 
 from search.capacity import GpuPlan
-from search.report import write_report
 from search.results import ERROR, INTERRUPTED, LOST, RECORD_FILE, config_from_row, ranked, read_record, results_schema, to_frame, trial_rows
 from search.run_folder import RunFolder
 from search.space import Space
@@ -302,6 +301,8 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
                     f"now: python -m search report {folder.path}\n{journal_note(folder.path)}")
     else:
         try:
+            from search.report import write_report  # matplotlib: only where a report is drawn
+
             report = write_report(folder, space, frame, None if entry is None else entry["result"]["trial_id"],
                                   summary, slots=slots)
             summary += f"\nReport: {report} (figures in {folder.path}/report/)\n{journal_note(folder.path)}"
