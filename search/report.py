@@ -64,16 +64,20 @@ def learning_curves(frame: pd.DataFrame, metric: str, best_trial: str | None) ->
 
 
 def trial_spans(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per trial: its slot (node + device), start (first epoch's start), end and training seconds."""
+    """Per trial: its slot (node + device), start (first epoch's start), end and training seconds,
+    and when its slot was taken (before the start: an idle actor's wait, a new actor's start)."""
     rows = frame.dropna(subset=["finished_at"])
     started = rows["finished_at"] - rows["epoch_seconds"]
     if "started_at" in rows:  # the trial's start in its actor, set-up and data fetch included
         started = rows["started_at"].fillna(started)
-    rows = rows.assign(started=started)
+    taken = started
+    if {"start_seconds", "idle_seconds"} <= set(rows):  # first rows only; a run from before them has none
+        taken = started - rows["start_seconds"].fillna(0) - rows["idle_seconds"].fillna(0)
+    rows = rows.assign(started=started, taken=taken)
     return rows.groupby("trial_id").agg(
         number=("trial_number", "first"), node=("node", "first"), device=("device", "first"),
         gpus=("accelerator_ids", "first"), start=("started", "min"), end=("finished_at", "max"),
-        training=("epoch_seconds", "sum")).sort_values("start")
+        taken=("taken", "min"), training=("epoch_seconds", "sum")).sort_values("start")
 
 
 def lanes(spans: pd.DataFrame) -> pd.Series:
@@ -93,8 +97,9 @@ def lanes(spans: pd.DataFrame) -> pd.Series:
 
 
 def most_at_once(spans: pd.DataFrame) -> int:
-    """The most trials that ran at the same time (ends before starts at a tie)."""
-    events = sorted([(t, 1) for t in spans["start"]] + [(t, -1) for t in spans["end"]])
+    """The most trials that held a slot at the same time, from taking it to their end (ends before
+    starts at a tie): two actors that start together are two slots, however short their trials."""
+    events = sorted([(t, 1) for t in spans["taken"]] + [(t, -1) for t in spans["end"]])
     running = most = 0
     for _, step in events:
         running += step
@@ -134,7 +139,8 @@ def time_breakdown(frame: pd.DataFrame, slots: int | None) -> plt.Figure:
     figure, axes = plt.subplots(figsize=(8, 4.4), layout="constrained")
     if spans.empty:
         return figure
-    wall = spans["end"].max() - spans["start"].min()
+    # from the first slot taken, not the first trial's start: the first actors' start is slot time
+    wall = spans["end"].max() - spans["taken"].min()
     seen = slots is None
     if seen:
         slots = most_at_once(spans)
@@ -153,7 +159,8 @@ def time_breakdown(frame: pd.DataFrame, slots: int | None) -> plt.Figure:
         left += seconds
     axes.set_yticks([])
     held = " (the most trials that ran at once)" if seen else ""
-    axes.set(xlabel=f"slot-seconds ({slots} slot(s){held} x {wall:.1f} s from first start to last end)",
+    axes.set(xlabel=f"slot-seconds ({slots} slot(s){held} x {wall:.1f} s,\n"
+                    "from the first slot taken to the last trial's end)",
              title="Where the slot time went")
     # one column: the longest phase names do not fit two to a row in 8 inches
     figure.legend(loc="outside lower center", ncol=1, fontsize=8, frameon=False)

@@ -146,6 +146,21 @@ def test_the_summary_and_the_report_count_slot_time_by_one_rule(searched):
     assert "not in a slot (mean per trial): " in lines[-1] and "queue 1e+03 s" in lines[-1]
 
 
+def test_the_time_figure_holds_its_slot_time_in_its_window(searched):
+    import re
+
+    from search import report
+
+    _, outcome = searched
+    figure = report.time_breakdown(outcome.results, outcome.timing.slots)
+    slots, wall = re.search(r"\((\d+) slot\(s\) x ([\d.]+) s\b", figure.axes[0].get_xlabel()).groups()
+    parts = legend(figure)
+    report.plt.close(figure)
+    # the first actors' start comes before their trials start: it is slot time in the window too
+    rounding = 0.05 * (len(parts) + int(slots))  # each figure shows one decimal
+    assert sum(parts.values()) == pytest.approx(int(slots) * float(wall), abs=rounding), parts
+
+
 def test_the_report_counts_the_slots_the_search_had_not_max_concurrent(searched):
     from search import report, summary
 
