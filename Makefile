@@ -9,9 +9,16 @@ MNIST_RAW ?= ../shared/data/MNIST/raw
 
 .PHONY: run test install browser data bench gpu-check clean
 
+# TORCH=cpu: PyTorch's CPU-only wheels from PyTorch's own index (no CUDA libraries, which are over
+# half of the ~6 GB venv), for machines without an NVIDIA GPU; that index must be reachable. The
+# default is pip's choice: on Linux x86_64, the CUDA build. See docs/testing.md.
+TORCH ?= default
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	if [ "$(TORCH)" = cpu ]; then $(PY) -m pip install --quiet --index-url $(TORCH_CPU_INDEX) torch torchvision; fi
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 

@@ -28,6 +28,11 @@ from pathlib import Path
 if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)  # else bench/search.py hides the search package
 
+from search import phases  # noqa: E402
+
+phases.begin_command()  # the command's time counts from the process's start, as the service's does
+from search.phases import Phases  # noqa: E402
+
 import ray  # noqa: E402
 import torch  # noqa: E402
 from ray import tune  # noqa: E402
@@ -108,10 +113,12 @@ def main() -> None:
     parser.add_argument("--cpus-per-trial", type=float, default=1)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    timing = Phases()  # where this command's time goes, as the service counts it (search/phases.py)
 
     # the service's Ray start options ("local": a fresh Ray, never a cluster someone else
     # started here), so the comparison is about the trials, not the dashboard
     ray.init(address="local", include_dashboard=False, log_to_driver=False)
+    timing.mark("ray")
     param_space = {  # spaces/mnist.yaml (bench/search.py pins the service to these)
         "lr": tune.loguniform(0.01, 0.3),
         "batch_size": tune.choice([64, 128, 256]),
@@ -133,10 +140,15 @@ def main() -> None:
         run_config=tune.RunConfig(name="naive", storage_path=str(Path(args.storage_path).resolve())),
     )
     results = tuner.fit()
+    timing.mark("trials")
 
     best = results.get_best_result(metric="val_acc", mode="max", scope="all")
     frames = [r.metrics_dataframe for r in results if r.metrics_dataframe is not None]
+    timing.mark("results")
+    ray.shutdown()
+    timing.mark("shutdown")
     Path(args.out).write_text(json.dumps({
+        "timing": timing.record(),
         "best_val_acc": float(best.metrics_dataframe["val_acc"].max()),
         "trial_best_val_acc": [float(f["val_acc"].max()) for f in frames],
         "configs": [r.config for r in results],

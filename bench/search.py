@@ -11,6 +11,8 @@ SGD with momentum 0.9, and Optuna's seeded TPE over the space of spaces/mnist.ya
 - naive: `python bench/naive_tune.py ...`, a Ray docs style script where every trial
   builds its own torchvision dataset with per-sample transforms and a DataLoader.
 
+Each side also says where its time went (imports, Ray's start, the trials, the end: search/phases.py;
+the naive script counts its own the same way), printed per run and as rows of the table.
 Each side is its own subprocess, timed from outside (wall time as a user sees it,
 Ray start-up and imports included). With --rounds N they alternate, the order flipping
 every round. Printed: both wall times, naive/service (target >= 8x), both best val_acc
@@ -41,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 WORK = dict(num_samples=8, epochs=2, max_concurrent=2, cpus_per_trial=1)  # flags of both commands
@@ -77,6 +80,7 @@ class Measure:
     training_s: float  #: sum of epoch_seconds over all trials
     load: tuple[float, float]  #: 1-minute load average before and after
     configs: list[tuple]  #: the searched values of every trial, sorted
+    phases: dict[str, float]  #: where the command's time went, as the command measured it (search/phases.py)
 
     def overhead_share(self, slots: int) -> float:
         return max(0.0, 1 - self.training_s / (self.wall_s * slots))
@@ -115,8 +119,9 @@ def run_service(folder: Path, data_root: str) -> tuple[Measure, str]:
                     if line.startswith("Wall time")), "(no summary line)")
     per_trial = results.groupby("trial_id")["val_acc"].max()
     configs = sorted_configs(results.drop_duplicates("trial_id").to_dict("records"))
+    timing = yaml.safe_load((folder / "bench" / "timing.yaml").read_text())
     return Measure(wall, float(per_trial.max()), float(per_trial.mean()), float(results["epoch_seconds"].sum()),
-                   load, configs), summary
+                   load, configs, timing["phases"]), summary
 
 
 def run_naive(folder: Path, data_root: str) -> Measure:
@@ -128,7 +133,7 @@ def run_naive(folder: Path, data_root: str) -> Measure:
     if result["errors"]:
         sys.exit(f"naive: {result['errors']} trial(s) failed; see {folder / 'naive.log'}")
     return Measure(wall, result["best_val_acc"], statistics.mean(result["trial_best_val_acc"]),
-                   sum(result["epoch_seconds"]), load, sorted_configs(result["configs"]))
+                   sum(result["epoch_seconds"]), load, sorted_configs(result["configs"]), result["timing"]["phases"])
 
 
 def main() -> int:
@@ -160,6 +165,7 @@ def main() -> int:
             m = measured[side]
             print(f"  {m.wall_s:.1f} s, best val_acc {m.best_val_acc:.4f}, "
                   f"training {m.training_s:.1f} trial-s, load {m.load[0]:.1f} -> {m.load[1]:.1f}", flush=True)
+            print("  phases: " + ", ".join(f"{name} {seconds:.1f}" for name, seconds in m.phases.items()) + " s")
         service, naive = measured["service"], measured["naive"]
         same_configs = service.configs == naive.configs  # same TPE draws: same space, same order
         if not same_configs:
@@ -179,6 +185,8 @@ def main() -> int:
             "service train s/epoch": service.training_s / (WORK["num_samples"] * WORK["epochs"]),
             "naive train s/epoch": naive.training_s / (WORK["num_samples"] * WORK["epochs"]),
             "same configs": same_configs,
+            **{f"service {name} s": seconds for name, seconds in service.phases.items()},
+            **{f"naive {name} s": seconds for name, seconds in naive.phases.items()},
         })
 
     table = pd.DataFrame(rows)
@@ -193,6 +201,7 @@ def main() -> int:
                "service overhead": "{:.0%}", "naive overhead": "{:.0%}",
                "service train s/epoch": "{:.2f}", "naive train s/epoch": "{:.2f}",
                "same configs": "{}"}
+    formats.update({c: "{:.1f}" for c in table.columns if c.endswith(" s") and c not in formats})  # the phases
     shown = table.copy()
     for column, fmt in formats.items():
         shown[column] = [fmt.format(v) for v in table[column]]

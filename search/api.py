@@ -5,6 +5,8 @@
     outcome.results   # the results.parquet rows as a DataFrame
     outcome.best      # best.yaml's content
 
+    model = search.load_best("runs/mnist-20261130-101500")   # best.yaml's model, eval mode, CPU
+
 A space may also be a dict with the space file's sections. Bad input raises ConfigError
 (or DataError, CapacityError) before Ray starts, with every problem listed.
 """
@@ -13,19 +15,20 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 
 def run(space: str | Path | Mapping[str, Any], *, overrides: Mapping[str, Any] | None = None,
-        name: str | None = None, resume: bool = False, address: str | None = None):
+        name: str | None = None, resume: bool = False, address: str | None = None, verbose: bool = False):
     """Run (or resume) a search and return its Outcome (name, path, results, best, timing, summary).
 
     `space`: a space file's path, or a mapping with its sections (a relative FILE.py
     reference is then relative to the current folder). `overrides`: `{"section.key": value}`,
-    as `--set`. `name`, `resume`, `address`: as the CLI's flags.
+    as `--set`. `name`, `resume`, `address`, `verbose`: as the CLI's flags.
     """
     from search.driver import run_search
     from search.overrides import set_keys
+    from search.session import quiet
     from search.space import parse_space
     from trainable.yaml_file import read_yaml_mapping
 
@@ -34,4 +37,44 @@ def run(space: str | Path | Mapping[str, Any], *, overrides: Mapping[str, Any] |
         parsed = parse_space(set_keys(copy.deepcopy(dict(space)), pairs), source="<python>")
     else:
         parsed = parse_space(set_keys(read_yaml_mapping(space), pairs), source=str(space))
+    quiet(verbose)
     return run_search(parsed, name=name, address=address, resume=resume)
+
+
+def restore(path: str, *, trainable: Callable | None = None):
+    """A run folder's `tune.Tuner`, restored with the trainable its trials ran, which Tuner.restore needs.
+
+    `path`: the run folder (local or a storage URI), e.g. "runs/mnist-20261130-101500".
+    `restore(path).get_results()` is Tune's ResultGrid of the search. The data is loaded and put
+    in Ray's object store as the search did (Ray starts if it is not running), so `fit()` would
+    continue the trials as Tune does, without hpsearch's results.parquet, best.yaml and summary:
+    continue a search with `search.run(..., name=NAME, resume=True)` (`--resume`) instead.
+    `trainable`: the trial function given to driver.run_search, if it was not the default.
+    """
+    import os
+
+    from search.preflight import check_search
+    from search.run_folder import RunFolder
+    from search.storage import Storage, is_uri
+    from search.tuner import build_tuner
+    from trainable.adapter import tune_trial
+
+    run = path.rstrip("/") if is_uri(path) else os.path.abspath(os.path.expanduser(path))
+    parent, _, name = run.rpartition("/")
+    folder = RunFolder(Storage.at(parent or "/"), name)
+    space, _ = folder.read_spec()
+    gpus = space.resources.gpus if isinstance(space.resources.gpus, (int, float)) else 0  # Tune keeps each trial's
+    return build_tuner(space, folder, check_search(space), trainable or tune_trial, gpus=gpus, resume=True)
+
+
+def load_best(run: str | Path, *, trial: int | None = None):
+    """The model of best.yaml's checkpoint (or of trial number `trial`'s best readable epoch) of the
+    run folder `run`, as a torch.nn.Module in eval mode on the CPU.
+
+    It takes inputs as the trials' models got them (docs/outputs.md, "Export the model").
+    Raises ConfigError (no best.yaml, no such trial, no readable checkpoint) or
+    search.export.NotARunFolder.
+    """
+    from search.export import chosen_checkpoint, model_of, open_run
+
+    return model_of(chosen_checkpoint(open_run(str(run)), trial))

@@ -1,6 +1,7 @@
 """`python -m search --space FILE` (also the `hpsearch` command): flags, overrides, exit codes.
 
-`python -m search report RUN_FOLDER` writes a search's report.html again.
+`python -m search report RUN_FOLDER` writes a search's report.html again; `python -m search check
+--space FILE` checks a space without running it; `python -m search export RUN_FOLDER` writes its model.
 
 Every flag is a shorthand for `--set section.key=value` on the space file; overrides are
 applied to the file's contents and validated with it, so a bad flag reads like a bad file.
@@ -39,9 +40,18 @@ SHORTHANDS = {
 }
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m search",
-                                     description="Run an Optuna TPE search inside Ray Tune over a space file.")
+COMMANDS = """commands:
+  python -m search --space FILE [flags]     run (or --resume) a search
+  python -m search check --space FILE       check a space without running it; prints the resolved spec
+  python -m search report RUN               write report.html of a run folder again
+  python -m search export RUN               write the best (or --trial N's) model: state_dict, torchscript, onnx
+each takes --help"""
+
+
+def parse_args(argv: Sequence[str] | None, prog: str = "python -m search",
+               description: str = "Run an Optuna TPE search inside Ray Tune over a space file.") -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=COMMANDS,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--space", required=True, help="the space file (YAML), e.g. spaces/mnist.yaml")
     parser.add_argument("--name", help="run folder under the storage path (default: <experiment.name>-<date>-<time>)")
     parser.add_argument("--address", help="join this Ray cluster (e.g. auto) instead of starting a local Ray")
@@ -53,6 +63,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="set any key of the space file, e.g. training.momentum=0.8, "
                              "model.hidden_sizes=[64] or space.lr.high=0.5 (repeatable)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="let Ray and Tune print everything they print (their hints, INFO lines)")
     return parser.parse_args(argv)
 
 
@@ -85,33 +97,75 @@ def report_main(argv: Sequence[str]) -> int:
     import pandas as pd
     import yaml
 
+    from search.export import NotARunFolder, open_run
     from search.report import write_report
     from search.results import RESULTS_FILE
-    from search.run_folder import BEST_FILE, SPEC_FILE, RunFolder
-    from search.storage import LinkError, Storage, is_uri
+    from search.run_folder import BEST_FILE
+    from search.storage import LinkError
 
-    # a local folder by its absolute path, so `report .` and `report /` name a folder, not ""
-    run = args.run.rstrip("/") if is_uri(args.run) else os.path.abspath(os.path.expanduser(args.run))
-    parent, _, name = run.rpartition("/")
-    folder = RunFolder(Storage.at(parent or "/"), name)
-    if not name or folder.storage.read(f"{name}/{SPEC_FILE}") is None:
-        print(f"error: {args.run}: not a run folder of hpsearch (it has no {SPEC_FILE}); "
-              f"name a folder like runs/mnist-20261130-101500", file=sys.stderr)
-        return 2
     try:
+        folder = open_run(args.run)
         space, _ = folder.read_spec()
         frame = pd.read_parquet(f"{folder.path}/{RESULTS_FILE}")
-    except ConfigError as error:
+    except (ConfigError, NotARunFolder) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except (OSError, ValueError) as error:
-        print(f"error: {run}: no readable {RESULTS_FILE} ({error})", file=sys.stderr)
+        print(f"error: {folder.path}: no readable {RESULTS_FILE} ({error})", file=sys.stderr)
         return 2
-    best = folder.storage.read(f"{name}/{BEST_FILE}")
+    best = folder.storage.read(f"{folder.name}/{BEST_FILE}")
     best_trial = yaml.safe_load(best)["result"]["trial_id"] if best else None
     try:
         print(write_report(folder, space, frame, best_trial))
     except LinkError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def export_main(argv: Sequence[str]) -> int:
+    """`python -m search export RUN_FOLDER`: the best (or a chosen) trial's model, ready for inference."""
+    from search.export import FORMATS
+
+    parser = argparse.ArgumentParser(prog="python -m search export",
+                                     description="Write the model of best.yaml's checkpoint (or of --trial N's best "
+                                                 "epoch) with its config, ready for inference (docs/outputs.md).")
+    parser.add_argument("run", help="the run folder, e.g. runs/mnist-20261130-101500")
+    parser.add_argument("--trial", type=int, metavar="N", help="the trial_number to export (default: best.yaml's)")
+    parser.add_argument("--format", dest="fmt", default="torchscript", choices=list(FORMATS),
+                        help="state_dict (torch.load), torchscript (torch.jit.load, the default) or onnx "
+                             "(pip install -e '.[export]')")
+    parser.add_argument("-o", "--output", metavar="FILE",
+                        help="where to write it (default: <run name>-best<ending> in the current folder)")
+    args = parser.parse_args(argv)
+    from search.export import NotARunFolder, describe, export
+
+    try:
+        path, chosen = export(args.run, trial=args.trial, fmt=args.fmt, output=args.output)
+    except (ConfigError, NotARunFolder) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(describe(path, args.fmt, chosen, chosen.folder.read_spec()[0].experiment.metric))
+    return 0
+
+
+def check_main(argv: Sequence[str]) -> int:
+    """`python -m search check --space FILE`: every check a search makes before its first trial, then the spec."""
+    args = parse_args(argv, prog="python -m search check",
+                      description="Check a space file as a search would before its first trial (the file, the "
+                                  "storage path, user code, the data, the model on two inputs, this machine's "
+                                  "capacity) without starting Ray; print the resolved spec. Exit 0 or 2.")
+    try:
+        space = load_space(args.space, assignments(args))
+    except ConfigError as error:  # in a second: neither torch nor Ray is imported yet
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    from search.capacity import CapacityError
+    from search.preflight import check_space
+
+    try:
+        print(check_space(space, address=args.address), end="")
+    except (ConfigError, DataError, CapacityError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
@@ -122,8 +176,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     phases.begin_command()  # the summary's wall time is the command's, from the process's start
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["report"]:
-        return report_main(argv[1:])
+    commands = {"report": report_main, "check": check_main, "export": export_main}
+    if argv[:1] and argv[0] in commands:
+        return commands[argv[0]](argv[1:])
     args = parse_args(argv)
     try:
         space = load_space(args.space, assignments(args))
@@ -138,9 +193,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     # imported only now: a bad file should fail in a second, without loading torch or Ray
     from search import local_ray
     from search.capacity import CapacityError
+    from search.session import quiet
+
+    quiet(args.verbose)  # before Ray starts: Ray's and Tune's misleading hints stay unsaid
 
     if args.address is None and "RAY_ADDRESS" not in os.environ:
-        local_ray.begin()  # a local Ray comes up while the driver imports torch and loads the data
+        defaults = space.trial_defaults()
+        # FILE.py:NAME, module:NAME: the user's code runs before Ray starts, so an error in it costs seconds;
+        # a --resume of a finished run starts no Ray at all
+        if args.resume or ":" in defaults.model or ":" in defaults.dataset:
+            local_ray.begin_after_checks()
+        else:  # built-ins only: Ray comes up while the driver imports torch and loads the data
+            local_ray.begin()
     try:
         from search.driver import run_search
         from search.outputs import NO_SUCCESS_EXIT

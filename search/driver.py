@@ -17,7 +17,7 @@ from search.capacity import check_capacity, plan_gpus
 from search.gpu_probe import resolve_auto
 from search.outputs import Outcome, finish, resume_command, with_time
 from search.phases import Phases
-from search.preflight import prepare, released_on_failure
+from search.preflight import finished_run, prepare, released_on_failure
 from search.session import ray_session
 from search.space import Space
 from search.storage import Storage, check_storage
@@ -37,6 +37,8 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
     with ExitStack() as held:  # the run folder, then Ray: released in reverse order
         # a resume runs its spec.yaml, whatever the space file says now
         space, folder, data = prepare(space, storage, name, resume, held)
+        if resume and (done := finished_run(space, folder, phases)) is not None:
+            return done  # every trial ended and the outputs read: said without starting Ray
         experiment = space.experiment
         phases.mark("checks")
         held.callback(phases.mark, "shutdown")  # after Ray's shutdown, before the run folder's release

@@ -1,9 +1,11 @@
 """A local Ray started on a thread while the driver imports torch and loads the data.
 
 `ray.init` of a local instance takes seconds, mostly waiting for its processes to come up;
-so do the driver's imports and data loading. The CLI begins the start before it imports
-the driver; the driver takes the running instance over (and shuts it down when done), or
-the CLI shuts it down if the search never got that far (a bad data file, a taken --name).
+so do the driver's loading of the run folder and the trials' set-up. The CLI asks for it
+(`begin_after_checks`) and the preflight begins it once the data and user code passed their
+checks (`checks_passed`), so a bad dataset function fails in seconds, before Ray starts; the
+driver takes the running instance over (and shuts it down when done), or the CLI shuts it
+down if the search never got that far.
 Only for a new local instance: joining a cluster keeps its checks (driver.start_ray).
 """
 
@@ -22,6 +24,21 @@ class _Start:
 
 
 _current: _Start | None = None
+_wanted = False  # the CLI's: begin once the checks pass
+
+
+def begin_after_checks() -> None:
+    """Begin a local Ray once search.preflight's checks pass (the CLI's; the Python API starts its own)."""
+    global _wanted
+    _wanted = True
+
+
+def checks_passed() -> None:
+    """The data and user code are fine: begin the local Ray the CLI asked for, if it did."""
+    global _wanted
+    if _wanted:
+        _wanted = False
+        begin()
 
 
 class _NotMainThread(logging.Filter):
@@ -75,6 +92,8 @@ def take() -> None:
 
 def abandon() -> None:
     """Shut down an instance begun here that nobody took over."""
+    global _wanted
+    _wanted = False
     if _current is None:
         return
     try:

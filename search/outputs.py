@@ -24,7 +24,7 @@ from search.space import Space
 from search.storage import is_uri
 from search.disk_guard import stop_reason
 from search.halving import RECORD_FILE as HALVING_RECORD, read_record as read_halving
-from search.progress import Journal
+from search.journal import Journal, local_journal_path
 from search.study import JOURNAL_FILE
 from search.phases import TIMING_FILE, Phases
 from search.summary import Timing, format_summary, journal_note, wall_line
@@ -111,21 +111,24 @@ def kept_rows(folder: RunFolder, trial_id: str, derived: list[dict[str, Any]], s
     return [{**by_epoch[e], "status": status} for e in sorted(by_epoch)]
 
 
-def best_with_test(grid, rows: pd.DataFrame, data: Data) -> tuple[pd.Series | None, tuple[float, float] | None, str]:
-    """The best row whose checkpoint reads, its test (loss, acc), and a note on any skipped.
+def best_with_test(grid, rows: pd.DataFrame, data: Data, metric: str | None = None
+                   ) -> tuple[pd.Series | None, tuple[float, float] | None, str]:
+    """The best row whose checkpoint reads (its `checkpoint`: the folder, relative to the run folder),
+    its test (loss, acc), and a note on any skipped.
 
-    A corrupt checkpoint at the best epoch falls back to the next best row, said in the note.
+    A corrupt checkpoint at the best epoch falls back to the next best row, said in the note;
+    rows without a checkpoint that only tie it (Tune keeps the newest of equals) are not "better".
     """
     checkpoints = {}
     for result in grid:
         trial_id = trial_id_of(result)
         for checkpoint, metrics in result.best_checkpoints:
             checkpoints[(trial_id, metrics.get("epoch"))] = checkpoint
-    skipped, unsaved = [], 0
+    skipped, unsaved = [], []
     for _, row in rows.iterrows():
         checkpoint = checkpoints.get((row["trial_id"], int(row["epoch"])))
         if checkpoint is None:  # checkpoint_every skipped that epoch, or num_to_keep removed it
-            unsaved += 1
+            unsaved.append(row)
             continue
         try:
             with checkpoint.as_directory() as where:
@@ -133,8 +136,11 @@ def best_with_test(grid, rows: pd.DataFrame, data: Data) -> tuple[pd.Series | No
         except CheckpointError as error:
             skipped.append(str(error))
             continue
-        notes = ([f"the best epoch with a checkpoint: {unsaved} better one(s) had none kept "
-                  "(experiment.checkpoint_every, num_to_keep)"] if unsaved else [])
+        better = sum(metric is None or r[metric] != row[metric] for r in unsaved)
+        notes = ([f"the best epoch with a checkpoint: {better} better one(s) had none kept "
+                  "(experiment.checkpoint_every, num_to_keep)"] if better else [])
+        # trial_<id>/checkpoint_<k>: Tune numbers checkpoints, not epochs
+        row = pd.concat([row, pd.Series({"checkpoint": "/".join(checkpoint.path.rstrip("/").split("/")[-2:])})])
         notes += [f"skipped {s}" for s in skipped]
         if data.test is None:
             return row, None, "; ".join(["the dataset has no test part", *notes])
@@ -142,7 +148,7 @@ def best_with_test(grid, rows: pd.DataFrame, data: Data) -> tuple[pd.Series | No
                                data.test, data.standardize, get_default_device())
         return row, score, "; ".join(notes)
     return ((rows.iloc[0] if len(rows) else None), None,
-            "no readable checkpoint" + (f" ({unsaved} epoch(s) had none kept)" if unsaved else "")
+            "no readable checkpoint" + (f" ({len(unsaved)} epoch(s) had none kept)" if unsaved else "")
             + "".join(f"; {s}" for s in skipped))
 
 
@@ -158,6 +164,7 @@ def best_entry(best: pd.Series, test: tuple[float, float] | None, note: str, met
             **{m: float(best[m]) for m in METRICS},
             "test_acc": None if test is None else float(test[1]),
             "test_loss": None if test is None else float(test[0]),
+            "checkpoint": best.get("checkpoint"),  #: its folder, relative to the run folder; null: none read
             **({"note": note} if note else {}),
             "search": name,
         },
@@ -210,14 +217,13 @@ def search_notes(space: Space, folder: RunFolder, timing: Timing) -> str:
 
 
 def sync_journal(folder: RunFolder, space: Space, frame: pd.DataFrame, notes: list[str]) -> None:
-    """optuna.journal as results.parquet holds the trials: one entry per trial number (local storage only).
+    """optuna.journal as results.parquet holds the trials: entry k is trial_number k (search/journal.py).
 
     A journal that does not read, or whose last line a kill cut short (the next append would
     make it unreadable), is moved aside and written anew from results.parquet, as the results are.
+    On URI storage the journal is the driver's local copy (local_journal_path), copied into the run folder.
     """
-    if is_uri(folder.path):
-        return
-    path = os.path.join(folder.path, JOURNAL_FILE)
+    path = local_journal_path(folder.path)
     try:
         if os.path.exists(path) and os.path.getsize(path) and not _ends_a_line(path):
             raise ValueError("its last line is cut short")
@@ -263,12 +269,17 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
 
     scored = ranked(frame, experiment.metric, experiment.mode)
     succeeded = bool((scored["status"] != ERROR).any())
-    # an errored trial's epochs count only when no other trial scored, and best.yaml then says so
-    best, test, note = best_with_test(grid, scored[scored["status"] != ERROR] if succeeded else scored, data)
+    # the best is a finished trial's, as in the journal's study; an interrupted trial's epochs count
+    # only when no trial has finished, an errored trial's only when no other trial scored: best.yaml says so
+    finished = scored[~scored["status"].isin([ERROR, INTERRUPTED])]
+    candidates = finished if len(finished) else scored[scored["status"] != ERROR] if succeeded else scored
+    best, test, note = best_with_test(grid, candidates, data, experiment.metric)
     phases.mark("test")
-    if best is not None and best["status"] == ERROR:
-        note = "; ".join([f"trial #{best['trial_number']} ended in ERROR after its epoch {best['epoch']} (so did "
-                          "every trial with a score)", *([note] if note else [])])
+    if best is not None and best["status"] in (ERROR, INTERRUPTED):
+        how = "ended in ERROR" if best["status"] == ERROR else "was interrupted"
+        others = "so did every trial with a score" if best["status"] == ERROR else "no trial has finished yet"
+        note = "; ".join([f"trial #{best['trial_number']} {how} after its epoch {best['epoch']} ({others})",
+                          *([note] if note else [])])
     entry = None
     best_path = folder.storage.join(folder.name, "best.yaml")
     if best is not None:

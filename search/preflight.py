@@ -20,10 +20,15 @@ from typing import Any
 
 import numpy as np
 
+import yaml
+
+from search import local_ray
+from search.capacity import CapacityError, trials_fit
+from search.phases import Phases
 from search.run_folder import RunFolder
 from search.schema import is_run_name
 from search.space import Space, example_config, to_raw
-from search.storage import Storage, is_uri
+from search.storage import Storage, check_storage, is_uri
 from trainable.config import keyword_of, schedule_note
 from trainable.data import Data, load_data
 from trainable.errors import ConfigError, problem
@@ -207,7 +212,40 @@ def prepare(space: Space, storage: Storage, name: str | None, resume: bool,
         folder = claim(folder, automatic=name is None)
         held.enter_context(folder.held("--name"))
         folder.write_spec(space, data_fingerprint(data))
+    if not (resume and finished(space, folder)):  # a finished run's resume starts no Ray (driver.finished_run)
+        local_ray.checks_passed()  # the CLI's local Ray begins only now when user code had to be checked
     return space, folder, data
+
+
+def check_local_capacity(space: Space) -> None:
+    """A local Ray gets this machine's CPUs and GPUs: a trial that asks for more would never start."""
+    resources = space.resources
+    if resources.gpus == "auto":  # measured when the search starts (search/gpu_probe.py)
+        return
+    import torch
+
+    machine = {"CPU": float(len(os.sched_getaffinity(0))), "GPU": float(torch.cuda.device_count())}
+    if trials_fit(machine, resources) == 0:
+        raise CapacityError(f"resources: each trial asks for {resources.cpus:g} CPU and {resources.gpus:g} GPU, "
+                            f"but this machine has {machine['CPU']:g} CPU and {machine['GPU']:g} GPU for a local "
+                            "Ray. Lower --gpus-per-trial / --cpus-per-trial, or run on a cluster with GPUs "
+                            "(--address).")
+
+
+def check_space(space: Space, *, address: str | None = None) -> str:
+    """Every check a search makes before its first trial, without Ray or a run folder (`python -m search
+    check`); returns the resolved spec as spec.yaml would hold it. ConfigError, DataError, CapacityError."""
+    storage = Storage.at(space.experiment.storage_path)
+    check_storage(storage)
+    check_storage_outlives_ray(storage)
+    data = check_search(space)
+    if address is None and "RAY_ADDRESS" not in os.environ:  # a cluster's capacity is checked when joined
+        check_local_capacity(space)
+    shape = ", ".join(map(str, data.input_shape))
+    return (f"# The resolved spec of {space.source}: defaults and flags applied; checks passed (data: "
+            f"{len(data.train)} train, {len(data.val)} val, {0 if data.test is None else len(data.test)} test, "
+            f"inputs ({shape}), {data.num_classes} classes; the model on two inputs)\n"
+            + yaml.safe_dump(to_raw(space), sort_keys=False))
 
 
 @contextmanager
@@ -219,3 +257,60 @@ def released_on_failure(folder: RunFolder, *, resume: bool):
         if not resume:
             folder.release()
         raise
+
+
+
+def finished(space: Space, folder: RunFolder) -> bool:
+    """Nothing for a resume to run or repair: every trial TERMINATED in Tune's record (an errored one is
+    retried), each with its record, and results.parquet, best.yaml's checkpoint and the journal read."""
+    from search.export import read_checkpoint
+    from search.results import RESULTS_FILE
+    from search.run_folder import BEST_FILE
+    from search.study import JOURNAL_FILE
+    from trainable.report import CheckpointError
+
+    saved = folder.saved_trials()
+    if len(saved) < space.experiment.num_samples or any(s != "TERMINATED" for s, _ in saved.values()):
+        return False
+    if any(folder.storage.read(f"{folder.name}/trial_{t}/result.json") is None for t in saved):
+        return False  # a trial folder is gone: the resume rebuilds its rows and says so
+    try:
+        import pandas as pd
+
+        if pd.read_parquet(f"{folder.path}/{RESULTS_FILE}")["trial_id"].nunique() != len(saved):
+            return False
+        best = yaml.safe_load(folder.storage.read(f"{folder.name}/{BEST_FILE}") or b"null")
+        read_checkpoint(folder, best["result"]["checkpoint"])
+    except (OSError, ValueError, TypeError, KeyError, CheckpointError):  # derived files to derive again
+        return False
+    journal = folder.storage.read(f"{folder.name}/{JOURNAL_FILE}")
+    return is_uri(folder.path) or (journal is not None and journal.endswith(b"\n"))
+
+
+def finished_run(space: Space, folder: RunFolder, phases: Phases):
+    """The Outcome of a --resume with nothing left to run, read from the run folder without starting Ray;
+    None unless `finished`."""
+    import pandas as pd
+
+    from search.outputs import Outcome
+    from search.results import RESULTS_FILE
+    from search.run_folder import BEST_FILE
+    from search.summary import Timing
+
+    if not finished(space, folder):
+        return None
+    frame = pd.read_parquet(f"{folder.path}/{RESULTS_FILE}")
+    best = yaml.safe_load(folder.storage.read(f"{folder.name}/{BEST_FILE}"))
+    counts = frame.drop_duplicates("trial_id")["status"].value_counts().to_dict()
+    result, metric = best["result"], space.experiment.metric
+    summary = (f"Search {folder.name} is finished: all {frame['trial_id'].nunique()} of experiment.num_samples "
+               f"{space.experiment.num_samples} trials ended "
+               f"({', '.join(f'{n} {s.lower()}' for s, n in sorted(counts.items()))}); --resume has nothing to "
+               f"run (Ray was not started). More trials need a new run.\n"
+               f"Best: trial #{result['trial_number']} ({result['trial_id']}), epoch {result['epoch']}, "
+               f"{metric} {result[metric]:.4f}: {folder.storage.join(folder.name, BEST_FILE)}\n"
+               f"Results: {folder.path}/{RESULTS_FILE}; report: {folder.path}/report.html "
+               f"(again: python -m search report {folder.path})")
+    phases.mark("results")
+    timing = Timing(phases.wall_seconds, 0.0, 0)
+    return Outcome(folder.name, folder.path, frame, best, timing, summary)

@@ -1,5 +1,6 @@
-"""What a running search shows: progress on the terminal, and each finished trial in
-results.parquet and in the Optuna journal (`optuna-dashboard runs/<name>/optuna.journal`).
+"""What a running search shows: progress on the terminal, each finished trial in
+results.parquet, and every trial in the Optuna journal as it starts, learns and ends
+(`optuna-dashboard runs/<name>/optuna.journal`; search/journal.py).
 
 A Tune callback in the driver. It keeps no copy of the reports: a trial's rows are derived
 from Tune's record (its result.json) when the trial ends, so the work per finished trial
@@ -12,29 +13,27 @@ search. A part whose trial that state does not hold is removed on resume
 the driver dies is written from Tune's record when the search ends.
 
 On a terminal the progress is one line redrawn in place (done/total, running, best, ETA);
-elsewhere (CI logs, `| tee`) it is a plain line per epoch.
+elsewhere (CI logs, `| tee`) it is a plain line per epoch, with the elapsed time and the ETA.
 """
 
 from __future__ import annotations
 
-import os
+import functools
 import sys
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
-import pandas as pd
 import pyarrow.fs as pafs
 from ray.tune import Callback
 
-from search.results import INTERRUPTED, read_record, results_schema, score, to_frame, trial_rows
+from search.results import read_record, results_schema, score, to_frame, trial_rows
 from search.run_folder import RunFolder
 from search.space import Space
-from search.storage import is_uri
+from search.study import RUNNING
 
 if TYPE_CHECKING:
-    from optuna.trial import FrozenTrial
+    from search.journal import Journal
 
 
 # Every writer thread started here, so the driver can wait for them after Tune returns even
@@ -52,8 +51,15 @@ def is_better(value: float, best: float | None, mode: str) -> bool:
     return best is None or (value > best if mode == "max" else value < best)
 
 
+def clock(seconds: float) -> str:
+    """Seconds as m:ss (h:mm:ss from an hour on), as a progress line shows elapsed time and ETA."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
 class Progress(Callback):
-    """Shows progress, writes a trial's rows and journal entry when it ends."""
+    """Shows progress, writes a trial's rows when it ends and its journal entry as it goes."""
 
     def __init__(self, folder: RunFolder, space: Space):
         self.folder, self.space = folder, space
@@ -63,47 +69,77 @@ class Progress(Callback):
         self.running: set[str] = set()
         self.best: float | None = None
         self.started = time.monotonic()
-        self._journal: Journal | None = None  # opened on first use; not pickled with the callback
+        self._reset()
+
+    def _reset(self) -> None:
+        """What this process keeps apart from Tune's pickled copy of the callback."""
+        self._journal: Journal | None = None  # opened by the writer thread; not pickled with the callback
+        self._journal_failed = False  # one note, then the end of the search writes the journal
         self._ending: list[tuple[Any, bool]] = []  # (trial, error) that ended in this step, written at its end
         self._schema = None  # results_schema(space), made once: it takes ms, and this runs per trial
         self._writer: ThreadPoolExecutor | None = None  # parts and journal, off Tune's controller thread
+        self._epochs: dict[str, float] = {}  # running trial -> share of its epochs done (the ETA's)
+        self._ended_before = len(self.ended)  # trials that ended before this process: not in its ETA
+        self._paced_from: float | None = None  # when this process's first trial started: the ETA's pace
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_journal": None, "_ending": [], "_schema": None, "_writer": None}
+        keep = ("_journal", "_journal_failed", "_ending", "_schema", "_writer", "_epochs", "_ended_before",
+                "_paced_from")
+        return {k: v for k, v in self.__dict__.items() if k not in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # unpickled by a resume (Tune keeps the callback as it was at start): this process's
         # clock, the trials that already ended (their results parts), the journal reopened later
-        self.__dict__.update(state, started=time.monotonic(), _journal=None, _ending=[], _schema=None,
-                             _writer=None)
+        self.__dict__.update(state, started=time.monotonic())
         self.ended = set(self.folder.ended_trials())
+        self._reset()
+
+    def setup(self, **info) -> None:
+        self._submit(self._to_journal, lambda journal: None)  # the journal exists from the start
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         self.running.add(trial.trial_id)
+        self._paced_from = self._paced_from or time.monotonic()
+        self._submit(self._to_journal, functools.partial(self._start_entry, trial.trial_id, dict(trial.config)))
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         self.ended.discard(trial.trial_id)  # a restarted trial is running again
         self.running.add(trial.trial_id)
         value = score(result.get(self.metric))
+        epoch, number = result.get("epoch"), trial.config.get("trial_number")
         if value is not None and is_better(value, self.best, self.mode):
             self.best = value
+        if value is not None and epoch is not None and number is not None:
+            self._submit(self._to_journal, lambda journal: journal.report(int(number), int(epoch), value))
+        if epoch is not None and trial.config.get("epochs"):
+            self._epochs[trial.trial_id] = min(1.0, int(epoch) / int(trial.config["epochs"]))
         if sys.stdout.isatty():
             self._bar()
             return
         shown = "nan" if value is None else f"{value:.4f}"
         best = "-" if self.best is None else f"{self.best:.4f}"
+        elapsed, eta = self._times()
         print(f"[{len(self.ended):>{len(str(self.total))}}/{self.total} done] trial {trial.trial_id} "
-              f"epoch {result.get('epoch')}/{trial.config.get('epochs')} {self.metric} {shown} | best {best}",
-              flush=True)
+              f"epoch {epoch}/{trial.config.get('epochs')} {self.metric} {shown} | best {best} "
+              f"| elapsed {elapsed} | ETA {eta}", flush=True)
+
+    def _times(self) -> tuple[str, str]:
+        """Elapsed time, and the ETA at this process's pace since its first trial started (start-up excluded):
+        trials ended, and the share of epochs done of those running."""
+        now = time.monotonic()
+        running = sum(self._epochs.get(t, 0.0) for t in self.running)
+        done = len(self.ended) - self._ended_before + running
+        left = max(0.0, self.total - len(self.ended) - running)
+        paced = now - (self._paced_from or now)
+        return clock(now - self.started), (clock(paced / done * left) if done > 0 and paced > 0 else "?")
 
     def _bar(self) -> None:
         done, width = len(self.ended), 24
         filled = width * done // max(self.total, 1)
-        elapsed = time.monotonic() - self.started
-        eta = f"{elapsed / done * (self.total - done):.0f} s" if done else "?"
+        elapsed, eta = self._times()
         best = "-" if self.best is None else f"{self.best:.4f}"
         sys.stdout.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} done, "
-                         f"{len(self.running)} running | best {self.metric} {best} | ETA {eta}   ")
+                         f"{len(self.running)} running | best {self.metric} {best} | {elapsed} | ETA {eta}   ")
         sys.stdout.flush()
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
@@ -121,12 +157,15 @@ class Progress(Callback):
     def on_step_end(self, iteration, trials, **info) -> None:
         ending, self._ending = self._ending, []
         for trial, error in ending:
-            if self._writer is None:
-                self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpsearch-results")
-                _writers.add(self._writer)
-            self._writer.submit(self._write, trial.trial_id, trial.config, trial.local_path, error=error)
+            self._submit(self._write, trial.trial_id, trial.config, trial.local_path, error=error)
         if ending and sys.stdout.isatty():
             self._bar()
+
+    def _submit(self, work, *args, **kwargs) -> None:
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpsearch-results")
+            _writers.add(self._writer)
+        self._writer.submit(work, *args, **kwargs)
 
     def flush(self) -> None:
         """Wait until every ended trial's part and journal entry is written."""
@@ -138,6 +177,7 @@ class Progress(Callback):
     def _ended(self, trial, *, error: bool) -> None:
         self.ended.add(trial.trial_id)
         self.running.discard(trial.trial_id)
+        self._epochs.pop(trial.trial_id, None)
         self._ending.append((trial, error))
 
     @property
@@ -145,6 +185,29 @@ class Progress(Callback):
         if self._schema is None:
             self._schema = results_schema(self.space)
         return self._schema
+
+    @property
+    def journal(self) -> Journal:
+        if self._journal is None:
+            from search.journal import Journal
+
+            self._journal = Journal(self.folder, self.space, self.schema)
+        return self._journal
+
+    def _to_journal(self, change: Callable[[Journal], None]) -> None:
+        """One change to the journal, on the writer thread; a failure is said once and never stops the search."""
+        if self._journal_failed:
+            return
+        try:
+            change(self.journal)
+        except Exception as failure:  # the journal is a view: the end of the search writes it from the results
+            self._journal_failed = True
+            print(f"note: optuna.journal not kept up to date during the search ({type(failure).__name__}: "
+                  f"{failure}); the end of the search writes it from results.parquet", file=sys.stderr, flush=True)
+
+    def _start_entry(self, trial_id: str, config: dict[str, Any], journal: Journal) -> None:
+        rows = [{**row, "status": RUNNING} for row in trial_rows(trial_id, config, [], done=False, error=False)]
+        journal.start(journal.trial_of(to_frame(rows, self.schema)))
 
     def _write(self, trial_id: str, config: dict[str, Any], local_path: str, *, error: bool) -> None:
         # Tune's JSON logger has flushed every report of this trial to its driver-side folder
@@ -156,103 +219,8 @@ class Progress(Callback):
             print(f"note: the results part of trial {trial_id} is not written yet ({type(problem).__name__}: "
                   f"{problem}); the end of the search writes it", file=sys.stderr, flush=True)
             return
-        try:
-            self.add_to_journal(rows)
-        except Exception as failure:  # the journal is a view; it must never stop the search
-            print(f"note: trial {trial_id} not added to optuna.journal ({type(failure).__name__}: {failure})",
-                  file=sys.stderr, flush=True)
+        self._to_journal(lambda journal: self.add_to_journal(rows))
 
     def add_to_journal(self, rows: list[dict[str, Any]]) -> None:
-        """Put one finished trial in optuna.journal (a trial re-run after a resume replaces its entry)."""
-        if is_uri(self.folder.path):
-            return  # a journal file needs a local (or shared) file system; the summary says so
-        if self._journal is None:
-            self._journal = Journal(self.folder, self.space, self.schema)
-        self._journal.put(to_frame(rows, self.schema))
-
-
-def journal_key(trial: FrozenTrial) -> tuple[int, Any]:
-    """A journal entry's trial: its trial number (a re-run after a resume keeps it, not its Tune id)."""
-    number = trial.user_attrs.get("trial_number")
-    return (0, number) if number is not None else (1, trial.user_attrs.get("trial_id"))
-
-
-def _content(trial: FrozenTrial) -> tuple:
-    return (trial.state, trial.value, trial.params, trial.intermediate_values, trial.user_attrs)
-
-
-class Journal:
-    """optuna.journal of a local run folder: one entry per trial number, as results.parquet has it.
-
-    Optuna's journal is append-only, and a finished trial cannot be changed or removed. A trial
-    that ended after Tune's last snapshot, before the driver was killed, runs again on resume
-    under a new Tune id (run_folder.drop_unrecorded_parts); an errored trial resumed runs again
-    under its own. Its entry is then replaced by writing the journal anew beside it and moving
-    it over the old one: rare (only after a resume), and a dashboard open at that moment shows
-    the old file until it is reloaded.
-    """
-
-    def __init__(self, folder: RunFolder, space: Space, schema=None):
-        from search.study import JOURNAL_FILE, journal, make_study
-
-        self.folder, self.space = folder, space
-        self.schema = schema if schema is not None else results_schema(space)
-        self.path = os.path.join(folder.path, JOURNAL_FILE)
-        self._open = lambda path: make_study(to_frame([], self.schema), space, journal(path), folder.name)
-        self.study = self._open(self.path)
-        trials = self.study.get_trials(deepcopy=False)
-        self.entries = {journal_key(t): t for t in trials}  # the later of two entries of one trial wins
-        if len(self.entries) < len(trials):  # a journal written before entries were keyed by number
-            self._rewrite()
-
-    def put(self, rows: pd.DataFrame) -> None:
-        """Add one trial's rows (one per epoch), or replace its entry if it holds something else."""
-        from search.study import frozen_trial
-
-        trial = frozen_trial(rows, self.space, self.schema)
-        key = journal_key(trial)
-        known = self.entries.get(key)
-        if known is not None and _content(known) == _content(trial):
-            return
-        self.entries[key] = trial
-        if known is None:
-            self.study.add_trial(trial)
-        else:
-            self._rewrite()
-
-    def sync(self, frame: pd.DataFrame) -> None:
-        """Make the journal hold exactly the trials of `frame` (results.parquet), rewriting it only if it must."""
-        from search.study import frozen_trial
-
-        wanted = {}
-        ended = frame[frame["status"] != INTERRUPTED]  # an unfinished trial has no entry until it ends
-        for _, rows in ended.groupby("trial_id", sort=False):
-            trial = frozen_trial(rows, self.space, self.schema)
-            wanted[journal_key(trial)] = trial
-        stale = set(self.entries) - set(wanted)
-        changed = [k for k in wanted.keys() & self.entries.keys()
-                   if _content(wanted[k]) != _content(self.entries[k])]
-        if stale or changed:
-            self.entries = wanted
-            self._rewrite()
-            return
-        for key in sorted(wanted.keys() - self.entries.keys(), key=_order):
-            self.entries[key] = wanted[key]
-            self.study.add_trial(wanted[key])
-
-    def _rewrite(self) -> None:
-        folder, name = os.path.split(self.path)
-        temporary = os.path.join(folder, f".{name}.{uuid.uuid4().hex}.tmp")
-        try:
-            study = self._open(temporary)
-            study.add_trials([self.entries[k] for k in sorted(self.entries, key=_order)])
-            os.replace(temporary, self.path)  # readers see the old journal or the new one, whole
-        finally:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
-        self.study = self._open(self.path)
-
-
-def _order(key: tuple[int, Any]) -> tuple[int, int, str]:
-    """Trial-number order; entries without a number (none today) after them, by Tune id."""
-    return key[0], key[1] if key[0] == 0 else 0, str(key[1])
+        """Put one ended trial in optuna.journal (a trial re-run after a resume replaces its entry)."""
+        self.journal.put(self.journal.trial_of(to_frame(rows, self.schema)))

@@ -112,8 +112,8 @@ class Experiment(Section):
                                           lambda v: 0 < v <= 100_000)] = 1
     #: a trial checkpoints every N epochs; its last epoch always
     num_to_keep: Annotated[int | None, rule("must be null (keep all) or an integer in [1, 100000]",
-                                            lambda v: v is None or 0 < v <= 100_000)] = None
-    #: checkpoints kept per trial (the best by metric, and always the latest); null: all
+                                            lambda v: v is None or 0 < v <= 100_000)] = 1
+    #: checkpoints kept per trial: the best num_to_keep by metric, and always the latest; null: all
     storage_path: Annotated[str, rule("must be a folder or URI", lambda v: v != "")] = "./runs"
     #: local folder or pyarrow.fs URI (s3://..., gs://..., file://...)
     trial_timeout: Annotated[float | None, rule("must be null (no limit) or a number of seconds in [1, 10000000]",

@@ -1,8 +1,11 @@
-"""Starting or joining Ray for a search, and how a search stops: SIGTERM as Ctrl-C, without waiting on epochs.
+"""Starting or joining Ray for a search, quietly, and how a search stops: SIGTERM as Ctrl-C, without waiting on epochs.
 
 A search either joins the cluster at --address ($RAY_ADDRESS), waiting at most
 experiment.connect_timeout for it to answer, or starts a local Ray (the CLI begins that one
 beside its imports, search/local_ray.py, and the search takes it over here).
+
+Unless --verbose, Ray and Tune keep the hints that mislead here to themselves (`quiet`):
+hpsearch prints its own progress, resume command and run folder.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import signal
 import socket
 import threading
 import time
+import warnings
 from contextlib import contextmanager
 
 import ray
@@ -20,6 +24,60 @@ from ray.exceptions import AuthenticationError
 
 from search import local_ray
 from trainable.errors import ConfigError, problem
+
+
+class _Drop(logging.Filter):
+    """Drops a logger's records that contain one of `texts`."""
+
+    def __init__(self, *texts: str):
+        super().__init__()
+        self.texts = texts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(text in record.getMessage() for text in self.texts)
+
+
+class _Once(logging.Filter):
+    """Lets each message through once (Ray's handler on the "ray" logger prints every record)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in self.seen:
+            return False
+        self.seen.add(message)
+        return True
+
+
+def quiet(verbose: bool = False) -> None:
+    """Before Ray starts: Ray and Tune print only warnings that are news, unless `verbose`.
+
+    Silenced, each through a public knob (an environment variable, logging levels and filters):
+    - Tune's start-up box, with `tensorboard --logdir /tmp/ray/session_.../driver_artifacts` (a
+      temporary copy that disappears; TensorBoard reads the run folder): RAY_AIR_NEW_OUTPUT=0 picks
+      Tune's plain output, silent at the verbose=0 the Tuner runs with;
+    - after Ctrl-C, Tune's `Tuner.restore(path=..., trainable=...)` hint: hpsearch prints its own
+      --resume command (and `search.restore(path)` is the Python way, search/api.py);
+    - Ray's "Token authentication is enabled for this Ray cluster" on every local start, and Ray's
+      and Tune's INFO lines (the local Ray started, Tune wrote its state);
+    - a warning said twice: Ray's records once per message, and Python warnings that no filter
+      names once per message rather than once per place (matplotlib's, say, each report figure).
+    """
+    if verbose:
+        return
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    logging.getLogger("ray.tune").setLevel(logging.WARNING)
+    logging.getLogger("ray._private.worker").setLevel(logging.WARNING)
+    logging.getLogger("ray.tune.tune").addFilter(_Drop("Tuner.restore("))
+    logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
+        _Drop("Token authentication is enabled for this Ray cluster"))
+    warnings.filterwarnings("once", append=True)  # after every filter set (-W, ignores): only the default changes
+    for handler in logging.getLogger("ray").handlers:
+        if not any(isinstance(f, _Once) for f in handler.filters):
+            handler.addFilter(_Once())
 
 
 def reachable(address: str, timeout_s: float) -> bool:
@@ -118,9 +176,10 @@ class _QuickStop(logging.Filter):
     STOP = "Stop signal received"
     SAVED = "Wrote the latest version of all result files and experiment state"
 
-    def __init__(self):
+    def __init__(self, floor: int):
         super().__init__()
         self.stopping = self.cut = False
+        self.floor = floor  # records below the logger's own level are read here, not shown
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = str(record.msg)
@@ -130,18 +189,17 @@ class _QuickStop(logging.Filter):
                 and threading.current_thread() is threading.main_thread():
             self.cut = True
             raise KeyboardInterrupt
-        return True
+        return record.levelno >= self.floor
 
 
 @contextmanager
 def quick_stop():
     """While fit() runs: a stopped search ends after Tune's last save (yields the filter; `.cut` says it did)."""
     logger = logging.getLogger("ray.tune.tune")
-    cut = _QuickStop()
+    cut = _QuickStop(floor=logger.getEffectiveLevel())
     logger.addFilter(cut)
     level = logger.level
-    if not logger.isEnabledFor(logging.INFO):  # the save's line must reach the filter (handlers decide what shows)
-        logger.setLevel(logging.INFO)
+    logger.setLevel(logging.INFO)  # the save's line (INFO) must reach the filter, even when quiet
     try:
         yield cut
     finally:

@@ -1,5 +1,5 @@
-"""The search as an Optuna study, built from results rows: in memory for the report, in the
-run folder's optuna.journal for `optuna-dashboard`.
+"""The search as an Optuna study, built from results rows: in memory for the report, and each
+trial's entry in optuna.journal for `optuna-dashboard` (search/journal.py).
 
 A trial's value is its best epoch's metric (the epoch best.yaml picks), as in OrderedSearch;
 a trial without a finite metric, or that ended in ERROR, is FAIL (its epochs stay as
@@ -15,10 +15,13 @@ import optuna
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
-from search.results import best_of, is_json, results_schema, score
+from search.results import INTERRUPTED, best_of, is_json, results_schema, score
 from search.space import Space
 
 JOURNAL_FILE = "optuna.journal"
+RUNNING, PENDING = "RUNNING", "PENDING"  # the status user attribute of a trial running, or not yet started
+# a trial that has not ended, as the journal holds it: the status user attribute -> Optuna's state
+UNENDED = {RUNNING: TrialState.RUNNING, INTERRUPTED: TrialState.RUNNING, PENDING: TrialState.WAITING}
 
 
 def _cell(value, json_column: bool):
@@ -26,24 +29,33 @@ def _cell(value, json_column: bool):
     return json.loads(value) if json_column and isinstance(value, str) else value
 
 
-def frozen_trial(rows: pd.DataFrame, space: Space, schema=None) -> FrozenTrial:
-    """One trial's rows (one per epoch) as a finished Optuna trial; `schema`: results_schema(space), if held."""
+def frozen_trial(rows: pd.DataFrame, space: Space, schema=None, *, live: bool = False) -> FrozenTrial:
+    """One trial's rows (one per epoch) as an Optuna trial; `schema`: results_schema(space), if held.
+
+    By default a finished trial (the report's study). `live`: as optuna.journal holds it, where a
+    trial not yet ended (status RUNNING or INTERRUPTED) is RUNNING with its curve so far, and one
+    not yet started (PENDING) is WAITING.
+    """
     metric, mode = space.experiment.metric, space.experiment.mode
     first = rows.iloc[0]
     json_columns = {f.name for f in (schema or results_schema(space)) if is_json(f)}
     curve = {int(r["epoch"]): score(r[metric]) for _, r in rows.iterrows()
              if not pd.isna(r["epoch"]) and score(r[metric]) is not None}
     value = best_of(curve.values(), mode)
-    if first["status"] == "ERROR":  # it raised, as a failed Optuna trial does: never the best, as in best.yaml
+    status = str(first["status"])
+    if status == "ERROR":  # it raised, as a failed Optuna trial does: never the best, as in best.yaml
         value = None
+    state = TrialState.COMPLETE if value is not None else TrialState.FAIL
+    if live and status in UNENDED:
+        state, value = UNENDED[status], None
     return create_trial(
-        state=TrialState.COMPLETE if value is not None else TrialState.FAIL,
+        state=state,
         value=value,
         params={d.name: d.param(_cell(first[d.name], d.name in json_columns)) for d in space.searched},
         distributions={d.name: d.distribution for d in space.searched},
         intermediate_values=curve or None,
         user_attrs={"trial_number": None if pd.isna(first["trial_number"]) else int(first["trial_number"]),
-                    "trial_id": str(first["trial_id"]), "seed": int(first["seed"]), "status": str(first["status"])},
+                    "trial_id": str(first["trial_id"]), "seed": int(first["seed"]), "status": status},
     )
 
 

@@ -32,11 +32,12 @@ class Timing:
 
 
 def journal_note(run_path: str) -> str:
-    """Where the run's Optuna study is, in one line; on URI storage, that there is none."""
+    """Where the run's Optuna study is, in one line; on URI storage, also where this machine writes it."""
     if is_uri(run_path):
-        scheme = run_path.split("://", 1)[0]
-        return (f"Study: no {JOURNAL_FILE} on {scheme}:// storage (a journal needs a local file system); "
-                f"the report's figures come from results.parquet")
+        from search.journal import local_journal_path
+
+        local = local_journal_path(run_path)
+        return f"Study: {run_path}/{JOURNAL_FILE}, copied from this machine's {local} (optuna-dashboard {local})"
     return f"Study: {run_path}/{JOURNAL_FILE} (optuna-dashboard {run_path}/{JOURNAL_FILE})"
 
 

@@ -66,11 +66,12 @@ def tracker_callbacks(space: Space, folder: RunFolder) -> list:
     """Tune's logger callbacks for experiment.loggers (TensorBoard event files Tune writes anyway)."""
     callbacks = []
     if "mlflow" in space.experiment.loggers:
-        from ray.air.integrations.mlflow import MLflowLoggerCallback
-
         # a SQLite file in the run folder: MLflow 3 has put its ./mlruns file store in maintenance mode
         uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{folder.path}/{MLFLOW_DB}"
-        callbacks.append(MLflowLoggerCallback(tracking_uri=uri, experiment_name=folder.name, save_artifact=False))
+        from search.mlflow_logger import TrialValueLogger
+
+        callbacks.append(TrialValueLogger(space.experiment.metric, space.experiment.mode, tracking_uri=uri,
+                                          experiment_name=folder.name, save_artifact=False))
     if "wandb" in space.experiment.loggers:
         from ray.air.integrations.wandb import WandbLoggerCallback
 

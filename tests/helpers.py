@@ -39,7 +39,8 @@ def assert_outputs_agree(run: Path) -> None:
     The promise after every fault (docs/stops-and-resume.md): the journal holds each ended trial
     of results.parquet once (an interrupted one only once it ends), and the best value of the
     journal's study, of best.yaml and of results.parquet's scoring rows (ERROR trials never best)
-    is one number. best.yaml may name a worse epoch only where its note says why (a checkpoint).
+    is one number: a finished trial's (not ERROR, not INTERRUPTED). best.yaml may name a worse epoch only
+    where its note says why (a checkpoint).
     """
     import math
 
@@ -59,11 +60,14 @@ def assert_outputs_agree(run: Path) -> None:
     numbers = [t.user_attrs.get("trial_number", t.number) for t in journal]
     assert sorted(numbers) == sorted(set(ended["trial_number"])), (numbers, sorted(set(ended["trial_number"])))
 
-    scoring = frame.loc[(frame["status"] != "ERROR") & frame[metric].map(lambda v: v is not None and math.isfinite(v)),
-                        metric]
+    finite = frame[metric].map(lambda v: v is not None and math.isfinite(v))
+    scoring = frame.loc[~frame["status"].isin(["ERROR", "INTERRUPTED"]) & finite, metric]
     best_path = run / "best.yaml"
-    if scoring.empty:
-        assert not [t for t in journal if t.state == TrialState.COMPLETE and t.user_attrs.get("status") != "ERROR"]
+    if scoring.empty:  # best.yaml, if any, is an interrupted or errored trial's and says so
+        assert not [t for t in journal if t.state == TrialState.COMPLETE]
+        if best_path.exists():
+            assert "no trial has finished yet" in (note := yaml.safe_load(best_path.read_text())["result"].get(
+                "note", "")) or "ended in ERROR" in note
         return
     best = best_of(scoring)
     assert study.best_value == best, (study.best_value, best)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import optuna
 import pandas as pd
 import pytest
 import yaml
@@ -18,7 +19,7 @@ import yaml
 from search.driver import run_search
 from search.results import COMPLETED, ERROR
 from search.storage import Storage
-from search.study import JOURNAL_FILE
+from search.study import JOURNAL_FILE, journal
 from tests.helpers import small_space
 from trainable.errors import ConfigError
 
@@ -110,13 +111,13 @@ def test_a_search_on_file_uri_storage_resumes_and_reruns_the_failed_trial(on_uri
 
 
 @pytest.mark.slow
-def test_a_search_on_file_uri_storage_has_no_journal_and_says_so(on_uri_storage):
+def test_a_search_on_file_uri_storage_copies_its_journal_into_the_run_folder(on_uri_storage):
     root, _, _, resumed = on_uri_storage
     run = root / "remote"
-    assert not (run / JOURNAL_FILE).exists()
-    page = (run / "report.html").read_text()
-    assert "Study: no optuna.journal on file:// storage (a journal needs a local file system)" in page
-    assert "Study: no optuna.journal on file:// storage" in resumed.summary
+    study = optuna.load_study(study_name="remote", storage=journal(str(run / JOURNAL_FILE)))
+    frame = resumed.results.drop_duplicates("trial_number")
+    assert [t.number for t in study.trials] == sorted(frame["trial_number"]), "trial k is trial_number k"
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * len(frame), "the rerun trial listed once"
 
 
 @pytest.mark.slow

@@ -190,9 +190,10 @@ HOLD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hold")
 
 
 class Held(nn.Module):
-    def __init__(self, input_shape, num_classes):
+    def __init__(self, input_shape, num_classes, hidden_sizes=(32,)):
         super().__init__()
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 32), nn.ReLU(), nn.Linear(32, num_classes))
+        width = hidden_sizes[0]
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, width), nn.ReLU(), nn.Linear(width, num_classes))
         self.validated = False
 
     def forward(self, x):
@@ -222,8 +223,9 @@ def test_a_stopped_search_exits_130_marks_unfinished_trials_and_resumes(tmp_path
                for stream, into in ((driver.stdout, lines), (driver.stderr, errors))]
     for reader in readers:
         reader.start()
-    wait_for(lambda: True if any("epoch 1/4 " in line for line in list(lines)) else None, 300,
-             "a trial held in its second epoch")
+    wait_for(lambda: True if any("epoch 1/4 " in line for line in list(lines)) or driver.poll() is not None
+             else None, 300, "a trial held in its second epoch")
+    assert driver.poll() is None, "".join(errors)[-3000:]
     driver.send_signal(stop)
     driver.wait(timeout=120)  # with the epoch still held: the stop did not wait for it
     assert (tmp_path / "hold").exists()

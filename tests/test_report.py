@@ -103,6 +103,10 @@ def test_mlflow_records_one_run_per_trial(searched):
     runs = client.search_runs([experiment.experiment_id])
     assert len(runs) == 4
     assert all("val_acc" in run.data.metrics for run in runs)
+    # the runs table shows each trial's value (its best epoch), as results.parquet scores it
+    best = outcome.results.groupby("trial_id")["val_acc"].max()
+    shown = {run.data.tags["trial_name"].rsplit("_", 1)[-1]: run.data.metrics["val_acc"] for run in runs}
+    assert shown == pytest.approx({trial_id: best[trial_id] for trial_id in shown})
 
 
 def test_the_report_command_writes_it_again(searched):

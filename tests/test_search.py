@@ -85,9 +85,9 @@ def test_same_seed_same_trials(ray_local, tmp_path, data_root):
     pd.testing.assert_frame_equal(first.reset_index(drop=True), second.reset_index(drop=True))
 
 
-def test_asha_stops_some_trials_early(ray_local, tmp_path, data_root):
-    space = small_space(tmp_path, data_root,
-                        experiment={"scheduler": "asha", "num_samples": 6, "grace_period": 1},
+def test_rays_asha_stops_some_trials_early(ray_local, tmp_path, data_root):
+    space = small_space(tmp_path, data_root,  # reproducible: false keeps Ray's own ASHAScheduler
+                        experiment={"scheduler": "asha", "num_samples": 6, "grace_period": 1, "reproducible": False},
                         training={"epochs": 4}, data={"train_size": 1000})
     frame = run_search(space, name="asha").results
     per_trial = frame.groupby("trial_id").agg(status=("status", "first"), epochs=("epoch", "max"))

@@ -9,7 +9,8 @@ from pathlib import Path
 import optuna
 import pandas as pd
 
-from search.progress import Journal, Progress
+from search.journal import Journal
+from search.progress import Progress
 from search.run_folder import RunFolder
 from search.space import parse_space
 from search.storage import Storage
@@ -94,6 +95,10 @@ def test_the_journal_made_to_match_results_drops_stale_entries_and_adds_missing_
     unfinished = pd.DataFrame(trial("f", 3, 0.13, [0.8])).assign(status="INTERRUPTED")
     Journal(folder, space).sync(pd.concat([results, unfinished]))
     study = read_journal(folder)
-    assert [t.user_attrs["trial_id"] for t in study.trials] == ["a", "c", "e"]
+    assert [t.user_attrs["trial_id"] for t in study.trials] == ["a", "c", "e", "f"]
+    assert [t.number for t in study.trials] == [t.user_attrs["trial_number"] for t in study.trials]
+    # an unfinished trial stays RUNNING, its curve so far kept: --resume continues that entry
+    assert study.trials[3].state.name == "RUNNING" and study.trials[3].user_attrs["status"] == "INTERRUPTED"
+    assert study.trials[3].intermediate_values == {1: 0.8}
     assert study.best_value == results["val_acc"].max()
     assert sorted(p.name for p in Path(folder.path).iterdir()) == [JOURNAL_FILE], "no temporary file left"

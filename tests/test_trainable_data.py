@@ -237,6 +237,19 @@ def single(root):
     return torch.zeros(10, 4)
 
 
+def numpy_parts(root):
+    import numpy as np
+
+    X, y = np.zeros((60, 1, 8, 8)), np.arange(60) % 10
+    return (X[:50], y[:50]), (X[50:], y[50:])
+
+
+def numpy_pair(root):
+    import numpy as np
+
+    return np.zeros((60, 1, 8, 8)), np.arange(60) % 10
+
+
 def four(root):
     part = (torch.zeros(10, 4), torch.zeros(10, dtype=torch.long))
     return part, None, None, None
@@ -615,3 +628,15 @@ def test_in_memory_shuffle_is_driven_by_the_generator(indexed_1000):
 
     assert torch.equal(order(5), order(5))
     assert not torch.equal(order(5), order(6))
+
+
+def test_numpy_pairs_are_parts_and_one_returned_pair_names_the_contract(user_file, tmp_path):
+    data = user_data(user_file("numpy_parts"), tmp_path)
+    assert (len(data.train), len(data.val), data.input_shape, data.num_classes) == (50, 10, (1, 8, 8), 10)
+    with pytest.raises(ConfigError) as caught:
+        user_data(user_file("numpy_pair"), tmp_path)
+    (message,) = caught.value.problems
+    assert message.startswith("data.dataset: a dataset function must return (train, val) or (train, val, test); "
+                              "each part a torch Dataset of (x, y) pairs or a pair (X, y) of tensors or numpy arrays")
+    assert "its train part is ndarray(60, 1, 8, 8)" in message  # what it got, by type and shape
+    assert "return ((X, y), None)" in message  # and the fix for the common slip

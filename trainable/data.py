@@ -168,8 +168,19 @@ def describe(value: Any) -> str:
     return type(value).__name__
 
 
-def as_arrays(part: Any, key: str, which: str) -> Arrays:
-    """A Dataset of (x, y) pairs or a pair (X, y) as Arrays; anything else is a ConfigError."""
+CONTRACT = ("a dataset function must return (train, val) or (train, val, test); each part a torch Dataset "
+            "of (x, y) pairs or a pair (X, y) of tensors or numpy arrays, and val or test may be None")
+
+
+def looks_like_one_part(returned: Any) -> bool:
+    """(X, y) returned where (train, val) was meant: two arrays of N rows, the second of labels (N,)."""
+    return (isinstance(returned, (tuple, list)) and len(returned) == 2
+            and all(isinstance(p, (torch.Tensor, np.ndarray)) for p in returned)
+            and returned[1].ndim == 1 and returned[0].ndim >= 1 and len(returned[0]) == len(returned[1]))
+
+
+def as_arrays(part: Any, key: str, which: str, returned: Any = None) -> Arrays:
+    """A Dataset of (x, y) pairs or a pair (X, y) as Arrays; anything else is a ConfigError naming the contract."""
     if isinstance(part, (tuple, list)) and len(part) == 2 and all(
             isinstance(p, (torch.Tensor, np.ndarray)) for p in part):
         inputs, labels = (p.detach().cpu().numpy() if isinstance(p, torch.Tensor) else np.asarray(p) for p in part)
@@ -183,8 +194,11 @@ def as_arrays(part: Any, key: str, which: str) -> Arrays:
             raise ConfigError([problem(key, f"its {which} Dataset must yield (x, y) pairs of arrays and "
                                             f"integer labels ({type(error).__name__}: {error})", describe(part))]) from None
     else:
-        raise ConfigError([problem(key, f"its {which} part must be a torch Dataset of (x, y) pairs or a pair "
-                                        "(X, y) of tensors", describe(part))])
+        hint = (" (it returned one pair (X, y): return ((X, y), None) to split val off train with split_seed)"
+                if looks_like_one_part(returned) else "")
+        raise ConfigError([problem(key, f"{CONTRACT}; its {which} part is {describe(part)}, of the returned "
+                                        f"{describe(returned) if returned is not None else '?'}{hint}",
+                                   describe(part))])
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer) or len(inputs) != len(labels) or not len(labels):
         raise ConfigError([problem(key, f"its {which} part must hold N >= 1 inputs and N integer labels (N,) "
                                         f"(inputs: {inputs.shape} {inputs.dtype}); labels", f"{labels.shape} {labels.dtype}")])
@@ -218,12 +232,11 @@ def call_dataset_function(function: Callable, config: TrialConfig, root: Path, k
         raise DataError(f"{key}: the dataset function {config.dataset} raised "
                         f"{type(error).__name__}: {error}") from None
     if not isinstance(returned, (tuple, list)) or len(returned) not in (2, 3):
-        raise ConfigError([problem(key, "a dataset function must return (train, val) or (train, val, test)",
-                                   describe(returned))])
+        raise ConfigError([problem(key, CONTRACT, describe(returned))])
     parts = list(returned) + [None] * (3 - len(returned))
     if parts[0] is None:
         raise ConfigError([problem(key, "a dataset function must return a train part", describe(returned))])
-    return tuple(None if p is None else as_arrays(p, key, which)  # type: ignore[return-value]
+    return tuple(None if p is None else as_arrays(p, key, which, returned)  # type: ignore[return-value]
                  for p, which in zip(parts, ("train", "val", "test")))
 
 

@@ -1,0 +1,65 @@
+"""`python -m search check`: a search's checks without the search, the same messages, no Ray; `--help`."""
+
+from __future__ import annotations
+
+import ray
+import pytest
+import yaml
+
+from search.cli import main
+from tests.test_user_code import blob_space, write
+
+MNIST_SPACE = "spaces/mnist.yaml"
+
+
+def run_and_check(capsys, argv: list[str]) -> tuple[tuple[int, str], tuple[int, str]]:
+    """(exit code, stderr) of a search and of `check` with the same arguments."""
+    code = main(argv)
+    searched = (code, capsys.readouterr().err)
+    code = main(["check", *argv])
+    return searched, (code, capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"experiment": {"num_samples": 0}}, "experiment.num_samples: must be an integer in [1, 1000000], got 0"),
+    ({"model": {"factory": "missing.py:tiny"}}, "model.factory"),
+    ({"model": {"factory": "net.py:tiny", "depth": 3}}, "model.depth"),
+    ({"data": {"dataset": "data.py:pair", "args": {}}}, "return ((X, y), None)"),
+    ({"data": {"dataset": "data.py:fails", "args": {}}}, "data.py:fails raised FileNotFoundError: blobs.csv"),
+])
+def test_check_exits_2_with_the_messages_of_a_run_and_neither_starts_ray(tmp_path, monkeypatch, capsys,
+                                                                          change, words):
+    monkeypatch.chdir(tmp_path)
+    raw = blob_space(tmp_path)
+    for section, values in change.items():
+        raw[section].update(values)
+    with open(tmp_path / "data.py", "a") as f:
+        f.write("\ndef pair(root):\n    import numpy as np\n    return np.zeros((60, 6)), np.arange(60) % 3\n"
+                "\ndef fails(root):\n    raise FileNotFoundError('blobs.csv')\n")
+    write(tmp_path / "space.yaml", yaml.safe_dump(raw))
+    searched, checked = run_and_check(capsys, ["--space", "space.yaml"])
+    assert searched[0] == checked[0] == 2
+    assert words in checked[1] and checked[1] == searched[1]
+    assert "Traceback" not in checked[1]
+    assert not ray.is_initialized(), "user code is checked before Ray starts"
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir()), "no run folder is left"
+
+
+def test_check_of_the_shipped_space_prints_the_resolved_spec_and_exits_0(data_root, capsys):
+    assert main(["check", "--space", MNIST_SPACE, "--data-root", str(data_root), "--set", "data.train_size=1000",
+                 "--epochs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"# The resolved spec of {MNIST_SPACE}: defaults and flags applied; checks passed")
+    spec = yaml.safe_load(out)
+    assert spec["data"]["train_size"] == 1000 and spec["training"]["epochs"] == 2
+    assert spec["experiment"]["num_to_keep"] == 1, "defaults are filled in"
+    assert not ray.is_initialized()
+
+
+def test_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("--space FILE", "check --space FILE", "report RUN", "export RUN"):
+        assert f"python -m search {command}" in out

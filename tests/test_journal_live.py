@@ -1,0 +1,185 @@
+"""optuna.journal as optuna-dashboard sees it while a search runs: one numbering, trials as they start.
+
+Read through optuna-dashboard's own storage loader (`optuna_dashboard._storage_url.get_storage`,
+`optuna_dashboard._storage.get_trials`: what `optuna-dashboard FILE` calls), from the test extra.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+
+from search.journal import Journal, local_journal_path
+from search.progress import Progress
+from search.run_folder import RunFolder
+from search.space import parse_space
+from search.storage import Storage
+from search.study import JOURNAL_FILE
+from tests.helpers import small_space
+
+dashboard_storage = pytest.importorskip("optuna_dashboard._storage_url")
+from optuna_dashboard._inmemory_cache import InMemoryCache  # noqa: E402
+from optuna_dashboard._storage import get_trials  # noqa: E402
+
+
+def dashboard_trials(path: str | Path, name: str) -> list[optuna.trial.FrozenTrial]:
+    """The trials optuna-dashboard lists for study `name` of the journal at `path`."""
+    storage = dashboard_storage.get_storage(str(path))
+    return get_trials(InMemoryCache(), storage, storage.get_study_id_from_name(name))
+
+
+# ---- an entry's life, through the callback's own steps (no Ray) ----
+
+def journal_space():
+    return parse_space({"experiment": {"name": "j"},
+                        "space": {"lr": {"distribution": "uniform", "low": 0.1, "high": 0.2}}})
+
+
+def rows(trial_id: str, number: int, lr: float, curve: list[float], status: str = "COMPLETED") -> list[dict]:
+    return [{"trial_id": trial_id, "trial_number": number, "seed": 7 + number, "status": status, "epoch": epoch,
+             "lr": lr, "val_acc": value} for epoch, value in enumerate(curve, start=1)]
+
+
+def config(number: int, lr: float) -> dict:
+    return {"trial_number": number, "seed": 7 + number, "lr": lr, "epochs": 2}
+
+
+def test_an_entry_is_running_from_its_start_learns_each_epoch_and_ends_with_its_value(tmp_path):
+    space = journal_space()
+    folder = RunFolder(Storage.at(str(tmp_path)), "j-20261130-101500")
+    Path(folder.path).mkdir()
+    progress = Progress(folder, space)
+    journal = progress.journal
+    progress._start_entry("b", config(1, 0.12), journal)  # trial #1 starts before #0 (Tune's choice)
+    listed = dashboard_trials(journal.path, folder.name)
+    assert [(t.number, t.state.name, t.user_attrs["status"]) for t in listed] == [(0, "WAITING", "PENDING"),
+                                                                              (1, "RUNNING", "RUNNING")]
+    assert listed[1].params == {"lr": 0.12} and listed[1].user_attrs["trial_id"] == "b"
+    progress._start_entry("a", config(0, 0.15), journal)
+    journal.report(0, 1, 0.5)
+    listed = dashboard_trials(journal.path, folder.name)
+    assert [t.state.name for t in listed] == ["RUNNING", "RUNNING"]
+    assert listed[0].params == {"lr": 0.15} and listed[0].intermediate_values == {1: 0.5}
+    progress.add_to_journal(rows("a", 0, 0.15, [0.5, 0.7]))
+    listed = dashboard_trials(journal.path, folder.name)
+    assert (listed[0].state.name, listed[0].value, listed[0].intermediate_values) == ("COMPLETE", 0.7,
+                                                                                      {1: 0.5, 2: 0.7})
+    assert listed[0].user_attrs == {"trial_number": 0, "trial_id": "a", "seed": 7, "status": "COMPLETED"}
+
+
+def test_an_interrupted_trial_stays_running_and_its_resume_continues_the_same_entry(tmp_path):
+    space = journal_space()
+    folder = RunFolder(Storage.at(str(tmp_path)), "j-20261130-101500")
+    Path(folder.path).mkdir()
+    journal = Journal(folder, space)
+    journal.put(journal.trial_of(pd.DataFrame(rows("a", 0, 0.15, [0.5, 0.7]))))
+    journal.start(journal.trial_of(pd.DataFrame(rows("b", 1, 0.12, [0.6], status="RUNNING"))))
+    journal.put(journal.trial_of(pd.DataFrame(rows("c", 2, 0.11, [0.4, 0.45]))))
+    # Ctrl-C: the end of the search makes the journal hold results.parquet, #1 INTERRUPTED after its epoch 1
+    stopped = pd.DataFrame(rows("a", 0, 0.15, [0.5, 0.7]) + rows("b", 1, 0.12, [0.6], status="INTERRUPTED")
+                           + rows("c", 2, 0.11, [0.4, 0.45]))
+    journal.sync(stopped)
+    listed = dashboard_trials(journal.path, folder.name)
+    assert [(t.state.name, t.user_attrs["status"]) for t in listed] == [
+        ("COMPLETE", "COMPLETED"), ("RUNNING", "INTERRUPTED"), ("COMPLETE", "COMPLETED")]
+    # --resume (a new process): #1 continues in its entry, and #2, which ended after Tune's last
+    # snapshot, runs again under a new Tune id: its entry is replaced, never listed twice
+    progress = Progress(folder, space)
+    resumed = progress.journal
+    progress._start_entry("b", config(1, 0.12), resumed)
+    progress._start_entry("d", config(2, 0.11), resumed)
+    progress.add_to_journal(rows("b", 1, 0.12, [0.6, 0.8]))
+    progress.add_to_journal(rows("d", 2, 0.11, [0.4, 0.9]))
+    listed = dashboard_trials(journal.path, folder.name)
+    assert [(t.number, t.user_attrs["trial_id"], t.state.name, t.value) for t in listed] == [
+        (0, "a", "COMPLETE", 0.7), (1, "b", "COMPLETE", 0.8), (2, "d", "COMPLETE", 0.9)]
+    assert listed[1].intermediate_values == {1: 0.6, 2: 0.8}
+    assert sorted(p.name for p in Path(folder.path).iterdir()) == [JOURNAL_FILE], "no temporary file left"
+
+
+def test_a_journal_numbered_in_finishing_order_is_renumbered_when_opened(tmp_path):
+    space = journal_space()
+    folder = RunFolder(Storage.at(str(tmp_path)), "j-20261130-101500")
+    Path(folder.path).mkdir()
+    old = Journal(folder, space)
+    for trial_id, number in [("b", 1), ("a", 0)]:  # as hpsearch 0.1 wrote it: #1 ended first
+        old._create(old.trial_of(pd.DataFrame(rows(trial_id, number, 0.15, [0.5]))))
+    Journal(folder, space)
+    listed = dashboard_trials(old.path, folder.name)
+    assert [(t.number, t.user_attrs["trial_id"]) for t in listed] == [(0, "a"), (1, "b")]
+
+
+def test_on_uri_storage_the_journal_is_on_the_drivers_disk_and_copied_to_the_run_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    space = journal_space()
+    folder = RunFolder(Storage.at(f"file://{tmp_path}/runs"), "j-20261130-101500")
+    journal = Journal(folder, space)
+    local = tmp_path / "cache" / "hpsearch" / "journals" / "file" / str(tmp_path / "runs").strip("/") / \
+        folder.name / JOURNAL_FILE
+    assert journal.path == local_journal_path(folder.path) == str(local) and local.exists()
+    copied = tmp_path / "runs" / folder.name / JOURNAL_FILE
+    assert copied.exists(), "the run folder has a journal from the start"
+    journal.sync(pd.DataFrame(rows("a", 0, 0.15, [0.5, 0.7])))
+    assert [t.value for t in dashboard_trials(copied, folder.name)] == [0.7]
+    # a resume on another machine (no local copy) continues from the run folder's
+    local.unlink()
+    again = Journal(folder, space)
+    assert [t.user_attrs["trial_id"] for t in dashboard_trials(again.path, folder.name)] == ["a"]
+
+
+# ---- a real search, watched by the dashboard's loader while its first trials wait at a gate ----
+
+def gated_trial(gate: Path, started: Path):
+    """The real trainable behind a gate the test opens; a closure, so Ray pickles it by value."""
+
+    def trial(config, **data):
+        from trainable.adapter import tune_trial
+
+        (started / str(config["trial_number"])).touch()
+        deadline = time.monotonic() + 300
+        while not gate.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling the test's gate file: the gate itself
+        tune_trial(config, **data)
+
+    return trial
+
+
+@pytest.mark.slow
+def test_while_a_search_runs_the_dashboard_lists_its_running_trials_numbered_as_in_results(
+        ray_local, tmp_path, data_root):
+    from search.driver import run_search
+
+    space = small_space(tmp_path / "runs", data_root, data={"train_size": 500, "val_size": 200},
+                        training={"epochs": 1})
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    started.mkdir()
+    outcome = {}
+    search = threading.Thread(target=lambda: outcome.update(done=run_search(
+        space, name="live", trainable=gated_trial(gate, started))))
+    search.start()
+    journal = tmp_path / "runs" / "live" / JOURNAL_FILE
+    try:
+        deadline = time.monotonic() + 300
+        running = []
+        while len(running) < 2 and time.monotonic() < deadline and search.is_alive():
+            if journal.exists() and len(list(started.iterdir())) == 2:  # both slots' trials hold at the gate
+                running = [t for t in dashboard_trials(journal, "live") if t.state.name == "RUNNING"]
+            time.sleep(0.1)  # polling the journal a dashboard reads: what is being tested
+        assert sorted(t.number for t in running) == [0, 1], "the dashboard lists both running trials"
+        assert all(t.params and t.value is None for t in running)
+    finally:
+        gate.touch()
+        search.join(timeout=600)
+    frame = outcome["done"].results
+    listed = dashboard_trials(journal, "live")
+    assert [t.number for t in listed] == sorted(frame["trial_number"].unique()) == [0, 1, 2, 3]
+    for t in listed:  # trial k in the dashboard is trial_number k in results.parquet
+        trial = frame[frame["trial_number"] == t.number]
+        assert t.state.name == "COMPLETE" and t.value == trial["val_acc"].max()
+        assert t.params["lr"] == trial["lr"].iloc[0] and t.user_attrs["trial_id"] == trial["trial_id"].iloc[0]
+    assert [t.params["lr"] for t in running] == [listed[t.number].params["lr"] for t in running]
