@@ -29,12 +29,15 @@ from search.space import Space  # noqa: E402
 from search.study import make_study  # noqa: E402
 from search.summary import PHASES, journal_note, slot_time  # noqa: E402
 
+HANDOVER = 0.05  # seconds; see most_at_once
 REPORT_FILE = "report.html"
 FIGURE_FOLDER = "report"
 
 
 def _optuna_figure(plot: Callable, study: optuna.Study, **kwargs) -> plt.Figure:
-    with warnings.catch_warnings():
+    # Optuna's plots switch matplotlib to its ggplot style for good (plt.style.use): keep that
+    # to its own figures, not ours and not a caller's
+    with warnings.catch_warnings(), matplotlib.rc_context():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         axes = plot(study, **kwargs)
     figure = (axes.flat[0] if hasattr(axes, "flat") else axes).figure
@@ -55,22 +58,27 @@ def learning_curves(frame: pd.DataFrame, metric: str, best_trial: str | None) ->
             axes.plot(rows["epoch"], rows[metric], color="tab:gray", alpha=0.5, linewidth=1)
     axes.set(xlabel="epoch", ylabel=metric, title=f"Learning curves ({metric} per epoch, every trial)")
     axes.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    axes.legend(loc="best")
+    if best_trial in frame["trial_id"].values:  # else nothing is labelled: no legend to draw
+        axes.legend(loc="best")
     figure.tight_layout()
     return figure
 
 
 def trial_spans(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per trial: its slot (node + device), start (first epoch's start), end and training seconds."""
+    """Per trial: its slot (node + device), start (first epoch's start), end and training seconds,
+    and when its slot was taken (before the start: an idle actor's wait, a new actor's start)."""
     rows = frame.dropna(subset=["finished_at"])
     started = rows["finished_at"] - rows["epoch_seconds"]
     if "started_at" in rows:  # the trial's start in its actor, set-up and data fetch included
         started = rows["started_at"].fillna(started)
-    rows = rows.assign(started=started)
+    taken = started
+    if {"start_seconds", "idle_seconds"} <= set(rows):  # first rows only; a run from before them has none
+        taken = started - rows["start_seconds"].fillna(0) - rows["idle_seconds"].fillna(0)
+    rows = rows.assign(started=started, taken=taken)
     return rows.groupby("trial_id").agg(
         number=("trial_number", "first"), node=("node", "first"), device=("device", "first"),
         gpus=("accelerator_ids", "first"), start=("started", "min"), end=("finished_at", "max"),
-        training=("epoch_seconds", "sum")).sort_values("start")
+        taken=("taken", "min"), training=("epoch_seconds", "sum")).sort_values("start")
 
 
 def lanes(spans: pd.DataFrame) -> pd.Series:
@@ -90,8 +98,11 @@ def lanes(spans: pd.DataFrame) -> pd.Series:
 
 
 def most_at_once(spans: pd.DataFrame) -> int:
-    """The most trials that ran at the same time (ends before starts at a tie)."""
-    events = sorted([(t, 1) for t in spans["start"]] + [(t, -1) for t in spans["end"]])
+    """The most trials that held a slot at the same time, from taking it to their end (ends before
+    starts at a tie): two actors that start together are two slots, however short their trials.
+    An actor's next trial takes its slot when the last one reported, a fraction of a millisecond
+    before that report's `finished_at` stamp: a handover within HANDOVER seconds is no overlap."""
+    events = sorted([(t, 1) for t in spans["taken"]] + [(t - HANDOVER, -1) for t in spans["end"]])
     running = most = 0
     for _, step in events:
         running += step
@@ -127,10 +138,12 @@ def time_breakdown(frame: pd.DataFrame, slots: int | None) -> plt.Figure:
     (`python -m search report`): then the most trials that ran at once.
     """
     spans = trial_spans(frame)
-    figure, axes = plt.subplots(figsize=(8, 4.4))
+    # constrained layout makes room for a legend placed "outside": below the axes, inside the figure
+    figure, axes = plt.subplots(figsize=(8, 4.4), layout="constrained")
     if spans.empty:
         return figure
-    wall = spans["end"].max() - spans["start"].min()
+    # from the first slot taken, not the first trial's start: the first actors' start is slot time
+    wall = spans["end"].max() - spans["taken"].min()
     seen = slots is None
     if seen:
         slots = most_at_once(spans)
@@ -149,17 +162,17 @@ def time_breakdown(frame: pd.DataFrame, slots: int | None) -> plt.Figure:
         left += seconds
     axes.set_yticks([])
     held = " (the most trials that ran at once)" if seen else ""
-    axes.set(xlabel=f"slot-seconds ({slots} slot(s){held} x {wall:.1f} s from first start to last end)",
+    axes.set(xlabel=f"slot-seconds ({slots} slot(s){held} x {wall:.1f} s,\n"
+                    "from the first slot taken to the last trial's end)",
              title="Where the slot time went")
-    axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.5), ncol=2, fontsize=8, frameon=False)
-    figure.tight_layout()
+    # one column: the longest phase names do not fit two to a row in 8 inches
+    figure.legend(loc="outside lower center", ncol=1, fontsize=8, frameon=False)
     return figure
 
 
 def _message(text: str) -> plt.Figure:
-    figure, axes = plt.subplots(figsize=(8, 1.5))
-    axes.axis("off")
-    axes.text(0.5, 0.5, text, ha="center", va="center")
+    figure = plt.figure(figsize=(8, 1.5))
+    figure.text(0.5, 0.5, text, ha="center", va="center", wrap=True)  # wrapped within the figure
     return figure
 
 
@@ -169,19 +182,26 @@ def figures(frame: pd.DataFrame, space: Space, best_trial: str | None,
     study = make_study(frame, space)
     metric = space.experiment.metric
     finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    # a parameter with one value in every finished trial has no axis to draw (a range of zero)
+    varied = [p for p in dict.fromkeys(k for t in finished for k in t.params)
+              if len({repr(t.params.get(p)) for t in finished}) > 1]
     out = {}
     optuna_plots = {
         "history": ("Optimization history: each trial's value and the best so far",
-                    optuna.visualization.matplotlib.plot_optimization_history, 1),
+                    optuna.visualization.matplotlib.plot_optimization_history, 1, {}),
         "parallel": ("Parallel coordinates of the searched parameters against the value",
-                     optuna.visualization.matplotlib.plot_parallel_coordinate, 1),
-        "importance": ("Parameter importances (fANOVA)", optuna.visualization.matplotlib.plot_param_importances, 2),
+                     optuna.visualization.matplotlib.plot_parallel_coordinate, 2, {"params": varied}),
+        "importance": ("Parameter importances (fANOVA)", optuna.visualization.matplotlib.plot_param_importances,
+                       2, {}),
     }
-    for name, (caption, plot, needs) in optuna_plots.items():
+    for name, (caption, plot, needs, kwargs) in optuna_plots.items():
         if len(finished) < needs:
-            out[name] = (caption, _message(f"needs {needs} finished trial(s) with a finite {metric}"))
+            out[name] = (caption, _message(f"needs {needs} finished trials with a finite {metric}, "
+                                           f"got {len(finished)}"))
+        elif name == "parallel" and not varied:
+            out[name] = (caption, _message("every finished trial has the same parameters: nothing to draw"))
         else:
-            out[name] = (caption, _guarded(lambda: _optuna_figure(plot, study)))
+            out[name] = (caption, _guarded(lambda: _optuna_figure(plot, study, target_name=metric, **kwargs)))
     out["curves"] = ("Learning curves, the best trial highlighted",
                      _guarded(lambda: learning_curves(frame, metric, best_trial)))
     out["timeline"] = ("Timeline of trials per worker slot: packing and idle time", _guarded(lambda: timeline(frame)))
@@ -222,18 +242,23 @@ def write_report(folder: RunFolder, space: Space, frame: pd.DataFrame, best_tria
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>hpsearch: {html.escape(folder.name)}</title>
 <style>body{{font-family:sans-serif;max-width:900px;margin:2em auto}}img{{max-width:100%}}
-figure{{margin:2em 0}}pre{{background:#f4f4f4;padding:1em;overflow-x:auto}}</style></head>
+figure{{margin:2em 0}}pre{{background:#f4f4f4;padding:1em;white-space:pre-wrap;overflow-wrap:anywhere}}
+</style></head>
 <body><h1>Search {html.escape(folder.name)}</h1>
 <p>{len(frame['trial_id'].unique())} trials of {space.experiment.num_samples}; metric {space.experiment.metric}
 ({space.experiment.mode}); space {html.escape(space.source)}.</p>
 <p id="study">{html.escape(journal_note(folder.path))}</p>
-<pre>{html.escape(summary.strip())}</pre>
+<pre id="summary">{html.escape(summary.strip())}</pre>
 {''.join(blocks)}
 <script>
-// for a headless check (and nothing else): how many figures decoded and have a size
+// for a headless check (and nothing else): how many figures decoded and have a size, and
+// whether the summary wraps within the page (no scrolling sideways, in the page or in the block)
 window.addEventListener("load", () => {{
   const shown = [...document.images].filter(i => i.complete && i.naturalWidth > 0).length;
   document.body.dataset.figuresShown = shown;
+  const summary = document.getElementById("summary");
+  document.body.dataset.summaryFits = summary.scrollWidth <= summary.clientWidth
+    && document.documentElement.scrollWidth <= window.innerWidth;
 }});
 </script>
 </body></html>

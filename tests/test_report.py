@@ -60,6 +60,8 @@ def test_report_html_renders_in_headless_chromium(searched, tmp_path):
                          timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert f'data-figures-shown="{len(FIGURES)}"' in dom.stdout, "every figure decoded, with a size"
+    assert max(map(len, outcome.summary.splitlines())) > 120, "a summary wider than the page, to wrap"
+    assert 'data-summary-fits="true"' in dom.stdout, "the summary wraps: no scrolling sideways to read it"
     console_errors = [line for line in dom.stderr.splitlines() if "CONSOLE" in line and "rror" in line]
     assert not console_errors, console_errors
     shot = tmp_path / "report.png"
@@ -119,7 +121,7 @@ def test_the_report_command_writes_it_again(searched):
 
 def legend(figure) -> dict[str, float]:
     """The figure's legend as label -> seconds ("label: 12.3 s")."""
-    texts = [t.get_text().rsplit(": ", 1) for t in figure.axes[0].get_legend().get_texts()]
+    texts = [t.get_text().rsplit(": ", 1) for t in figure.legends[0].get_texts()]
     return {label: float(seconds.removesuffix(" s")) for label, seconds in texts}
 
 
@@ -148,6 +150,21 @@ def test_the_summary_and_the_report_count_slot_time_by_one_rule(searched):
     assert "not in a slot (mean per trial): " in lines[-1] and "queue 1e+03 s" in lines[-1]
 
 
+def test_the_time_figure_holds_its_slot_time_in_its_window(searched):
+    import re
+
+    from search import report
+
+    _, outcome = searched
+    figure = report.time_breakdown(outcome.results, outcome.timing.slots)
+    slots, wall = re.search(r"\((\d+) slot\(s\) x ([\d.]+) s\b", figure.axes[0].get_xlabel()).groups()
+    parts = legend(figure)
+    report.plt.close(figure)
+    # the first actors' start comes before their trials start: it is slot time in the window too
+    rounding = 0.05 * (len(parts) + int(slots))  # each figure shows one decimal
+    assert sum(parts.values()) == pytest.approx(int(slots) * float(wall), abs=rounding), parts
+
+
 def test_the_report_counts_the_slots_the_search_had_not_max_concurrent(searched):
     from search import report, summary
 
@@ -167,3 +184,70 @@ def test_the_report_says_where_the_study_is(searched):
     _, outcome = searched
     page = (Path(outcome.path) / "report.html").read_text()
     assert f"Study: {outcome.path}/{JOURNAL_FILE} (optuna-dashboard {outcome.path}/{JOURNAL_FILE})" in page
+
+
+def clipped_texts(figure) -> list[str]:
+    """Every drawn text (titles, axis and tick labels, legend texts and swatches, notes) that
+    does not lie wholly inside the figure, as 'text: its box in pixels'."""
+    import matplotlib.text
+
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    hidden = set()  # tick labels of ticks outside the view: matplotlib places but does not draw them
+    for axes in figure.axes:
+        for axis, (low, high) in ((axes.xaxis, axes.get_xlim()), (axes.yaxis, axes.get_ylim())):
+            low, high = sorted((low, high))
+            slack = (high - low) * 1e-9
+            for locs, labels in ((axis.get_majorticklocs(), axis.get_majorticklabels()),
+                                 (axis.get_minorticklocs(), axis.get_minorticklabels())):
+                hidden |= {id(label) for loc, label in zip(locs, labels) if not low - slack <= loc <= high + slack}
+    drawn = [(repr(t.get_text()), t) for t in figure.findobj(matplotlib.text.Text)
+             if t.get_visible() and t.get_text().strip() and id(t) not in hidden]
+    for legend in [*figure.legends, *filter(None, (axes.get_legend() for axes in figure.axes))]:
+        drawn += [(f"legend swatch {i}", handle) for i, handle in enumerate(legend.legend_handles)]
+        drawn.append(("the legend's box", legend))
+    inside = figure.bbox.padded(1)  # a pixel of rounding
+    clipped = []
+    for name, artist in drawn:
+        box = artist.get_window_extent(renderer)
+        if not (inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1):
+            clipped.append(f"{name}: {box.bounds}")
+    return clipped
+
+
+def test_no_text_of_any_report_figure_is_clipped_and_drawing_them_warns_nothing(searched):
+    import warnings
+
+    from search import report
+
+    space, outcome = searched
+    results = outcome.results
+    one_trial = results[results["trial_id"] == results["trial_id"].iloc[0]]
+    best_trial = outcome.best["result"]["trial_id"]
+    cases = {"the search": (results, best_trial, outcome.timing.slots),
+             "`python -m search report` (slots not known)": (results, best_trial, None),
+             "no best trial": (results, None, outcome.timing.slots), "one trial": (one_trial, None, 1)}
+    problems = []
+    for case, (frame, best, slots) in cases.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            drawn = report.figures(frame, space, best, slots)
+        problems += [f"{case}: warns {w.category.__name__}: {w.message}" for w in caught]
+        assert set(drawn) == set(FIGURES)
+        problems += [f"{case}: {name}.png cuts {text}" for name, (_, figure) in drawn.items()
+                     for text in clipped_texts(figure)]
+        report.plt.close("all")
+    assert problems == []
+
+
+def test_every_figure_names_the_metric_on_its_axes(searched):
+    from search import report
+
+    space, outcome = searched
+    drawn = report.figures(outcome.results, space, outcome.best["result"]["trial_id"], outcome.timing.slots)
+    labels = {name: [label for axes in figure.axes for label in (axes.get_xlabel(), axes.get_ylabel())]
+              for name, (_, figure) in drawn.items()}
+    report.plt.close("all")
+    assert not [name for name, shown in labels.items() if "Objective Value" in shown], "Optuna's default name"
+    for name in ("history", "parallel", "curves"):
+        assert space.experiment.metric in labels[name], f"{name}.png names {space.experiment.metric}"
