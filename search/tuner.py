@@ -17,6 +17,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
 from search.disk_guard import DiskGuard
 from search.halving import RECORD_FILE as HALVING_RECORD, OrderedHalving, bracket_count
+from search.pbt import make_pbt, population_space
 from search.phases import first_trial_started
 from search.progress import Progress, flush_all
 from search.run_folder import RunFolder
@@ -33,6 +34,8 @@ MLFLOW_DB = "mlflow.db"
 def make_scheduler(space: Space, folder: RunFolder | None = None) -> TrialScheduler:
     """FIFO, or early stopping: reproducible (search/halving.py) unless experiment.reproducible is false."""
     experiment = space.experiment
+    if experiment.scheduler == "pbt":
+        return make_pbt(space)
     if experiment.scheduler not in ("asha", "hyperband"):
         return FIFOScheduler()
     max_t = max_epochs(space.searched, space.trial_defaults().epochs)
@@ -101,12 +104,15 @@ def build_tuner(space: Space, folder: RunFolder, data: Data, trial_function: Cal
         {"cpu": space.resources.cpus, "gpu": gpus})
     if resume:
         return tune.Tuner.restore(folder.path, trainable=trainable, resume_unfinished=True, resume_errored=True)
+    pbt = experiment.scheduler == "pbt"  # Ray's PBT takes no searcher: the population is drawn up front (search/pbt.py)
     return tune.Tuner(
         trainable,
-        param_space=param_space(space),
-        tune_config=tune.TuneConfig(search_alg=make_searcher(space), scheduler=make_scheduler(space, folder),
-                                    num_samples=experiment.num_samples, reuse_actors=True,
-                                    trial_dirname_creator=trial_folder_name),
+        param_space=population_space(space, param_space(space)) if pbt else param_space(space),
+        tune_config=tune.TuneConfig(search_alg=None if pbt else make_searcher(space),
+                                    scheduler=make_scheduler(space, folder),
+                                    num_samples=1 if pbt else experiment.num_samples,
+                                    max_concurrent_trials=experiment.max_concurrent if pbt else None,
+                                    reuse_actors=True, trial_dirname_creator=trial_folder_name),
         run_config=tune.RunConfig(
             name=folder.name,
             storage_path=folder.storage.uri,
