@@ -28,7 +28,6 @@ import os
 import re
 import time
 import uuid
-from typing import Any
 
 import optuna
 import pandas as pd

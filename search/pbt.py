@@ -32,7 +32,7 @@ import functools
 import math
 from typing import Any, Mapping
 
-from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.distributions import CategoricalDistribution, IntDistribution
 from ray import tune
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import PopulationBasedTraining, TrialScheduler
