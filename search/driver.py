@@ -53,9 +53,9 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
         phases.mark("probe")
         tuner = build_tuner(space, folder, data, trainable, gpus=gpu_plan.gpus, resume=resume)
         try:
-            grid = fit(tuner, folder, resume_command(space, folder))
+            grid, ran_to_end = fit(tuner, folder, resume_command(space, folder))
             phases.mark("trials")
-            outcome = finish(grid, folder, space, data, phases, slots, gpu_plan, auto_note)
+            outcome = finish(grid, folder, space, data, phases, slots, gpu_plan, auto_note, ran_to_end=ran_to_end)
         except OSError as error:
             if error.errno != errno.ENOSPC:
                 raise

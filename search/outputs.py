@@ -56,13 +56,15 @@ def trial_id_of(result) -> str:
     return result.path.rstrip("/").rsplit("/", 1)[-1].removeprefix("trial_")
 
 
-def derive(folder: RunFolder, space: Space, grid, notes: list[str]) -> pd.DataFrame:
+def derive(folder: RunFolder, space: Space, grid, notes: list[str], ran_to_end: bool = False) -> pd.DataFrame:
     """results.parquet from Tune's record of every trial, this run's and earlier runs'.
 
     Status comes from the saved experiment state (after Ctrl-C the live trial objects read
     TERMINATED, the saved state RUNNING); a trial that never started has no row. A derived file
     never loses what survives: where a trial's record is gone or shorter than its results part
-    (a damaged run folder), the part's rows stay, and `notes` says so.
+    (a damaged run folder), the part's rows stay, and `notes` says so. When Tune ran to its end
+    (`ran_to_end`), every trial ended: a trial saved as PAUSED is one a scheduler stopped while it
+    waited at a rung (Ray records a stop of a trial without a live actor in memory only).
     """
     rows = []
     schema = results_schema(space)
@@ -71,6 +73,8 @@ def derive(folder: RunFolder, space: Space, grid, notes: list[str]) -> pd.DataFr
     for result in grid:
         trial_id = trial_id_of(result)
         status, config = saved.get(trial_id, ("TERMINATED", None))
+        if ran_to_end and status == "PAUSED":
+            status = "TERMINATED"
         reports = read_record(result.filesystem, result.path)
         if not reports and result.error is None and status == "PENDING":
             continue
@@ -255,11 +259,11 @@ def no_success(frame: pd.DataFrame, metric: str) -> str:
 
 
 def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, slots: int, gpu_plan: GpuPlan,
-           auto_note: str) -> Outcome:
+           auto_note: str, *, ran_to_end: bool = False) -> Outcome:
     """Derive results.parquet, best.yaml (with test accuracy), the report and the summary."""
     experiment = space.experiment
     notes: list[str] = []
-    frame = derive(folder, space, grid, notes)
+    frame = derive(folder, space, grid, notes, ran_to_end)
     sync_journal(folder, space, frame, notes)
     phases.mark("results")
     interrupted = (frame["status"] == INTERRUPTED).any() or frame["trial_id"].nunique() < experiment.num_samples

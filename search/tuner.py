@@ -131,6 +131,7 @@ def build_tuner(space: Space, folder: RunFolder, data: Data, trial_function: Cal
 
 def fit(tuner: tune.Tuner, folder: RunFolder, resume_hint: str):
     """Run the trials; SIGTERM stops them as Ctrl-C does. Every live results part is written on return.
+    Returns the results and whether Tune ran to its end (no stop): then every trial ended.
 
     A stopped search returns as soon as Tune has saved its state (session.quick_stop): the
     results are then Tune's saved record, exactly what fit() would have returned after its wait.
@@ -144,4 +145,4 @@ def fit(tuner: tune.Tuner, folder: RunFolder, resume_hint: str):
                 raise
             grid = tune.ResultGrid(folder.analysis())
     flush_all()  # the live parts first: the end of the search writes every part again, from Tune's record
-    return grid
+    return grid, not stop.stopping

@@ -175,8 +175,11 @@ def test_the_report_counts_the_slots_the_search_had_not_max_concurrent(searched)
     [(_, figure)] = [v for k, v in report.figures(outcome.results, space, None, slots=1).items() if k == "time"]
     assert "(1 slot(s) x" in figure.axes[0].get_xlabel()
     # `python -m search report` does not know them: the most trials that ran at once, said so
+    # (how many overlapped depends on when the actors came up: on a loaded machine one may run them all)
+    at_once = report.most_at_once(report.trial_spans(outcome.results))
+    assert 1 <= at_once <= space.experiment.max_concurrent
     figure = report.time_breakdown(outcome.results, None)
-    assert "(2 slot(s) (the most trials that ran at once) x" in figure.axes[0].get_xlabel()
+    assert f"({at_once} slot(s) (the most trials that ran at once) x" in figure.axes[0].get_xlabel()
     report.plt.close("all")
 
 

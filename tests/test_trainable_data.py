@@ -410,7 +410,9 @@ def test_parts_of_the_wrong_form_are_config_errors(user_file, tmp_path):
 def test_a_bare_tensor_part_is_a_config_error(user_file, tmp_path):
     with pytest.raises(ConfigError) as caught:
         user_data(user_file("bare_tensor"), tmp_path)
-    assert caught.value.problems[0].startswith("data.dataset: its train part")
+    (message,) = caught.value.problems
+    assert message.startswith("data.dataset: a dataset function must return (train, val) or (train, val, test)")
+    assert "its train part is Tensor(60, 2)" in message
 
 
 def test_float_labels_of_a_dataset_are_a_config_error(user_file, tmp_path):
