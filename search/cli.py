@@ -172,9 +172,6 @@ def check_main(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from search import phases
-
-    phases.begin_command()  # the summary's wall time is the command's, from the process's start
     argv = sys.argv[1:] if argv is None else list(argv)
     commands = {"report": report_main, "check": check_main, "export": export_main}
     if argv[:1] and argv[0] in commands:
@@ -235,6 +232,9 @@ def run() -> None:
     state, after everything is written; a stopped search must end in seconds. So the exit
     handlers run and the process ends here.
     """
+    from search import phases
+
+    phases.begin_command()  # the summary's wall time is the command's, from the process's start
     code = main()
     left = [t.name for t in threading.enumerate()
             if t is not threading.main_thread() and t.is_alive() and not t.daemon]

@@ -56,13 +56,14 @@ class Phases:
     """The seconds of each phase so far; `mark(name)` ends phase `name` now."""
 
     def __init__(self) -> None:
+        global _command_started, _current
         self.called = time.time()  #: run_search's call: this run's epochs are those that ended after it
         self.started = min(_command_started or self.called, self.called)
         self.seconds: dict[str, float] = {}
         self._last = self.started
         if _command_started is not None:
             self.mark("imports")
-        global _current
+        _command_started = None  # one command, one search; a later run_search in this process counts from its call
         _current = self
 
     def mark(self, name: str) -> None:
