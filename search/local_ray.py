@@ -41,13 +41,6 @@ def checks_passed() -> None:
         begin()
 
 
-class _NotMainThread(logging.Filter):
-    """Ray warns that it sets no SIGTERM handler off the main thread: the CLI sets its own."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "SIGTERM handler is not set" not in record.getMessage()
-
-
 def begin() -> None:
     """Start `ray.init(address="local")` on a thread (once until taken or abandoned)."""
     global _current
@@ -58,7 +51,10 @@ def begin() -> None:
     def run() -> None:
         import ray
 
-        logging.getLogger("ray._private.worker").addFilter(_NotMainThread())
+        from search.session import DropMessages
+
+        # Ray warns that it sets no SIGTERM handler off the main thread: the CLI sets its own
+        logging.getLogger("ray._private.worker").addFilter(DropMessages("SIGTERM handler is not set"))
         try:
             ray.init(address="local", include_dashboard=False, log_to_driver=False)
         except BaseException as error:  # raised again in the thread that takes the instance over

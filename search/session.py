@@ -26,7 +26,7 @@ from search import local_ray
 from trainable.errors import ConfigError, problem
 
 
-class _Drop(logging.Filter):
+class DropMessages(logging.Filter):
     """Drops a logger's records that contain one of `texts`."""
 
     def __init__(self, *texts: str):
@@ -71,9 +71,9 @@ def quiet(verbose: bool = False) -> None:
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     logging.getLogger("ray.tune").setLevel(logging.WARNING)
     logging.getLogger("ray._private.worker").setLevel(logging.WARNING)
-    logging.getLogger("ray.tune.tune").addFilter(_Drop("Tuner.restore("))
+    logging.getLogger("ray.tune.tune").addFilter(DropMessages("Tuner.restore("))
     logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
-        _Drop("Token authentication is enabled for this Ray cluster"))
+        DropMessages("Token authentication is enabled for this Ray cluster"))
     warnings.filterwarnings("once", append=True)  # after every filter set (-W, ignores): only the default changes
     for handler in logging.getLogger("ray").handlers:
         if not any(isinstance(f, _Once) for f in handler.filters):
