@@ -274,10 +274,11 @@ def to_raw(space: Space) -> dict[str, Any]:
     }
 
 
-def example_config(space: Space) -> TrialConfig:
+def example_config(space: Space) -> TrialConfig | FunctionConfig:
     """A trial config the search could produce: fixed fields plus each searched field's first value
     (a range's low end, of the type the distribution draws).
 
     Used to try the model once before Ray starts.
     """
-    return TrialConfig.from_mapping({**space.fixed, **{d.name: d.example() for d in space.searched}})
+    values = {**space.fixed, **{d.name: d.example() for d in space.searched}}
+    return FunctionConfig(space.trainable, values) if space.trainable else TrialConfig.from_mapping(values)
