@@ -201,6 +201,10 @@ def prepare(space: Space, storage: Storage, name: str | None, resume: bool,
         folder.check_no_links("--resume")
         space, run = spec_for_resume(space, folder)
     data = check_search(space)
+    if not resume:  # a refused warm start fails here, before the run folder is claimed
+        from search.warm_start import read as read_warm_start
+
+        read_warm_start(space)
     if resume:
         check_same_data(run, data, folder)
         folder.check_record()
