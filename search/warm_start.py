@@ -107,7 +107,7 @@ class WarmStart:
         """The summary's line."""
         out = sum(self.left_out.values())
         why = ", ".join(f"{n} {reason}" for reason, n in sorted(self.left_out.items(), key=lambda kv: -kv[1]))
-        return (f"warm start: {len(self.trials)} trials from {self.source} told to the study before trial 0 "
+        return (f"warm start: {len(self.trials)} trial(s) from {self.source} told to the study before trial 0 "
                 f"(study {self.run}; earlier trial numbers in user attribute {NUMBER}); "
                 f"{out} left out" + (f": {why}" if out else ""))
 
