@@ -37,6 +37,7 @@ SHORTHANDS = {
     "gpus_per_trial": "resources.gpus",
     "data_root": "data.root",
     "connect_timeout": "experiment.connect_timeout",
+    "warm_start": "experiment.warm_start",
 }
 
 

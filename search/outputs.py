@@ -308,6 +308,9 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
                             f"({experiment.trial_timeout:g} s) ends so (trainable/watchdog.py), as does a crash")
     summary += "".join(f"\nnote: {note}" for note in notes)
     summary += "\n" + search_notes(space, folder, timing)
+    from search.warm_start import summary_line as warm_start_line
+
+    summary += warm_start_line(folder)  # which trials the study was told before trial 0, and from where
     if interrupted:  # a stop must end in seconds (SIGTERM, then SIGKILL); the figures take seconds more
         summary += (f"\nReport: not remade for a stopped search (the search's end makes it); "
                     f"now: python -m search report {folder.path}\n{journal_note(folder.path)}")

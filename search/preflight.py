@@ -29,6 +29,7 @@ from search.run_folder import RunFolder
 from search.schema import is_run_name
 from search.space import Space, example_config, to_raw
 from search.storage import Storage, check_storage, is_uri
+from search.warm_start import read as read_warm_start
 from trainable.config import keyword_of, schedule_note
 from trainable.data import Data, load_data
 from trainable.errors import ConfigError, problem
@@ -208,6 +209,8 @@ def prepare(space: Space, storage: Storage, name: str | None, resume: bool,
         folder.check_no_links("--resume")
         space, run = spec_for_resume(space, folder)
     data = check_search(space)
+    if not resume:  # a refused warm start fails here, before the run folder is claimed
+        read_warm_start(space)
     if resume:
         check_same_data(run, data, folder)
         folder.check_record()
@@ -246,6 +249,7 @@ def check_space(space: Space, *, address: str | None = None) -> str:
     check_storage(storage)
     check_storage_outlives_ray(storage)
     data = check_search(space)
+    read_warm_start(space)  # the earlier run: readable, with this search's metric and mode
     if address is None and "RAY_ADDRESS" not in os.environ:  # a cluster's capacity is checked when joined
         check_local_capacity(space)
     if data is None:

@@ -128,6 +128,12 @@ class Experiment(Section):
     # a YAML list arrives as a list: the tuple is the frozen form
     loggers: Annotated[tuple[Logger, ...], Field(strict=False), rule(f"must be a list of {', '.join(LOGGERS)}")] \
         = ("tensorboard",)  #: trackers: tensorboard (always written), mlflow, wandb (offline)
+    enqueue: Annotated[tuple[dict[str, Any], ...], Field(strict=False),
+                       rule("must be a list of mappings of searched keys to values")] = ()
+    #: partial configs run first, as trials 0..k-1; their values are checked in search/warm_start.py
+    warm_start: Annotated[str | None, rule("must be null or an earlier run folder (runs/<name>, or a URI)",
+                                           lambda v: v is None or v != "")] = None
+    #: an earlier run whose finished trials the new study is told before trial 0 (search/warm_start.py)
 
 
 class Resources(Section):

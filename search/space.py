@@ -171,6 +171,10 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
                                     f"({experiment.grace_period}) for a reproducible {experiment.scheduler}: a trial "
                                     "that waits at a rung resumes from that rung's checkpoint",
                                     experiment.checkpoint_every))
+    if not problems:  # experiment.enqueue's values, against the distributions just parsed
+        from search.warm_start import enqueue_problems
+
+        problems += enqueue_problems(experiment.enqueue, searched, experiment.num_samples)
     if not problems and not searched:
         problems.append(problem("space", "must search at least one field (e.g. lr: {distribution: float, "
                                          "low: 0.01, high: 0.3, log: true})", raw.get("space")))

@@ -105,7 +105,7 @@ def build_tuner(space: Space, folder: RunFolder, data: Data | None, trial_functi
     return tune.Tuner(
         trainable,
         param_space=param_space(space),
-        tune_config=tune.TuneConfig(search_alg=make_searcher(space), scheduler=make_scheduler(space, folder),
+        tune_config=tune.TuneConfig(search_alg=make_searcher(space, folder), scheduler=make_scheduler(space, folder),
                                     num_samples=experiment.num_samples, reuse_actors=True,
                                     trial_dirname_creator=trial_folder_name),
         run_config=tune.RunConfig(
