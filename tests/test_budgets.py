@@ -83,3 +83,27 @@ def test_time_budget_ends_the_search_with_a_prefix_of_its_trials(tmp_path, data_
     drawn = offline_configs(space, frame, len(numbers))
     for _, row in trials.sort_values("trial_number").iterrows():
         assert {k: row[k] for k in searched} == {k: drawn[int(row["trial_number"])][k] for k in searched}
+
+    # `runs` calls it ended by budget; a resume with one more trial and no budget runs trial k, then finishes
+    from search.runs import read_run
+
+    folder = RunFolder(Storage.at(str(tmp_path)), "budget")
+    assert read_run(folder).state == "ended by budget"
+    more = small_space(tmp_path, data_root, experiment={"num_samples": len(numbers) + 1},
+                       data={"train_size": 300, "val_size": 100}, training={"epochs": 3})
+    resumed = run_search(more, name="budget", resume=True)
+    assert not resumed.interrupted and "Ended:" not in resumed.summary
+    assert sorted(resumed.results.drop_duplicates("trial_id")["trial_number"]) == list(range(len(numbers) + 1))
+    stored, run = folder.read_spec()
+    assert stored.experiment.num_samples == len(numbers) + 1 and stored.experiment.time_budget is None
+    assert run["resumed_with"][0]["experiment.num_samples"] == len(numbers) + 1
+    assert read_run(folder).state == "finished"
+
+
+def test_a_resume_may_change_only_the_budget_keys(tmp_path):
+    from search.cli import main
+
+    space = tmp_path / "space.yaml"
+    space.write_text("experiment: {name: x}\n")
+    assert main(["--space", str(space), "--resume", "--set", "experiment.seed=3", "--epochs", "2"]) == 2
+    assert main(["--space", str(space), "--more-trials", "5"]) == 2
