@@ -64,6 +64,7 @@ class BudgetedSearch(SearchGenerator):
         self.ended: dict[str, Any] | None = None
 
     def next_trial(self):
+        LIVE[self.folder.path] = self  # the one Tune asks, for BudgetStop (see there)
         if self.started is None:
             self.started = time.monotonic()
         self.observe()
@@ -103,14 +104,20 @@ class BudgetedSearch(SearchGenerator):
         self.folder.storage.write(f"{self.folder.name}/{ENDED_FILE}", json.dumps({"ended_by": None}).encode())
 
 
+# run folder path -> the BudgetedSearch that Tune asks in this process. A resumed Tuner brings back
+# its stopper and its search algorithm as separate copies, so the stopper looks the search up here
+LIVE: dict[str, BudgetedSearch] = {}
+
+
 class BudgetStop(tune.Stopper):
     """Stops each running trial at its next report once the search has ended (BudgetedSearch)."""
 
-    def __init__(self, search: BudgetedSearch):
-        self.search = search
+    def __init__(self, folder: RunFolder):
+        self.path = folder.path
 
     def __call__(self, trial_id: str, result: dict) -> bool:
-        return self.search.observe(result)
+        search = LIVE.get(self.path)
+        return search is not None and search.observe(result)
 
     def stop_all(self) -> bool:
         return False  # running trials end at their epoch end, not mid-epoch
@@ -119,7 +126,7 @@ class BudgetStop(tune.Stopper):
 def budgeted(searcher: Searcher, folder: RunFolder, space: Space) -> tuple[BudgetedSearch, BudgetStop]:
     """The search algorithm and the stopper of a search (a resume may add a budget, so always both)."""
     search = BudgetedSearch(searcher, folder, space.experiment)
-    return search, BudgetStop(search)
+    return search, BudgetStop(folder)
 
 
 def read_ended(folder: RunFolder) -> dict[str, Any] | None:

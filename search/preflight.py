@@ -325,7 +325,7 @@ def finished_run(space: Space, folder: RunFolder, phases: Phases):
     summary = (f"Search {folder.name} is finished: all {frame['trial_id'].nunique()} of experiment.num_samples "
                f"{space.experiment.num_samples} trials ended "
                f"({', '.join(f'{n} {s.lower()}' for s, n in sorted(counts.items()))}); --resume has nothing to "
-               f"run (Ray was not started). More trials need a new run.\n"
+               f"run (Ray was not started). More trials: --resume --more-trials N.\n"
                f"Best: trial #{result['trial_number']} ({result['trial_id']}), epoch {result['epoch']}, "
                f"{metric} {result[metric]:.4f}: {folder.storage.join(folder.name, BEST_FILE)}\n"
                f"Results: {folder.path}/{RESULTS_FILE}; report: {folder.path}/report.html "

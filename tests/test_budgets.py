@@ -93,6 +93,8 @@ def test_time_budget_ends_the_search_with_a_prefix_of_its_trials(tmp_path, data_
                        data={"train_size": 300, "val_size": 100}, training={"epochs": 3})
     resumed = run_search(more, name="budget", resume=True)
     assert not resumed.interrupted and "Ended:" not in resumed.summary
+    last = resumed.results[resumed.results["trial_number"] == len(numbers)]
+    assert list(last["epoch"]) == [1, 2, 3] and set(last["status"]) == {"COMPLETED"}  # no budget now
     assert sorted(resumed.results.drop_duplicates("trial_id")["trial_number"]) == list(range(len(numbers) + 1))
     stored, run = folder.read_spec()
     assert stored.experiment.num_samples == len(numbers) + 1 and stored.experiment.time_budget is None
