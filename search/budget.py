@@ -20,10 +20,10 @@ and `python -m search runs` read it.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
+import yaml
 from ray import tune
 from ray.tune.search import SearchGenerator, Searcher
 
@@ -31,7 +31,9 @@ from search.run_folder import RunFolder
 from search.schema import budget_seconds
 from search.space import Space
 
-ENDED_FILE = "ended.json"
+# not .json: a resume copies the run folder's .json and .pkl files into Tune's staging folder, and
+# Tune's later uploads of that folder would bring an old copy back over a newer one
+ENDED_FILE = "ended.yaml"
 #: the keys a --resume may change (--set, --more-trials, --num-samples); where the run is may change too
 RESUME_KEYS = ("experiment.time_budget", "experiment.stop_when", "experiment.num_samples")
 LOCATION_KEYS = ("experiment.storage_path", "experiment.name", "data.root")
@@ -88,7 +90,7 @@ class BudgetedSearch(SearchGenerator):
         self.ended = {**why, "trials_started": self._counter, "num_samples": self._total_samples,
                       "at": time.strftime("%Y-%m-%d %H:%M:%S")}
         self._finished = True  # Tune starts no new trial and ends when the running ones have stopped
-        self.folder.storage.write(f"{self.folder.name}/{ENDED_FILE}", json.dumps(self.ended, indent=1).encode())
+        self.folder.storage.write(f"{self.folder.name}/{ENDED_FILE}", yaml.safe_dump(self.ended, sort_keys=False).encode())
 
     def get_state(self) -> dict:
         return {**super().get_state(), "ended": self.ended}
@@ -101,7 +103,7 @@ class BudgetedSearch(SearchGenerator):
         self._apply(space.experiment)
         self._total_samples = space.experiment.num_samples
         self._finished = False
-        self.folder.storage.write(f"{self.folder.name}/{ENDED_FILE}", json.dumps({"ended_by": None}).encode())
+        self.folder.storage.write(f"{self.folder.name}/{ENDED_FILE}", yaml.safe_dump({"ended_by": None}).encode())
 
 
 # run folder path -> the BudgetedSearch that Tune asks in this process. A resumed Tuner brings back
@@ -133,8 +135,8 @@ def read_ended(folder: RunFolder) -> dict[str, Any] | None:
     """ENDED_FILE's record when a budget or a target ended the run's last search, else None."""
     data = folder.storage.read(f"{folder.name}/{ENDED_FILE}")
     try:
-        ended = json.loads(data) if data else None
-    except ValueError:
+        ended = yaml.safe_load(data) if data else None
+    except yaml.YAMLError:
         return None
     return ended if isinstance(ended, dict) and ended.get("ended_by") else None
 

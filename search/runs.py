@@ -1,12 +1,12 @@
 """The runs at hand: `python -m search runs` lists a storage's runs, `python -m search compare A B` sets two side by side.
 
 Each run is read from its own folder, never from Tune's state (that takes seconds a run): spec.yaml
-(what it searches), results.parquet (its trials), best.yaml, ended.json (search/budget.py) and
+(what it searches), results.parquet (its trials), best.yaml, ended.yaml (search/budget.py) and
 its lock (search/run_folder.py: held while a process searches it). A run's state:
 
 - running: its lock is held;
 - finished: every one of experiment.num_samples trials ended;
-- ended by budget: a time_budget or stop_when ended it (ended.json), exit 0;
+- ended by budget: a time_budget or stop_when ended it (ended.yaml), exit 0;
 - failed: trials ran, and none outside ERROR scored;
 - interrupted: anything else (stopped, killed, or never got a trial through); --resume continues it.
 """

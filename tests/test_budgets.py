@@ -3,6 +3,8 @@ that ran are the first trials of the same search without a budget."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from search.budget import ended_note, reached
@@ -109,3 +111,46 @@ def test_a_resume_may_change_only_the_budget_keys(tmp_path):
     space.write_text("experiment: {name: x}\n")
     assert main(["--space", str(space), "--resume", "--set", "experiment.seed=3", "--epochs", "2"]) == 2
     assert main(["--space", str(space), "--more-trials", "5"]) == 2
+
+
+def test_more_trials_adds_to_the_stored_num_samples(tmp_path, data_root):
+    from search.cli import parse_args, resume_assignments
+    from search.run_folder import RunFolder
+    from search.storage import Storage
+
+    folder = RunFolder(Storage.at(str(tmp_path)), "seven")
+    folder.claim()
+    folder.write_spec(small_space(tmp_path, data_root, experiment={"num_samples": 7}))
+    mnist = str(Path(__file__).resolve().parents[1] / "spaces" / "mnist.yaml")
+    args = parse_args(["--space", mnist, "--resume", "--name", "seven", "--storage-path", str(tmp_path),
+                       "--more-trials", "5"])
+    assert ("experiment.num_samples", 12) in resume_assignments(args)  # the space file says 16
+
+
+def test_a_target_or_a_spent_budget_ends_the_search_and_stops_running_trials(tmp_path, data_root):
+    import time
+
+    from search.budget import BudgetStop, budgeted, read_ended
+    from search.run_folder import RunFolder
+    from search.searcher import make_searcher
+    from search.storage import Storage
+
+    space = small_space(tmp_path, data_root, experiment={"stop_when": {"val_loss": 0.2}, "time_budget": "1h"})
+    folder = RunFolder(Storage.at(str(tmp_path)), "target")
+    folder.claim()
+    search, stop = budgeted(make_searcher(space), folder, space)
+    search.next_trial()  # the first ask starts the clock
+    assert not stop("t0", {"val_loss": 0.25, "epoch": 1, "config": {"trial_number": 0}})
+    assert stop("t1", {"val_loss": 0.19, "epoch": 2, "config": {"trial_number": 1}})
+    assert stop("t0", {"val_loss": 0.3, "epoch": 2, "config": {"trial_number": 0}})  # at its next epoch end
+    assert search.is_finished() and search.next_trial() is None
+    ended = read_ended(folder)
+    assert (ended["ended_by"], ended["trial_number"], ended["epoch"], ended["value"]) == ("stop_when", 1, 2, 0.19)
+
+    spent = RunFolder(Storage.at(str(tmp_path)), "spent")
+    spent.claim()
+    search, stop = budgeted(make_searcher(space), spent, space)
+    search.next_trial()
+    search.started -= 3601  # an hour and a second ago
+    assert stop("t0", {"val_loss": 0.5, "epoch": 1}) and read_ended(spent)["ended_by"] == "time_budget"
+    assert BudgetStop(spent).stop_all() is False  # running trials end at their epoch end, not at once

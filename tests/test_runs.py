@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from search.results import results_schema
 from search.run_folder import RunFolder
 from search.runs import compare, list_runs, read_run
@@ -31,7 +29,7 @@ def test_runs_says_each_runs_state(tmp_path, data_root, capsys):
     make_run(storage, space, "stopped", ["COMPLETED", "INTERRUPTED"])
     make_run(storage, space, "crashed", ["ERROR"] * 4)
     ended = make_run(storage, space, "budget", ["COMPLETED", "STOPPED"])
-    storage.write("budget/ended.json", json.dumps({"ended_by": "time_budget", "time_budget": 5.0}).encode())
+    storage.write("budget/ended.yaml", b"ended_by: time_budget\ntime_budget: 5.0\n")
     live = make_run(storage, space, "live", ["COMPLETED"])
     with live.held("--name"):
         states = {run.name: (run.state, run.done, run.total) for run in list_runs(storage)}
