@@ -16,6 +16,7 @@ import pandas as pd
 import pyarrow.fs as pafs
 import yaml
 
+from search.budget import ended_note, read_ended
 from search.capacity import GpuPlan
 from search.results import ERROR, INTERRUPTED, LOST, RECORD_FILE, config_from_row, ranked, read_record, results_schema, to_frame, trial_rows
 from search.run_folder import RunFolder
@@ -271,7 +272,9 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
     frame = derive(folder, space, grid, notes, ran_to_end)
     sync_journal(folder, space, frame, notes)
     phases.mark("results")
-    interrupted = (frame["status"] == INTERRUPTED).any() or frame["trial_id"].nunique() < experiment.num_samples
+    ended = read_ended(folder) if ran_to_end else None  # a time_budget or stop_when ended it: done, exit 0
+    interrupted = (frame["status"] == INTERRUPTED).any() or (
+        frame["trial_id"].nunique() < experiment.num_samples and ended is None)
     this_run = frame[frame["finished_at"] >= phases.called]
     timing = Timing(phases.wall_seconds, float(this_run["epoch_seconds"].sum()), slots)
 
@@ -307,6 +310,8 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
                 summary += (f"\n      its process ended: a trial blocked outside Python past experiment.trial_timeout "
                             f"({experiment.trial_timeout:g} s) ends so (trainable/watchdog.py), as does a crash")
     summary += "".join(f"\nnote: {note}" for note in notes)
+    if ended:
+        summary += f"\nEnded: {ended_note(ended, frame['trial_id'].nunique())}"
     summary += "\n" + search_notes(space, folder, timing)
     from search.warm_start import summary_line as warm_start_line
 

@@ -25,7 +25,8 @@ import yaml
 from search import local_ray
 from search.capacity import CapacityError, trials_fit
 from search.phases import Phases
-from search.run_folder import RunFolder
+from search.budget import resume_changes
+from search.run_folder import RUN_SECTION, SPEC_FILE, RunFolder, spec_hash
 from search.schema import is_run_name
 from search.space import Space, example_config, to_raw
 from search.storage import Storage, check_storage, is_uri
@@ -189,11 +190,29 @@ def spec_for_resume(space: Space, folder: RunFolder) -> tuple[Space, dict[str, A
                                                "Resume it where it was started", folder.path)])
     if space.data_root is not None and space.data_root != stored.data_root:
         stored = replace(stored, data_root=space.data_root)  # where the files are, not what they are
+    changes = resume_changes(space, stored)  # time_budget, stop_when, num_samples (search/budget.py)
+    if changes:
+        stored = replace(stored, experiment=stored.experiment.model_copy(update=changes))
+        run = record_changes(folder, stored, run, changes)
     changed = differing_keys(to_raw(space), to_raw(stored), ignore=("experiment.name", "data.root"))
     if changed:
         print(f"note: {space.source} differs from the stored spec of this run in {', '.join(changed)}; "
               f"--resume runs the stored spec ({folder.path}/spec.yaml)", file=sys.stderr, flush=True)
     return stored, run
+
+
+def record_changes(folder: RunFolder, stored: Space, run: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """spec.yaml with a resume's changes: the new values, their history in the run section, a new hash."""
+    run = {**run, "spec_sha256": spec_hash(stored),
+           "resumed_with": [*run.get("resumed_with", []), {"at": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                                           **{f"experiment.{k}": v for k, v in changes.items()}}]}
+    header = (f"# The resolved spec of search {folder.name}: {stored.source} after defaults and flags, and the\n"
+              f"# changes of its resumes (run.resumed_with). --resume runs this file, not the space file. Do not edit.\n")
+    text = yaml.safe_dump({RUN_SECTION: run, **to_raw(stored)}, sort_keys=False)
+    folder.storage.write(f"{folder.name}/{SPEC_FILE}", (header + text).encode())
+    print(f"note: --resume changes {', '.join(f'experiment.{k} to {v}' for k, v in changes.items())} "
+          f"(recorded in {folder.path}/{SPEC_FILE})", file=sys.stderr, flush=True)
+    return run
 
 
 def prepare(space: Space, storage: Storage, name: str | None, resume: bool,
@@ -320,7 +339,7 @@ def finished_run(space: Space, folder: RunFolder, phases: Phases):
     summary = (f"Search {folder.name} is finished: all {frame['trial_id'].nunique()} of experiment.num_samples "
                f"{space.experiment.num_samples} trials ended "
                f"({', '.join(f'{n} {s.lower()}' for s, n in sorted(counts.items()))}); --resume has nothing to "
-               f"run (Ray was not started). More trials need a new run.\n"
+               f"run (Ray was not started). More trials: --resume --more-trials N.\n"
                f"Best: trial #{result['trial_number']} ({result['trial_id']}), epoch {result['epoch']}, "
                f"{metric} {result[metric]:.4f}: {folder.storage.join(folder.name, BEST_FILE)}\n"
                f"Results: {folder.path}/{RESULTS_FILE}; report: {folder.path}/report.html "

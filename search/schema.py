@@ -67,6 +67,24 @@ def _finite(v: float) -> bool:
     return math.isfinite(v)
 
 
+DURATION = re.compile(r"\s*(\d+(?:\.\d*)?)\s*([smh]?)\s*")
+SECONDS_PER = {"": 1, "s": 1, "m": 60, "h": 3600}
+
+
+def budget_seconds(value: Any) -> float | None:
+    """experiment.time_budget in seconds: a number, or `90s`, `30m`, `2h`; None if it is neither or
+    not in (0, 10 years]."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str) and (match := DURATION.fullmatch(value)):
+        seconds = float(match[1]) * SECONDS_PER[match[2]]
+    else:
+        return None
+    return seconds if _finite(seconds) and 0 < seconds <= 10 * 365 * 86400 else None
+
+
 Mode = Literal["max", "min"]
 Sampler = Literal["tpe", "random", "qmc", "cmaes", "gp"]  # search/ordered.py builds them
 Scheduler = Literal["fifo", "asha", "hyperband"]
@@ -125,6 +143,15 @@ class Experiment(Section):
     connect_timeout: Annotated[float, rule("must be a number of seconds in (0, 86400]",
                                            lambda v: _finite(v) and 0 < v <= 86_400)] = 60.0
     #: seconds to wait for the cluster at --address before giving up
+    time_budget: Annotated[float | str | None, rule(
+        "must be null (no limit), a number of seconds or a duration like 90s, 30m, 2h, in (0, 10 years]",
+        lambda v: v is None or budget_seconds(v) is not None)] = None
+    #: once spent (from the search's start), no new trial starts; running ones stop at their next epoch end
+    stop_when: Annotated[dict[str, float] | None, Field(strict=False), rule(
+        f"must be null or a mapping of a reported metric ({', '.join(METRICS)}) to a finite target, "
+        "e.g. {val_acc: 0.99}", lambda v: v is None or (len(v) > 0 and all(
+            k in METRICS and isinstance(t, (int, float)) and _finite(t) for k, t in v.items())))] = None
+    #: the search ends as with time_budget once a trial reaches a target (acc: at or above; loss: at or below)
     # a YAML list arrives as a list: the tuple is the frozen form
     loggers: Annotated[tuple[Logger, ...], Field(strict=False), rule(f"must be a list of {', '.join(LOGGERS)}")] \
         = ("tensorboard",)  #: trackers: tensorboard (always written), mlflow, wandb (offline)

@@ -15,6 +15,7 @@ from typing import Any, Callable
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
+from search.budget import budgeted
 from search.disk_guard import DiskGuard
 from search.halving import RECORD_FILE as HALVING_RECORD, OrderedHalving, bracket_count
 from search.phases import first_trial_started
@@ -100,17 +101,19 @@ def build_tuner(space: Space, folder: RunFolder, data: Data | None, trial_functi
         tune.with_parameters(run_trial, data=DataHandle.put(None if data is None else data.for_trials()), trial_function=trial_function,
                              checkpoint_every=experiment.checkpoint_every, trial_timeout=experiment.trial_timeout),
         {"cpu": space.resources.cpus, "gpu": gpus})
-    if resume:
+    if resume:  # the searcher and the stopper come back from Tune's record (search/budget.py)
         return tune.Tuner.restore(folder.path, trainable=trainable, resume_unfinished=True, resume_errored=True)
+    search, stop = budgeted(make_searcher(space, folder), folder, space)  # time_budget, stop_when
     return tune.Tuner(
         trainable,
         param_space=param_space(space),
-        tune_config=tune.TuneConfig(search_alg=make_searcher(space, folder), scheduler=make_scheduler(space, folder),
+        tune_config=tune.TuneConfig(search_alg=search, scheduler=make_scheduler(space, folder),
                                     num_samples=experiment.num_samples, reuse_actors=True,
                                     trial_dirname_creator=trial_folder_name),
         run_config=tune.RunConfig(
             name=folder.name,
             storage_path=folder.storage.uri,
+            stop=stop,
             # num_to_keep keeps the best by metric and always the latest; a driver killed after
             # Tune deleted a checkpoint its last snapshot names resumes that trial from an
             # earlier one that reads, or from the start (adapter.newest_readable_state)
