@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from search.schema import DataRoot, Experiment, Resources, Searched, field_value, parse_searched, validated
-from trainable.config import (FACTORY_KEY, FIELDS, MODEL, MOVED, TrialConfig, absolute_reference,
+from trainable.config import (FACTORY_KEY, FIELDS, MODEL, MOVED, MUTABLE, TrialConfig, absolute_reference,
                               cross_field_problems, fields_in, keyword_of, model_key, plain, searchable, section)
 from trainable.errors import ConfigError, problem
 
@@ -106,6 +106,28 @@ def _space_key_problem(key: Any, value: Any, fixed: Mapping[str, Any]) -> str | 
     return None
 
 
+def pbt_problems(experiment: Experiment, searched: tuple[Searched, ...], epochs: int) -> list[str]:
+    """What scheduler pbt needs: a searched key it can change mid-run, epochs it can perturb between,
+    and a checkpoint at every perturbation (a copied trial continues from it)."""
+    problems = []
+    names = {d.name for d in searched}
+    if not names & set(MUTABLE):
+        problems.append(problem("space", f"must search at least one of {', '.join(MUTABLE)} for scheduler pbt "
+                                         "(the values it changes between epochs)", sorted(names)))
+    if "epochs" in names:
+        problems.append(problem("space.epochs", "cannot be searched with scheduler pbt: the population trains "
+                                                "in step, every trial the same epochs", "searched"))
+    elif experiment.perturbation_interval >= epochs:
+        problems.append(problem("experiment.perturbation_interval", f"must be < the epochs a trial runs ({epochs}) "
+                                "for pbt: no perturbation happens at or after the last epoch",
+                                experiment.perturbation_interval))
+    if experiment.perturbation_interval % experiment.checkpoint_every:
+        problems.append(problem("experiment.checkpoint_every", f"must divide perturbation_interval "
+                                f"({experiment.perturbation_interval}) for pbt: a copied trial continues from "
+                                "that epoch's checkpoint", experiment.checkpoint_every))
+    return problems
+
+
 def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
     """Validate a whole space mapping; raise one ConfigError listing every problem."""
     problems: list[str] = []
@@ -160,6 +182,8 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
                                     f"({experiment.grace_period}) for a reproducible {experiment.scheduler}: a trial "
                                     "that waits at a rung resumes from that rung's checkpoint",
                                     experiment.checkpoint_every))
+    if not problems and experiment.scheduler == "pbt":
+        problems += pbt_problems(experiment, tuple(searched), TrialConfig.from_mapping(fixed).epochs)
     if not problems and not searched:
         problems.append(problem("space", "must search at least one field (e.g. lr: {distribution: float, "
                                          "low: 0.01, high: 0.3, log: true})", raw.get("space")))
