@@ -121,6 +121,10 @@ def pbt_problems(experiment: Experiment, searched: tuple[Searched, ...], epochs:
         problems.append(problem("experiment.perturbation_interval", f"must be < the epochs a trial runs ({epochs}) "
                                 "for pbt: no perturbation happens at or after the last epoch",
                                 experiment.perturbation_interval))
+    if "num_to_keep" in experiment.model_fields_set and experiment.num_to_keep is not None:
+        problems.append(problem("experiment.num_to_keep", "must be null (keep all) for pbt: a trial that copies "
+                                "another restores a checkpoint the other may since have replaced (Ray warns of "
+                                "the same)", experiment.num_to_keep))
     if experiment.perturbation_interval % experiment.checkpoint_every:
         problems.append(problem("experiment.checkpoint_every", f"must divide perturbation_interval "
                                 f"({experiment.perturbation_interval}) for pbt: a copied trial continues from "
@@ -184,6 +188,8 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
                                     experiment.checkpoint_every))
     if not problems and experiment.scheduler == "pbt":
         problems += pbt_problems(experiment, tuple(searched), TrialConfig.from_mapping(fixed).epochs)
+        # every checkpoint kept: an exploit restores one the copied trial has moved past
+        experiment = experiment.model_copy(update={"num_to_keep": None})
     if not problems and not searched:
         problems.append(problem("space", "must search at least one field (e.g. lr: {distribution: float, "
                                          "low: 0.01, high: 0.3, log: true})", raw.get("space")))

@@ -92,6 +92,7 @@ def test_perturbed_values_stay_in_the_searched_range():
      "experiment.perturbation_interval: must be < the epochs a trial runs (4) for pbt"),
     ({"experiment": {"checkpoint_every": 2}}, "experiment.checkpoint_every: must divide perturbation_interval (1)"),
     ({"experiment": {"quantile_fraction": 0.6}}, "experiment.quantile_fraction: must be a number in (0, 0.5]"),
+    ({"experiment": {"num_to_keep": 1}}, "experiment.num_to_keep: must be null (keep all) for pbt"),
 ])
 def test_a_pbt_space_that_cannot_work_is_refused_before_the_search(tmp_path, data_root, sections, expected):
     experiment = {"scheduler": "pbt", **sections.get("experiment", {})}
@@ -126,3 +127,9 @@ def test_pbt_changes_lr_within_trials_and_best_yaml_replays_the_best_trial(ray_l
     printed = capsys.readouterr().out
     line = re.search(rf"Epoch \[\s*{best['result']['epoch']}/4\].*", printed).group(0)
     assert f"val_acc {best['result']['val_acc']:.4f}" in line, (line, best)
+
+
+def test_pbt_keeps_every_checkpoint_unless_told_otherwise(tmp_path, data_root):
+    space = small_space(tmp_path, data_root, experiment={"scheduler": "pbt"}, training={"epochs": 4},
+                        space={"lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3}})
+    assert space.experiment.num_to_keep is None
