@@ -25,6 +25,7 @@ from search.storage import is_uri
 from search.disk_guard import stop_reason
 from search.halving import RECORD_FILE as HALVING_RECORD, read_record as read_halving
 from search.journal import Journal, local_journal_path
+from search.pbt import replay_config
 from search.study import JOURNAL_FILE
 from search.phases import TIMING_FILE, Phases
 from search.summary import Timing, format_summary, journal_note, wall_line
@@ -147,6 +148,8 @@ def best_with_test(grid, rows: pd.DataFrame, data: Data | None, metric: str | No
         # trial_<id>/checkpoint_<k>: Tune numbers checkpoints, not epochs
         row = pd.concat([row, pd.Series({"checkpoint": "/".join(checkpoint.path.rstrip("/").split("/")[-2:])})])
         notes += [f"skipped {s}" for s in skipped]
+        row = row.copy()
+        row.attrs["lineage"] = saved.state.get("lineage")  # where its weights come from: best.yaml replays it
         if data is None:  # a function trainable: its data, and any test split, are its own
             return row, None, "; ".join(["no test accuracy: a function trainable has no test split", *notes])
         if data.test is None:
@@ -162,7 +165,7 @@ def best_with_test(grid, rows: pd.DataFrame, data: Data | None, metric: str | No
 def best_entry(best: pd.Series, test: tuple[float, float] | None, note: str, metric: str, name: str,
                schema, metrics: tuple[str, ...] = METRICS) -> dict[str, Any]:
     return {
-        "config": config_from_row(best, schema),
+        "config": replay_config(config_from_row(best, schema), best.attrs.get("lineage")),
         "result": {
             "trial_number": None if pd.isna(best["trial_number"]) else int(best["trial_number"]),
             "trial_id": best["trial_id"],
@@ -207,6 +210,10 @@ def rerun_command(path: str, space: Space) -> str:
 def search_notes(space: Space, folder: RunFolder, timing: Timing) -> str:
     """How reproducible the search was, and what reproducibility cost in waiting slots."""
     experiment = space.experiment
+    if experiment.scheduler == "pbt":  # search/pbt.py
+        return (f"Search: pbt: trial n's first config depends only on the seed ({experiment.seed}) and n; which "
+                "trials copy which at a perturbation, and the perturbed values, are Ray's random draws, so a rerun "
+                "differs; best.yaml replays its trial's weights with `schedule:`")
     if not experiment.reproducible:
         return ("Search: asynchronous (experiment.reproducible: false): Optuna saw results in arrival order, "
                 "so a rerun with the same seed can pick other configs" if experiment.max_concurrent > 1 else

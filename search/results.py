@@ -181,7 +181,11 @@ def search_phases(report: Mapping[str, Any], suggested: tuple[float, float] | No
 
 def trial_rows(trial_id: str, config: Mapping[str, Any], reports: Iterable[Mapping[str, Any]], *,
                done: bool, error: bool, suggested: tuple[float, float] | None = None) -> list[dict[str, Any]]:
-    """One row per reported epoch (the last report of an epoch wins, e.g. after a restart)."""
+    """One row per reported epoch (the last report of an epoch wins, e.g. after a restart).
+
+    A row's config is the one its epoch trained with: Tune records it with each report, and
+    PBT (search/pbt.py) changes a trial's config between epochs.
+    """
     trial = trial_config(config)
     by_epoch = {int(r["epoch"]): r for r in reports if not _missing(r.get("epoch"))}
     ordered = [by_epoch[e] for e in sorted(by_epoch)]
@@ -193,8 +197,14 @@ def trial_rows(trial_id: str, config: Mapping[str, Any], reports: Iterable[Mappi
         return [{**base, **{c: r.get(c) for c in [*REPORT_COLUMNS[len(EPOCH_COLUMNS):], *FUNCTION_REPORT_COLUMNS,
                                                  *r.get(METRIC_NAMES, [])]},
                  **search_phases(r, suggested, first=i == 0)} for i, r in enumerate(ordered)]
-    return [{**base, **{c: r.get(c) for c in REPORT_COLUMNS}, **search_phases(r, suggested, first=i == 0)}
-            for i, r in enumerate(ordered)]
+    return [{**base, **_epoch_config(r, config), **{c: r.get(c) for c in REPORT_COLUMNS},
+             **search_phases(r, suggested, first=i == 0)} for i, r in enumerate(ordered)]
+
+
+def _epoch_config(report: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config a report was made under, where Tune recorded one other than the trial's last."""
+    own = report.get("config")
+    return TrialConfig.from_mapping(own).to_flat() if isinstance(own, Mapping) and own != config else {}
 
 
 def read_record(fs: pafs.FileSystem, trial_path: str) -> list[dict[str, Any]]:

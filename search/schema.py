@@ -87,7 +87,7 @@ def budget_seconds(value: Any) -> float | None:
 
 Mode = Literal["max", "min"]
 Sampler = Literal["tpe", "random", "qmc", "cmaes", "gp"]  # search/ordered.py builds them
-Scheduler = Literal["fifo", "asha", "hyperband"]
+Scheduler = Literal["fifo", "asha", "hyperband", "pbt"]
 Logger = Literal["tensorboard", "mlflow", "wandb"]
 SAMPLERS, SCHEDULERS, LOGGERS = get_args(Sampler), get_args(Scheduler), get_args(Logger)
 AUTO = "auto"  #: resources.gpus: auto, trials per GPU measured by a probe before the search
@@ -119,11 +119,18 @@ class Experiment(Section):
     #: trial n's config depends only on seed and n, whatever finishes first (search/ordered.py)
     scheduler: Annotated[Scheduler, rule(f"must be one of {', '.join(SCHEDULERS)}")] = "fifo"
     #: fifo (every trial runs all epochs), asha (stops poor trials early) or hyperband (asha in brackets
-    #: that start at different epochs); reproducible with experiment.reproducible (search/halving.py)
+    #: that start at different epochs); reproducible with experiment.reproducible (search/halving.py);
+    #: pbt (population based training: poor trials copy better ones' weights and perturb lr, momentum,
+    #: weight_decay, clip_norm; search/pbt.py)
     grace_period: Annotated[int, rule("must be an integer in [1, 100000] (epochs)",
                                       lambda v: 0 < v <= 100_000)] = 1  #: asha, hyperband: epochs before a stop
     reduction_factor: Annotated[int, rule("must be an integer in [2, 1000]", lambda v: 1 < v <= 1000)] = 2
     #: asha, hyperband: keep the top 1/reduction_factor at each rung
+    perturbation_interval: Annotated[int, rule("must be an integer in [1, 100000] (epochs)",
+                                               lambda v: 0 < v <= 100_000)] = 1
+    #: pbt: every this many epochs the population is ranked, and the bottom copies the top
+    quantile_fraction: Annotated[float, rule("must be a number in (0, 0.5]", lambda v: _finite(v) and 0 < v <= 0.5)] \
+        = 0.25  #: pbt: the fraction of trials that copy (bottom) and are copied (top) at a perturbation
     max_failures: Annotated[int, rule("must be an integer in [0, 1000]", lambda v: 0 <= v <= 1000)] = 2
     #: restarts of a crashed trial, from its last checkpoint
     checkpoint_every: Annotated[int, rule("must be an integer in [1, 100000] (epochs)",

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from search.schema import DataRoot, Experiment, Resources, Searched, field_value, parse_searched, validated
-from trainable.config import (FACTORY_KEY, FIELDS, MODEL, MOVED, TrialConfig, absolute_reference,
+from trainable.config import (FACTORY_KEY, FIELDS, MODEL, MOVED, MUTABLE, TrialConfig, absolute_reference,
                               cross_field_problems, fields_in, is_plain_data, is_reference, keyword_of, model_key,
                               plain, searchable, section)
 from trainable.errors import ConfigError, problem
@@ -113,6 +113,36 @@ def _space_key_problem(key: Any, value: Any, fixed: Mapping[str, Any]) -> str | 
     if key in fixed:
         return problem(path, f"is also fixed in the {section(key)} section; set it in one place", value)
     return None
+
+
+def pbt_problems(experiment: Experiment, searched: tuple[Searched, ...], epochs: int) -> list[str]:
+    """What scheduler pbt needs: a searched key it can change mid-run, epochs it can perturb between,
+    and a checkpoint at every perturbation (a copied trial continues from it)."""
+    problems = []
+    names = {d.name for d in searched}
+    if not names & set(MUTABLE):
+        problems.append(problem("space", f"must search at least one of {', '.join(MUTABLE)} for scheduler pbt "
+                                         "(the values it changes between epochs)", sorted(names)))
+    if "epochs" in names:
+        problems.append(problem("space.epochs", "cannot be searched with scheduler pbt: the population trains "
+                                                "in step, every trial the same epochs", "searched"))
+    elif experiment.perturbation_interval >= epochs:
+        problems.append(problem("experiment.perturbation_interval", f"must be < the epochs a trial runs ({epochs}) "
+                                "for pbt: no perturbation happens at or after the last epoch",
+                                experiment.perturbation_interval))
+    if "num_to_keep" in experiment.model_fields_set and experiment.num_to_keep is not None:
+        problems.append(problem("experiment.num_to_keep", "must be null (keep all) for pbt: a trial that copies "
+                                "another restores a checkpoint the other may since have replaced (Ray warns of "
+                                "the same)", experiment.num_to_keep))
+    for key in ("time_budget", "stop_when", "enqueue", "warm_start"):  # they act through the searcher pbt lacks
+        if getattr(experiment, key):
+            problems.append(problem(f"experiment.{key}", "is not supported with scheduler pbt: Ray's PBT takes no "
+                                    "searcher, and the population is drawn up front", getattr(experiment, key)))
+    if experiment.perturbation_interval % experiment.checkpoint_every:
+        problems.append(problem("experiment.checkpoint_every", f"must divide perturbation_interval "
+                                f"({experiment.perturbation_interval}) for pbt: a copied trial continues from "
+                                "that epoch's checkpoint", experiment.checkpoint_every))
+    return problems
 
 
 def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
@@ -210,6 +240,9 @@ def _parse_function_space(raw: Mapping[str, Any], source: str) -> Space:
     if resources.gpus == "auto":
         problems.append(problem("resources.gpus", "auto measures the canonical loop's model; give a number with a "
                                                   "function trainable", "auto"))
+    if experiment.scheduler == "pbt":
+        problems.append(problem("experiment.scheduler", "pbt changes the canonical loop's lr, momentum, weight_decay "
+                                "and clip_norm mid-run; it does not apply to a function trainable", "pbt"))
     fixed, searched = {}, []
     for sec in ("training", "space"):
         for key, value in _section(raw, sec, problems).items():
