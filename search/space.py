@@ -201,6 +201,10 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
                                     f"({experiment.grace_period}) for a reproducible {experiment.scheduler}: a trial "
                                     "that waits at a rung resumes from that rung's checkpoint",
                                     experiment.checkpoint_every))
+    if not problems and experiment.scheduler == "pbt":
+        problems += pbt_problems(experiment, tuple(searched), TrialConfig.from_mapping(fixed).epochs)
+        # every checkpoint kept: an exploit restores one the copied trial has moved past
+        experiment = experiment.model_copy(update={"num_to_keep": None})
     if not problems:  # experiment.enqueue's values, against the distributions just parsed
         from search.warm_start import enqueue_problems
 
