@@ -133,3 +133,12 @@ def test_pbt_keeps_every_checkpoint_unless_told_otherwise(tmp_path, data_root):
     space = small_space(tmp_path, data_root, experiment={"scheduler": "pbt"}, training={"epochs": 4},
                         space={"lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3}})
     assert space.experiment.num_to_keep is None
+
+
+def test_the_summary_names_a_best_trials_schedule_and_gives_its_first_values():
+    from search.summary import searched_values
+
+    config = {**TrialConfig(**BASE, lr=0.05, seed=11).to_dict(),
+              "schedule": [{"epoch": 3, "trial_number": 1, "lr": 0.08, "momentum": 0.5, "weight_decay": 0.0,
+                            "clip_norm": 1.0}]}
+    assert searched_values(config, ["lr"]) == "lr=0.05 at epoch 1, then 1 change(s) in best.yaml's schedule"
