@@ -13,28 +13,32 @@ max_concurrent 1).
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any
 
 import optuna
 from ray.tune.search import ConcurrencyLimiter, Searcher
 from ray.tune.search.optuna import OptunaSearch
 
-from search.ordered import OrderedSearch, make_sampler
-from search.schema import Searched
+from search.ordered import TPE_SETTINGS, OrderedSearch, make_sampler
+from search.schema import Searched, conditions
 from search.space import Space
 from trainable.seed import derive_seed
 
 
 def suggest(trial: optuna.Trial, searched: tuple[Searched, ...], experiment_seed: int) -> dict[str, Any]:
-    """Ask Optuna for every searched field; return the trial's seed and every drawn value.
+    """Ask Optuna for every searched field whose `when:` holds; return the trial's seed and every drawn value.
 
-    Returned values are constants that Tune adds to the trial config, overriding Optuna's
+    Fields are asked in the space section's order, so a condition's key is decided before the
+    fields it gates; a field not asked is absent, the trial config keeps its default (results:
+    null). Returned values are constants that Tune adds to the trial config, overriding Optuna's
     param of the same name: a choice's value rather than its label.
     """
-    constants: dict[str, Any] = {"seed": derive_seed(experiment_seed, trial.number), "trial_number": trial.number}
+    drawn: dict[str, Any] = {}
     for d in searched:
-        constants[d.name] = d.ask(trial)
-    return constants
+        if d.holds(drawn):
+            drawn[d.name] = d.ask(trial)
+    return {"seed": derive_seed(experiment_seed, trial.number), "trial_number": trial.number, **drawn}
 
 
 def make_searcher(space: Space) -> Searcher:
@@ -42,13 +46,20 @@ def make_searcher(space: Space) -> Searcher:
     experiment = space.experiment
     # a partial of a module-level function: Tune pickles the searcher into its state
     ask = functools.partial(suggest, searched=space.searched, experiment_seed=experiment.seed)
+    # `when:` keys make the space dynamic: multivariate TPE then models only the keys every trial
+    # drew, and draws the others independently; group=True models each branch's keys jointly
+    # (bench/conditional_tpe.py). A space without conditions keeps the pinned settings, so its
+    # seeded searches stay as they were.
+    tpe = {**TPE_SETTINGS, "group": True} if conditions(space.searched) else None
     if experiment.reproducible:
         searcher = OrderedSearch(ask, metric=experiment.metric, mode=experiment.mode,
                                  experiment_seed=experiment.seed, sampler=experiment.sampler,
-                                 lag=experiment.max_concurrent)
+                                 lag=experiment.max_concurrent, tpe_settings=tpe)
     else:
-        searcher = OptunaSearch(space=ask, metric=experiment.metric, mode=experiment.mode,
-                                sampler=make_sampler(experiment.sampler, experiment.seed, 0))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # group is "experimental"
+            sampler = make_sampler(experiment.sampler, experiment.seed, 0, tpe or TPE_SETTINGS)
+        searcher = OptunaSearch(space=ask, metric=experiment.metric, mode=experiment.mode, sampler=sampler)
     # Tune lets a searcher that is not a ConcurrencyLimiter have one pending trial at a time,
     # which starts trials one after another (tune_controller._get_max_pending_trials)
     return ConcurrencyLimiter(searcher, max_concurrent=experiment.max_concurrent)
