@@ -13,15 +13,14 @@ max_concurrent 1).
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Any
 
 import optuna
 from ray.tune.search import ConcurrencyLimiter, Searcher
 from ray.tune.search.optuna import OptunaSearch
 
-from search.ordered import TPE_SETTINGS, OrderedSearch, make_sampler
-from search.schema import Searched, conditions
+from search.ordered import OrderedSearch, make_sampler
+from search.schema import Searched
 from search.space import Space
 from trainable.seed import derive_seed
 
@@ -46,20 +45,15 @@ def make_searcher(space: Space) -> Searcher:
     experiment = space.experiment
     # a partial of a module-level function: Tune pickles the searcher into its state
     ask = functools.partial(suggest, searched=space.searched, experiment_seed=experiment.seed)
-    # `when:` keys make the space dynamic: multivariate TPE then models only the keys every trial
-    # drew, and draws the others independently; group=True models each branch's keys jointly
-    # (bench/conditional_tpe.py). A space without conditions keeps the pinned settings, so its
-    # seeded searches stay as they were.
-    tpe = {**TPE_SETTINGS, "group": True} if conditions(space.searched) else None
+    # a space with `when:` keys keeps the pinned TPE settings: group=True (each branch modelled
+    # jointly) did no better on a conditional problem (bench/conditional_tpe.py, docs/conditional.md)
     if experiment.reproducible:
         searcher = OrderedSearch(ask, metric=experiment.metric, mode=experiment.mode,
                                  experiment_seed=experiment.seed, sampler=experiment.sampler,
-                                 lag=experiment.max_concurrent, tpe_settings=tpe)
+                                 lag=experiment.max_concurrent)
     else:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # group is "experimental"
-            sampler = make_sampler(experiment.sampler, experiment.seed, 0, tpe or TPE_SETTINGS)
-        searcher = OptunaSearch(space=ask, metric=experiment.metric, mode=experiment.mode, sampler=sampler)
+        searcher = OptunaSearch(space=ask, metric=experiment.metric, mode=experiment.mode,
+                                sampler=make_sampler(experiment.sampler, experiment.seed, 0))
     # Tune lets a searcher that is not a ConcurrencyLimiter have one pending trial at a time,
     # which starts trials one after another (tune_controller._get_max_pending_trials)
     return ConcurrencyLimiter(searcher, max_concurrent=experiment.max_concurrent)
