@@ -31,6 +31,7 @@ from trainable.data import Data
 from trainable.device import get_default_device
 from trainable.loop import evaluate_model
 from trainable.metrics import METRICS
+from trainable.function import load_state
 from trainable.report import CheckpointError, load_checkpoint
 
 
@@ -114,7 +115,7 @@ def kept_rows(folder: RunFolder, trial_id: str, derived: list[dict[str, Any]], s
     return [{**by_epoch[e], "status": status} for e in sorted(by_epoch)]
 
 
-def best_with_test(grid, rows: pd.DataFrame, data: Data, metric: str | None = None
+def best_with_test(grid, rows: pd.DataFrame, data: Data | None, metric: str | None = None
                    ) -> tuple[pd.Series | None, tuple[float, float] | None, str]:
     """The best row whose checkpoint reads (its `checkpoint`: the folder, relative to the run folder),
     its test (loss, acc), and a note on any skipped.
@@ -135,7 +136,7 @@ def best_with_test(grid, rows: pd.DataFrame, data: Data, metric: str | None = No
             continue
         try:
             with checkpoint.as_directory() as where:
-                saved = load_checkpoint(where)
+                saved = load_checkpoint(where) if data is not None else load_state(where)
         except CheckpointError as error:
             skipped.append(str(error))
             continue
@@ -145,6 +146,8 @@ def best_with_test(grid, rows: pd.DataFrame, data: Data, metric: str | None = No
         # trial_<id>/checkpoint_<k>: Tune numbers checkpoints, not epochs
         row = pd.concat([row, pd.Series({"checkpoint": "/".join(checkpoint.path.rstrip("/").split("/")[-2:])})])
         notes += [f"skipped {s}" for s in skipped]
+        if data is None:  # a function trainable: its data, and any test split, are its own
+            return row, None, "; ".join(["no test accuracy: a function trainable has no test split", *notes])
         if data.test is None:
             return row, None, "; ".join(["the dataset has no test part", *notes])
         score = evaluate_model(saved.config, saved.state["model"], saved.input_shape, saved.num_classes,
@@ -156,7 +159,7 @@ def best_with_test(grid, rows: pd.DataFrame, data: Data, metric: str | None = No
 
 
 def best_entry(best: pd.Series, test: tuple[float, float] | None, note: str, metric: str, name: str,
-               schema) -> dict[str, Any]:
+               schema, metrics: tuple[str, ...] = METRICS) -> dict[str, Any]:
     return {
         "config": config_from_row(best, schema),
         "result": {
@@ -164,7 +167,7 @@ def best_entry(best: pd.Series, test: tuple[float, float] | None, note: str, met
             "trial_id": best["trial_id"],
             "epoch": int(best["epoch"]),
             "metric": metric,
-            **{m: float(best[m]) for m in METRICS},
+            **{m: float(best[m]) for m in metrics},
             "test_acc": None if test is None else float(test[1]),
             "test_loss": None if test is None else float(test[0]),
             "checkpoint": best.get("checkpoint"),  #: its folder, relative to the run folder; null: none read
@@ -179,8 +182,10 @@ def best_yaml(entry: dict[str, Any], path: str, space: Space) -> str:
     header = (f"# Best trial of search {result['search']} ({space.source}), by {result['metric']} "
               f"at epoch {result['epoch']}.\n"
               f"# Re-run it: {rerun_command(path, space)}{' (download it first)' if is_uri(path) else ''}\n"
-              f"# It prints val_acc {result['val_acc']:.4f} on epoch {result['epoch']} (same machine).\n"
-              f"# test_acc: the checkpoint of that epoch on the dataset's test part (null if it has none).\n")
+              + (f"# It prints {result['metric']} {result[result['metric']]:.4f} on epoch {result['epoch']} if the "
+                 "function is deterministic (no test accuracy: the function has no test split).\n" if space.trainable else
+                 f"# It prints val_acc {result['val_acc']:.4f} on epoch {result['epoch']} (same machine).\n"
+                 f"# test_acc: the checkpoint of that epoch on the dataset's test part (null if it has none).\n"))
     return header + yaml.safe_dump({**entry["config"], "result": result}, sort_keys=False)
 
 
@@ -286,7 +291,10 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
     entry = None
     best_path = folder.storage.join(folder.name, "best.yaml")
     if best is not None:
-        entry = best_entry(best, test, note, experiment.metric, folder.name, results_schema(space))
+        schema = results_schema(space)  # a function's metrics: every reported column beyond the schema's
+        metrics = tuple(c for c in frame.columns if c not in schema.names or c == experiment.metric) \
+            if space.trainable else METRICS
+        entry = best_entry(best, test, note, experiment.metric, folder.name, schema, metrics)
         folder.write_best(best_yaml(entry, best_path, space))
     summary = format_summary(frame, entry, timing, no_best=None if succeeded else no_success(frame, experiment.metric), metric=experiment.metric, mode=experiment.mode,
                              searched=[d.name for d in space.searched], gpus_per_trial=gpu_plan.gpus,

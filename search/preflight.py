@@ -33,6 +33,7 @@ from trainable.config import keyword_of, schedule_note
 from trainable.data import Data, load_data
 from trainable.errors import ConfigError, problem
 from trainable.factories import check_model
+from trainable.function import resolve_function
 
 # tracker -> (module it needs, the pip extra that installs it)
 TRACKER_PACKAGES = {"mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}
@@ -106,8 +107,9 @@ def claim(folder: RunFolder, *, automatic: bool) -> RunFolder:
     raise ConfigError([problem("--name", "no free automatic name; pass --name", folder.name)])
 
 
-def check_search(space: Space) -> Data:
+def check_search(space: Space) -> Data | None:
     """Load the data (test part included) and try the model once; ConfigError/DataError on failure.
+    A function trainable has neither: its function is imported, and the data are None.
 
     All of it runs before Ray starts, so a bad reference, keyword or dataset costs seconds.
     """
@@ -121,6 +123,9 @@ def check_search(space: Space) -> Data:
         raise ConfigError([problem("experiment.loggers", "mlflow with a storage URI needs MLFLOW_TRACKING_URI "
                                                          "(its default is a SQLite file in a local run folder)",
                                    loggers)])
+    if space.trainable:  # the function loads its own data: import it now, so a bad reference costs seconds
+        resolve_function(space.trainable)
+        return None
     data = load_data(space.trial_defaults(), space.data_root, key="data.dataset")
     searched_keys = tuple(keyword_of(d.name) for d in space.searched if keyword_of(d.name) is not None)
     check_model(example_config(space), data.sample(), data.num_classes, searched_keys)
@@ -133,6 +138,8 @@ def check_search(space: Space) -> Data:
 def data_fingerprint(data: Data) -> dict[str, str | None]:
     """A short hash of each part of the split (inputs, labels, their types and shapes) and of how
     inputs are prepared: what a resume must find again for its trials to be judged as before."""
+    if data is None:  # a function trainable's data are its own
+        return None
     def part(arrays) -> str | None:
         if arrays is None:
             return None
@@ -241,6 +248,9 @@ def check_space(space: Space, *, address: str | None = None) -> str:
     data = check_search(space)
     if address is None and "RAY_ADDRESS" not in os.environ:  # a cluster's capacity is checked when joined
         check_local_capacity(space)
+    if data is None:
+        return (f"# The resolved spec of {space.source}: defaults and flags applied; checks passed (the function "
+                f"{space.trainable} imports)\n" + yaml.safe_dump(to_raw(space), sort_keys=False))
     shape = ", ".join(map(str, data.input_shape))
     return (f"# The resolved spec of {space.source}: defaults and flags applied; checks passed (data: "
             f"{len(data.train)} train, {len(data.val)} val, {0 if data.test is None else len(data.test)} test, "

@@ -10,6 +10,10 @@ A space file has six sections, all optional (defaults below):
     space:      searched fields: {distribution: loguniform|uniform|randint|choice, ...}
                 or plain values (fixed); a factory keyword is `model.<key>`
 
+and one key: `trainable: FILE.py:FUNCTION` (or package.module:FUNCTION), the user's own training
+function instead of the canonical loop (trainable/function.py). Then `training` and `space` hold
+free names passed to it, and `model` and `data` do not apply.
+
 Every problem is collected and reported at once as `path.to.key: rule, got value`.
 Nothing here touches Ray, data or user code, so a bad file fails in a second, not after
 start-up (search/driver.check_search then imports the references and tries the model once).
@@ -18,7 +22,7 @@ start-up (search/driver.check_search then imports the references and tries the m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -26,8 +30,10 @@ from optuna.distributions import FloatDistribution, IntDistribution
 
 from search.schema import DataRoot, Experiment, Resources, Searched, field_value, label, parse_searched, validated
 from trainable.config import (FACTORY_KEY, FIELDS, MODEL, MOVED, TrialConfig, absolute_reference,
-                              cross_field_problems, fields_in, keyword_of, model_key, plain, searchable, section)
+                              cross_field_problems, fields_in, is_plain_data, is_reference, keyword_of, model_key,
+                              plain, searchable, section)
 from trainable.errors import ConfigError, problem
+from trainable.function import RESERVED, TRAINABLE_KEY, FunctionConfig
 
 SECTIONS = ("experiment", "resources", "model", "data", "training", "space")
 DATA_KEYS = {"args": "data_args"}  # data section key -> trial config field, where they differ
@@ -43,9 +49,12 @@ class Space:
     fixed: Mapping[str, Any]  #: every fixed trial config field (data, training, plain space values)
     searched: tuple[Searched, ...]
     source: str = "<memory>"  #: the file it came from, for messages
+    trainable: str | None = None  #: the user's training function (absolute FILE.py:FUNCTION); None: the canonical loop
 
-    def trial_defaults(self) -> TrialConfig:
+    def trial_defaults(self) -> TrialConfig | FunctionConfig:
         """The trial config with the fixed fields set and searched ones at their defaults."""
+        if self.trainable:
+            return FunctionConfig(self.trainable, dict(self.fixed))
         return TrialConfig.from_mapping(self.fixed)
 
 
@@ -113,8 +122,10 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
     problems: list[str] = []
     if not isinstance(raw, Mapping):
         raise ConfigError([problem("(top level)", "must be a mapping of sections", raw)], source)
+    if raw.get(TRAINABLE_KEY) is not None:
+        return _parse_function_space(raw, source)
     for key in raw:
-        if key == "run":  # spec.yaml's record of where the run lives: not part of the space
+        if key in ("run", TRAINABLE_KEY):  # run: spec.yaml's record of where the run lives: not part of the space
             continue
         if key not in SECTIONS:
             problems.append(problem(str(key), f"unknown section (known: {', '.join(SECTIONS)})", raw[key]))
@@ -228,11 +239,84 @@ def _never_taken(target: Searched, value: Any) -> str | None:
     return None
 
 
+FUNCTION_SECTIONS = ("experiment", "resources", "training", "space")
+NOT_FOR_FUNCTIONS = "does not apply with a function trainable: the function loads its own model and data"
+
+
+def _parse_function_space(raw: Mapping[str, Any], source: str) -> Space:
+    """A space file with `trainable: FILE.py:FUNCTION`: free names in training and space, checked as plain data."""
+    problems: list[str] = []
+    reference = raw[TRAINABLE_KEY]
+    if not isinstance(reference, str) or not is_reference(reference):
+        problems.append(problem(TRAINABLE_KEY, "must be FILE.py:FUNCTION or package.module:FUNCTION", reference))
+    else:
+        reference = absolute_reference(reference, _base_folder(source))
+    for key in raw:
+        if key in ("model", "data"):
+            problems.append(problem(key, NOT_FOR_FUNCTIONS, raw[key]))
+        elif key not in (*FUNCTION_SECTIONS, TRAINABLE_KEY, "run"):
+            problems.append(problem(str(key), f"unknown section (known with a function trainable: "
+                                              f"{', '.join(FUNCTION_SECTIONS)}, {TRAINABLE_KEY})", raw[key]))
+    settings = dict(_section(raw, "experiment", problems))
+    metric = settings.pop("metric", Experiment().metric)  # any name: checked on the function's first report
+    experiment = validated(Experiment, "experiment", settings, problems).model_copy(update={"metric": metric})
+    if not isinstance(metric, str) or not metric:
+        problems.append(problem("experiment.metric", "must name a metric the function reports", metric))
+    resources = validated(Resources, "resources", _section(raw, "resources", problems), problems)
+    if resources.gpus == "auto":
+        problems.append(problem("resources.gpus", "auto measures the canonical loop's model; give a number with a "
+                                                  "function trainable", "auto"))
+    fixed, searched = {}, []
+    for sec in ("training", "space"):
+        for key, value in _section(raw, sec, problems).items():
+            path = f"{sec}.{key}"
+            if not isinstance(key, str) or not key.isidentifier() or key in RESERVED:
+                rule = "is set by the driver per trial" if key in RESERVED else "must be a Python identifier"
+                problems.append(problem(path, rule, value))
+            elif key in fixed or key in {d.name for d in searched}:
+                problems.append(problem(path, "is set twice; set it in one place", value))
+            elif sec == "space" and isinstance(value, dict) and "distribution" in value:
+                # a free name checks as a model keyword does (plain data, no type): parse it as one
+                before = len(problems)
+                found = parse_searched(model_key(key), value, problems)
+                problems[before:] = [p.replace(f"space.{model_key(key)}", path) for p in problems[before:]]
+                if found:
+                    searched.append(replace(found, name=key))
+            elif not is_plain_data(value):
+                problems.append(problem(path, "must be plain data (numbers, strings, lists, mappings)", value))
+            else:
+                fixed[key] = plain(value)
+    problems += when_problems(searched, fixed)
+    if not problems and experiment.scheduler in ("asha", "hyperband"):
+        epochs = max_epochs(tuple(searched), FunctionConfig(reference, fixed).epochs or 0)
+        if not epochs:
+            problems.append(problem("experiment.scheduler", f"{experiment.scheduler} with a function trainable needs "
+                                    "`epochs` (training.epochs or space.epochs): the most reports a trial makes",
+                                    experiment.scheduler))
+        elif experiment.grace_period > epochs:
+            problems.append(problem("experiment.grace_period", f"must be <= epochs ({epochs}) for "
+                                                               f"{experiment.scheduler}", experiment.grace_period))
+    if not problems and not searched:
+        problems.append(problem("space", "must search at least one key (e.g. lr: {distribution: float, "
+                                         "low: 0.01, high: 0.3, log: true})", raw.get("space")))
+    if problems:
+        raise ConfigError(problems, source)
+    return Space(experiment, resources, None, fixed, tuple(searched), source, trainable=reference)
+
+
+def _function_to_raw(space: Space) -> dict[str, Any]:
+    return {TRAINABLE_KEY: space.trainable, "experiment": plain(space.experiment.model_dump()),
+            "resources": space.resources.model_dump(), "training": dict(space.fixed),
+            "space": {d.name: d.to_raw() for d in space.searched}}
+
+
 def to_raw(space: Space) -> dict[str, Any]:
     """A space file that parses back to an equivalent space (the same trials), defaults written out.
 
     The run folder's spec.yaml: what a resumed search runs, whatever the space file says now.
     """
+    if space.trainable:
+        return _function_to_raw(space)
     defaults = space.trial_defaults().to_dict()
     model = defaults.pop(MODEL)
     data_section = {"root": space.data_root}
@@ -251,7 +335,7 @@ def to_raw(space: Space) -> dict[str, Any]:
     }
 
 
-def example_config(space: Space) -> TrialConfig:
+def example_config(space: Space) -> TrialConfig | FunctionConfig:
     """A trial config the search could produce: fixed fields plus each searched field's first value
     (a range's low end, of the type the distribution draws), where its `when:` holds for those.
 
@@ -261,4 +345,5 @@ def example_config(space: Space) -> TrialConfig:
     for d in space.searched:
         if d.holds(drawn):
             drawn[d.name] = d.example()
-    return TrialConfig.from_mapping({**space.fixed, **drawn})
+    values = {**space.fixed, **drawn}
+    return FunctionConfig(space.trainable, values) if space.trainable else TrialConfig.from_mapping(values)

@@ -10,7 +10,7 @@ import pandas as pd
 from search.results import ranked
 from search.storage import is_uri
 from search.study import JOURNAL_FILE
-from trainable.config import TrialConfig
+from trainable.function import trial_config
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,7 @@ def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Tim
                                 "; no best.yaml"))
     if best is not None:
         result = best["result"]
-        flat = TrialConfig.from_mapping(best["config"]).to_flat()
+        flat = trial_config(best["config"]).to_flat()
         config = ", ".join(f"{k}={flat.get(k)!r}" for k in searched) or "(nothing searched)"
         lines += [
             f"Best: trial #{result['trial_number']} ({result['trial_id']}) epoch {result['epoch']}: "

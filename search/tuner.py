@@ -92,12 +92,12 @@ def disk_guard(space: Space, folder: RunFolder) -> list[DiskGuard]:
     return [] if is_uri(folder.path) else [DiskGuard(folder.path, space.experiment.min_free_mb)]
 
 
-def build_tuner(space: Space, folder: RunFolder, data: Data, trial_function: Callable, *, gpus: float,
+def build_tuner(space: Space, folder: RunFolder, data: Data | None, trial_function: Callable, *, gpus: float,
                 resume: bool) -> tune.Tuner:
     """The search's Tuner; the data goes into the object store once, and every trial reads it there."""
     experiment = space.experiment
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, data=DataHandle.put(data.for_trials()), trial_function=trial_function,
+        tune.with_parameters(run_trial, data=DataHandle.put(None if data is None else data.for_trials()), trial_function=trial_function,
                              checkpoint_every=experiment.checkpoint_every, trial_timeout=experiment.trial_timeout),
         {"cpu": space.resources.cpus, "gpu": gpus})
     if resume:

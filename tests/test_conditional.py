@@ -158,3 +158,16 @@ def test_a_conditional_search_records_nulls_where_keys_were_not_drawn_and_reprod
     # the same seed at another max_concurrent gives the same table (TPE's first 10 trials are its startup)
     again = run_search(space(2), name="two").results
     pd.testing.assert_frame_equal(again[TABLE], frame[TABLE])
+
+
+def test_a_function_trainables_space_checks_when_as_well():
+    raw = {"trainable": "train.py:train", "space": {
+        "momentum": {"distribution": "float", "low": 0.5, "high": 0.9, "when": {"opt": "sgd"}},
+        "opt": {"distribution": "choice", "values": ["sgd", "adam"]}}}
+    with pytest.raises(ConfigError) as caught:
+        parse_space(raw)
+    assert caught.value.problems == ["space.momentum.when: must name a key searched before momentum in the space "
+                                     "section (opt comes after it), got 'opt'"]
+    raw["space"] = dict(reversed(list(raw["space"].items())))
+    space = parse_space(raw)
+    assert example_config(space).values == {"opt": "sgd", "momentum": 0.5}

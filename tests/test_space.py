@@ -189,7 +189,8 @@ def test_relative_file_references_are_absolute_from_the_space_file(tmp_path, mon
 def test_to_raw_is_a_space_file_that_reads_back_the_same(path, tmp_path):
     space = parse_space(read_yaml_mapping(path), source=str(path))
     raw = to_raw(space)
-    assert set(raw) == {"experiment", "resources", "model", "data", "training", "space"}
+    assert set(raw) == ({"trainable", "experiment", "resources", "training", "space"} if space.trainable else
+                        {"experiment", "resources", "model", "data", "training", "space"})
     # it is what spec.yaml holds: through YAML text and back
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(raw, sort_keys=False))

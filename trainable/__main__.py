@@ -1,7 +1,8 @@
 """`python -m trainable`: one training run from flags or a YAML file, one line per epoch.
 
 The debugging path before a search: same code, same seed, same numbers as a trial.
-`python -m trainable --config runs/<name>/best.yaml` re-runs a search's best trial.
+`python -m trainable --config runs/<name>/best.yaml` re-runs a search's best trial (a function
+trainable's best.yaml: the user's function, called with that config; trainable/function.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Sequence
 from trainable.config import FACTORY_KEY, FIELDS, TrialConfig, schedule_note
 from trainable.data import load_data
 from trainable.factories import check_model
+from trainable.function import is_function, replay
 from trainable.device import get_default_device
 from trainable.errors import ConfigError, DataError, problem
 from trainable.loop import build_run, train_and_evaluate
@@ -68,6 +70,10 @@ def trial_config(args: argparse.Namespace) -> TrialConfig:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        raw = read_yaml_mapping(args.config) if args.config else {}
+        if is_function(raw):  # a function trainable's best.yaml: its function, called with that config
+            result = raw.get("result") if isinstance(raw.get("result"), dict) else {}
+            return replay({k: v for k, v in raw.items() if k not in INFORMATIONAL_KEYS}, result.get("metric"))
         config = trial_config(args)
         data = load_data(config, args.data_root, root_key="--data-root", with_test=False)
         # the model once on two inputs: a bad keyword or output shape is exit 2, not a crash mid-epoch
