@@ -10,6 +10,7 @@ never share one; trials of 1/k fill a GPU k at a time.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -47,12 +48,21 @@ def has_autoscaler() -> bool:
 
 
 def autoscaler_reports() -> bool:
-    """True if an autoscaler has reported to this cluster (read as `ray status` reads it)."""
+    """True if an autoscaler that can add nodes reports to this cluster (read as `ray status` reads it).
+
+    Every head runs Ray's monitor; without an autoscaling config (ray.init, a plain `ray start
+    --head`) it runs a read-only one, which names each node's type `node_<id>` and adds none.
+    An autoscaler with a config reports the node types of that config (head, gpu, headgroup...).
+    """
     from ray._private import ray_constants
     from ray.experimental import internal_kv
 
     try:
-        if internal_kv._internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS):
+        status = internal_kv._internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS)
+        report = (json.loads(status) if status else {}).get("autoscaler_report") or {}
+        types = {*(report.get("active_nodes") or {}), *(report.get("idle_nodes") or {}),
+                 *(report.get("pending_launches") or {})}
+        if any(not name.startswith("node_") for name in types):
             return True
         from ray.autoscaler.v2.sdk import get_cluster_status
 
