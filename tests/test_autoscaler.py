@@ -17,11 +17,11 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pandas as pd
@@ -32,6 +32,7 @@ from ray.autoscaler._private.fake_multi_node.node_provider import FakeMultiNodeP
 from search.capacity import AUTOSCALER_SETTING, has_autoscaler
 from search.results import COMPLETED
 from tests.helpers import SMALL
+from tests.test_session import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).parent / "ray")
@@ -49,12 +50,6 @@ class DistinctNodeIds(FakeMultiNodeProvider):
     def _next_hex_node_id(self) -> str:
         self._next_node_id += 1
         return f"{self._next_node_id:05d}".ljust(56, "a")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def autoscaling_config(cluster_yaml: Path, gcs_port: int, idle_minutes: float) -> dict:
@@ -89,34 +84,44 @@ def autoscaling_config(cluster_yaml: Path, gcs_port: int, idle_minutes: float) -
     }
 
 
-@pytest.fixture(scope="module")
-def autoscaling_head():
-    """A head started as `ray up` starts one (with the autoscaler), on private ports and temp dir."""
-    folder = tempfile.mkdtemp(prefix="hp-as-", dir="/tmp")  # short: Ray's socket paths have a length limit
-    port = free_port()
-    config = Path(folder) / "autoscaling.yaml"
-    config.write_text(yaml.safe_dump(autoscaling_config(REPO / "cluster.yaml", port, idle_minutes=0.1)))
-    env = {**os.environ, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    env.pop("RAY_ADDRESS", None)
-    # its own process group: the head's daemons and the nodes the autoscaler starts belong to it,
-    # so the teardown stops exactly those (never `ray stop`: other Rays run on this machine)
+@contextmanager
+def own_head(prefix: str, *flags: str, port: int | None = None, env: dict[str, str] | None = None):
+    """`ray start --head` as a user runs it, on private ports and its own temp dir; yields
+    (GCS port, temp dir, dashboard port). Its own process group holds the head's daemons and the
+    nodes an autoscaler starts, so the teardown stops exactly those (never `ray stop`: other
+    Rays run on this machine)."""
+    folder = tempfile.mkdtemp(prefix=prefix, dir="/tmp")  # short: Ray's socket paths have a length limit
+    port, dashboard = port or free_port(), free_port()
+    env = {k: v for k, v in (env or os.environ).items() if k != "RAY_ADDRESS"}
     started = subprocess.Popen(
-        [RAY, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=0", "--num-gpus=0",
-         f"--temp-dir={folder}", f"--autoscaling-config={config}", "--include-dashboard=false",
-         f"--dashboard-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-         f"--ray-client-server-port={free_port()}", "--disable-usage-stats"],
+        [RAY, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", f"--temp-dir={folder}",
+         f"--dashboard-port={dashboard}", f"--dashboard-agent-listen-port={free_port()}",
+         f"--ray-client-server-port={free_port()}", "--disable-usage-stats", *flags],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         output, _ = started.communicate(timeout=120)
         assert started.returncode == 0, output[-3000:]
-        yield f"127.0.0.1:{port}", Path(folder)
+        yield port, Path(folder), dashboard
     finally:
-        try:
+        with suppress(ProcessLookupError):
             os.killpg(started.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def autoscaling_head():
+    """A head started as `ray up` starts one: with the autoscaler, here on the fake provider."""
+    env = {**os.environ, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    config = Path(tempfile.mkdtemp(prefix="hp-as-config-")) / "autoscaling.yaml"
+    gcs_port = free_port()  # the provider's config names it, so it is chosen before the start
+    config.write_text(yaml.safe_dump(autoscaling_config(REPO / "cluster.yaml", gcs_port, idle_minutes=0.1)))
+    try:
+        with own_head("hp-as-", "--num-cpus=0", "--num-gpus=0", f"--autoscaling-config={config}",
+                      "--include-dashboard=false", port=gcs_port, env=env) as (port, folder, _):
+            yield f"127.0.0.1:{port}", folder
+    finally:
+        shutil.rmtree(config.parent, ignore_errors=True)
 
 
 def monitor_log(folder: Path) -> str:

@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import copy
 import os
-import signal
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,41 +23,20 @@ from search.capacity import check_capacity
 from search.results import COMPLETED
 from search.schema import Resources
 from tests.helpers import SMALL
+from tests.test_autoscaler import own_head
 
 REPO = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).parent / "ray")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def shared_head():
     """A head with 2 CPUs and Ray's job server, started as a user would; stopped by its process group."""
-    folder = tempfile.mkdtemp(prefix="hp-sh-", dir="/tmp")  # short: Ray's socket paths have a length limit
-    dashboard = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     # as from an activated venv: a job's `python` is the venv's, which has the project's dependencies
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    started = subprocess.Popen(
-        [RAY, "start", "--head", f"--port={free_port()}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
-         "--num-gpus=0", f"--temp-dir={folder}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-         f"--dashboard-port={dashboard}", f"--dashboard-agent-listen-port={free_port()}",
-         f"--ray-client-server-port={free_port()}", "--disable-usage-stats"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = started.communicate(timeout=120)
-        assert started.returncode == 0, output[-3000:]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    with own_head("hp-sh-", "--num-cpus=2", "--num-gpus=0", "--include-dashboard=true",
+                  "--dashboard-host=127.0.0.1", env=env) as (_, _, dashboard):
         yield f"http://127.0.0.1:{dashboard}"
-    finally:
-        try:
-            os.killpg(started.pid, signal.SIGKILL)  # never `ray stop`: other Rays run on this machine
-        except ProcessLookupError:
-            pass
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def most_at_once(frame: pd.DataFrame) -> int:

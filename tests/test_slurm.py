@@ -15,11 +15,12 @@ import socket
 import subprocess
 import sys
 import tempfile
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
 
-from tests.test_session import processes_of
+from tests.test_session import free_port, processes_of
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "slurm" / "ray_cluster.sh"
@@ -30,12 +31,6 @@ while [ $# -gt 0 ] && [[ "$1" == -* ]]; do
 done
 exec "$@"
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def slurm_env(nodes: str, gpus: int, cpus: int, **extra: str) -> dict[str, str]:
@@ -92,9 +87,7 @@ def test_on_one_node_the_head_offers_slurms_gpus_and_stops_with_the_command(tmp_
         assert "ray cluster at " in done.stdout
         assert not processes_of(folder), "the script left Ray processes running"
     finally:
-        for pid in processes_of(folder):
-            try:
+        for pid in processes_of(folder):  # only if the script left some: stopped by pid
+            with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         shutil.rmtree(folder, ignore_errors=True)
