@@ -100,7 +100,7 @@ def results_schema(space: Space) -> pa.Schema:
             out.append(pa.field(name, pa.string(), metadata=JSON))
         else:
             out.append(pa.field(name, types[kind(field_of(name))]))
-    report_types = {"epoch": pa.int64(), "diverged": pa.bool_(), "node": pa.string(), "hostname": pa.string(),
+    report_types = {"epoch": pa.int64(), "params": pa.int64(), "diverged": pa.bool_(), "node": pa.string(), "hostname": pa.string(),
                     "device": pa.string(), "accelerator_ids": pa.string()}
     out += [pa.field(c, report_types.get(c, pa.float64())) for c in REPORT_COLUMNS + SEARCH_COLUMNS]
     return pa.schema(out)
