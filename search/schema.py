@@ -26,15 +26,16 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Literal, Mapping, get_args
+from typing import Annotated, Any, Callable, Literal, Mapping, TypeVar, get_args
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from trainable.config import check_value, coerce, is_integer_field, plain
 from trainable.errors import problem
-from trainable.metrics import METRICS
+from search.objectives import names
+from trainable.metrics import OBJECTIVES
 
 
 def rule(text: str, check: Callable[[Any], bool] = lambda value: True) -> AfterValidator:
@@ -67,12 +68,16 @@ def _finite(v: float) -> bool:
     return math.isfinite(v)
 
 
+T = TypeVar("T")
 Mode = Literal["max", "min"]
-Sampler = Literal["tpe", "random", "qmc", "cmaes", "gp"]  # search/ordered.py builds them
+Sampler = Literal["tpe", "random", "qmc", "cmaes", "gp", "nsga2"]  # search/ordered.py builds them
 Scheduler = Literal["fifo", "asha", "hyperband"]
 Logger = Literal["tensorboard", "mlflow", "wandb"]
 SAMPLERS, SCHEDULERS, LOGGERS = get_args(Sampler), get_args(Scheduler), get_args(Logger)
 AUTO = "auto"  #: resources.gpus: auto, trials per GPU measured by a probe before the search
+
+
+AList = Annotated[tuple[T, ...], Strict(False)]  # a YAML list (a list arrives; the tuple is the frozen form)
 
 
 class Section(BaseModel):
@@ -86,9 +91,15 @@ class Experiment(Section):
 
     name: Annotated[str, rule("must be letters, digits, '_', '.' or '-' (it names a folder)", is_run_name)] = "search"
     #: run folder prefix; a run is <storage_path>/<name>-<time> unless --name is given
-    metric: Annotated[str, rule(f"must be a metric the trainable reports: {', '.join(METRICS)}",
-                                lambda v: v in METRICS)] = "val_acc"  #: the reported metric to optimise
-    mode: Annotated[Mode, rule("must be max or min")] = "max"
+    metric: Annotated[str | AList[str], rule(
+        f"must be a metric the trainable reports, or a list of distinct ones: {', '.join(OBJECTIVES)}",
+        lambda v: all(m in OBJECTIVES for m in names(v)) and 0 < len(names(v)) == len(set(names(v))))] = "val_acc"
+    #: the reported metric to optimise; a list: several objectives (search/objectives.py, pareto.yaml)
+    mode: Annotated[Mode | AList[Mode], rule("must be max or min, or a list of them")] = "max"
+    #: one per metric
+    constraints: Annotated[AList[Any], rule(
+        "must be a list of 'METRIC <= NUMBER' or 'METRIC >= NUMBER' (each checked in search/objectives.py)")] = ()
+    #: each checked by search/objectives.py; a trial that breaks one is infeasible: kept, marked, never best
     num_samples: Annotated[int, rule("must be an integer in [1, 1000000]", lambda v: 0 < v <= 1_000_000)] = 16
     #: trials in total
     max_concurrent: Annotated[int, rule("must be an integer in [1, 10000]", lambda v: 0 < v <= 10_000)] = 2

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from search.objectives import problems as objective_problems
 from search.schema import DataRoot, Experiment, Resources, Searched, field_value, parse_searched, validated
 from trainable.config import (FACTORY_KEY, FIELDS, MODEL, MOVED, TrialConfig, absolute_reference,
                               cross_field_problems, fields_in, keyword_of, model_key, plain, searchable, section)
@@ -119,6 +120,7 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
     base = _base_folder(source)
     experiment = validated(Experiment, "experiment", _section(raw, "experiment", problems), problems)
     resources = validated(Resources, "resources", _section(raw, "resources", problems), problems)
+    problems += objective_problems(experiment)
 
     fixed: dict[str, Any] = {}
     for key, value in _section(raw, MODEL, problems).items():
