@@ -15,8 +15,9 @@ results.parquet's `feasible`, pareto.yaml, best.yaml, the report):
 
 A trial is feasible when every constraint holds at its point; a constraint on a metric the point
 lacks (not finite) is broken. Infeasible trials are kept and marked; they are never best and never
-on the front. The searcher tells Optuna each constraint as `value - bound` (`<=`) or `bound - value`
-(`>=`), Optuna's rule for `constraints_func` (<= 0: satisfied).
+on the front. Optuna holds each constraint of a finished trial (Trial.set_constraint, create_trial's
+`constraints`: Optuna 5's replacement of constraints_func) as `value - bound` (`<=`) or `bound - value`
+(`>=`): <= 0 when it holds. TPE, NSGA-II and GP read them; so do Study.best_trials and optuna-dashboard.
 
 Nothing here imports Ray or torch: the space file's checks run before anything starts.
 """
@@ -34,9 +35,6 @@ import pandas as pd
 from trainable.errors import problem
 from trainable.metrics import OBJECTIVES, score
 
-# Optuna's system attribute for the values of constraints_func: its samplers, Study.best_trials and
-# optuna-dashboard read it. OrderedSearch and optuna.journal write it for trials they add whole.
-CONSTRAINTS_ATTR = "constraints"
 FEASIBLE = "feasible"  #: results.parquet's column: the trial's point meets every constraint
 # samplers that optimise one objective only (schema.Sampler names)
 SINGLE_OBJECTIVE_SAMPLERS = ("cmaes",)
@@ -145,6 +143,9 @@ def problems(experiment: Any) -> list[str]:
     for i, text in enumerate(experiment.constraints):
         if parse_constraint(text) is None:
             out.append(problem(f"experiment.constraints[{i}]", CONSTRAINT_RULE, text))
+    if experiment.constraints and not experiment.reproducible:
+        out.append(problem("experiment.constraints", "need experiment.reproducible: true (the searcher that "
+                                                     "tells Optuna each trial's constraints)", experiment.constraints))
     if len(metrics) > 1:
         if experiment.sampler in SINGLE_OBJECTIVE_SAMPLERS:
             out.append(problem("experiment.sampler", "must not be cmaes with several objectives (it optimises "

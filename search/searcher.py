@@ -19,6 +19,7 @@ import optuna
 from ray.tune.search import ConcurrencyLimiter, Searcher
 from ray.tune.search.optuna import OptunaSearch
 
+from search.objectives import objectives_of
 from search.ordered import OrderedSearch, make_sampler
 from search.schema import Searched
 from search.space import Space
@@ -42,12 +43,15 @@ def make_searcher(space: Space) -> Searcher:
     experiment = space.experiment
     # a partial of a module-level function: Tune pickles the searcher into its state
     ask = functools.partial(suggest, searched=space.searched, experiment_seed=experiment.seed)
+    objectives = objectives_of(experiment)
     if experiment.reproducible:
-        searcher = OrderedSearch(ask, metric=experiment.metric, mode=experiment.mode,
+        searcher = OrderedSearch(ask, metric=objectives.metrics[0], mode=objectives.modes[0],
                                  experiment_seed=experiment.seed, sampler=experiment.sampler,
-                                 lag=experiment.max_concurrent)
-    else:
-        searcher = OptunaSearch(space=ask, metric=experiment.metric, mode=experiment.mode,
+                                 lag=experiment.max_concurrent, objectives=objectives)
+    else:  # several objectives: Tune's OptunaSearch tells each trial's last result (the point, objectives.py)
+        metric, mode = (list(objectives.metrics), list(objectives.modes)) if objectives.several else \
+            (objectives.metrics[0], objectives.modes[0])
+        searcher = OptunaSearch(space=ask, metric=metric, mode=mode,
                                 sampler=make_sampler(experiment.sampler, experiment.seed, 0))
     # Tune lets a searcher that is not a ConcurrencyLimiter have one pending trial at a time,
     # which starts trials one after another (tune_controller._get_max_pending_trials)
