@@ -48,6 +48,10 @@ def first(value: str | Sequence[str]) -> str:
     return value if isinstance(value, str) else value[0]
 
 
+def several(experiment: Any) -> bool:
+    return not isinstance(experiment.metric, str) and len(experiment.metric) > 1
+
+
 def names(value: str | Sequence[str]) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value)
 

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from search.objectives import FEASIBLE
 from search.space import Space
 from optuna.distributions import IntDistribution
 
@@ -103,7 +104,7 @@ def results_schema(space: Space) -> pa.Schema:
     report_types = {"epoch": pa.int64(), "params": pa.int64(), "diverged": pa.bool_(), "node": pa.string(), "hostname": pa.string(),
                     "device": pa.string(), "accelerator_ids": pa.string()}
     out += [pa.field(c, report_types.get(c, pa.float64())) for c in REPORT_COLUMNS + SEARCH_COLUMNS]
-    return pa.schema(out)
+    return pa.schema([*out, pa.field(FEASIBLE, pa.bool_())])  # the trial's point meets experiment.constraints
 
 
 def best_of(values: Iterable[Any], mode: str) -> float | None:

@@ -78,6 +78,7 @@ AUTO = "auto"  #: resources.gpus: auto, trials per GPU measured by a probe befor
 
 
 AList = Annotated[tuple[T, ...], Strict(False)]  # a YAML list (a list arrives; the tuple is the frozen form)
+ONE = AfterValidator(lambda v: v[0] if isinstance(v, tuple) and len(v) == 1 else v)  # [val_acc] is val_acc
 
 
 class Section(BaseModel):
@@ -93,9 +94,9 @@ class Experiment(Section):
     #: run folder prefix; a run is <storage_path>/<name>-<time> unless --name is given
     metric: Annotated[str | AList[str], rule(
         f"must be a metric the trainable reports, or a list of distinct ones: {', '.join(OBJECTIVES)}",
-        lambda v: all(m in OBJECTIVES for m in names(v)) and 0 < len(names(v)) == len(set(names(v))))] = "val_acc"
+        lambda v: all(m in OBJECTIVES for m in names(v)) and 0 < len(names(v)) == len(set(names(v)))), ONE] = "val_acc"
     #: the reported metric to optimise; a list: several objectives (search/objectives.py, pareto.yaml)
-    mode: Annotated[Mode | AList[Mode], rule("must be max or min, or a list of them")] = "max"
+    mode: Annotated[Mode | AList[Mode], rule("must be max or min, or a list of them"), ONE] = "max"
     #: one per metric
     constraints: Annotated[AList[Any], rule(
         "must be a list of 'METRIC <= NUMBER' or 'METRIC >= NUMBER' (each checked in search/objectives.py)")] = ()

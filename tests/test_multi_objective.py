@@ -131,3 +131,61 @@ def test_the_searcher_asks_the_same_trials_in_any_finishing_order_and_after_a_re
     assert drive(2, sampler=sampler) == first
     assert drive(3, sampler=sampler, restore_at=8, tmp_path=tmp_path) == first
     assert len({c["model.hidden_sizes"][0] for c in first.values()}) > 1
+
+
+def test_a_search_with_two_objectives_and_a_constraint_writes_its_front(ray_local, tmp_path, data_root, capsys):
+    import math
+
+    import optuna
+    import yaml
+    from optuna.storages.journal import JournalFileBackend
+
+    from search.driver import run_search
+    from trainable.__main__ import main as trainable_main
+
+    sizes = {8: 784 * 8 + 8 + 8 * 10 + 10, 32: 784 * 32 + 32 + 32 * 10 + 10, 128: 784 * 128 + 128 + 128 * 10 + 10}
+    space = parse_space({
+        "experiment": {"name": "front", "num_samples": 6, "max_concurrent": 3, "seed": 7, "storage_path": str(tmp_path),
+                       "metric": ["val_acc", "params"], "mode": ["max", "min"], "constraints": ["params <= 60000"]},
+        "resources": {"cpus": 0.5}, "training": {"epochs": 2},
+        "data": {"root": str(data_root), "train_size": 500, "val_size": 200},
+        "space": {"lr": {"distribution": "float", "low": 0.01, "high": 0.3, "log": True},
+                  "model.hidden_sizes": {"distribution": "choice", "values": [[8], [32], [128]]}}}, source="tests")
+    outcome = run_search(space, name="front")
+    run = tmp_path / "front"
+    frame = pd.read_parquet(run / "results.parquet")
+    assert sorted(frame["trial_number"].unique()) == list(range(6))
+    assert set(frame["params"]) <= set(sizes.values()) and len(set(frame["params"])) > 1, "params varies"
+    assert frame["latency_ms"].map(lambda v: math.isfinite(v) and v > 0).all()
+
+    # recomputed from results.parquet alone: each trial at its last epoch, feasible, non-dominated
+    last = frame.sort_values("epoch").groupby("trial_number").last()
+    assert (last["feasible"] == (last["params"] <= 60000)).all(), "infeasible trials are marked"
+    assert (frame.groupby("trial_number")["feasible"].nunique() == 1).all(), "on every row of a trial"
+    feasible = last[last["params"] <= 60000]
+    front = [n for n, t in feasible.iterrows()
+             if not any(o["val_acc"] >= t["val_acc"] and o["params"] <= t["params"]
+                        and (o["val_acc"] > t["val_acc"] or o["params"] < t["params"])
+                        for _, o in feasible.iterrows())]
+    pareto = yaml.safe_load((run / "pareto.yaml").read_text())
+    assert [t["trial_number"] for t in pareto["trials"]] == front and front
+    for entry in pareto["trials"]:
+        assert entry["metrics"]["val_acc"] == last.loc[entry["trial_number"], "val_acc"]
+        assert entry["config"]["model"]["hidden_sizes"] == [[k for k, v in sizes.items()
+                                                             if v == entry["metrics"]["params"]][0]]
+    assert not (run / "best.yaml").exists() and outcome.best is None
+    assert "pareto.yaml" in outcome.summary and "no best.yaml" in outcome.summary
+
+    study = optuna.load_study(study_name="front",
+                              storage=optuna.storages.JournalStorage(JournalFileBackend(str(run / "optuna.journal"))))
+    assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
+    assert sorted(t.number for t in study.best_trials) == front, "Optuna's own front of the journal agrees"
+    assert 'id="pareto"' in (run / "report.html").read_text()
+
+    # the replay of a front trial prints the epochs its record holds
+    number = front[0]
+    capsys.readouterr()
+    assert trainable_main(["--config", str(run / "pareto.yaml"), "--pick", str(number),
+                           "--data-root", str(data_root)]) == 0
+    printed = capsys.readouterr().out
+    assert f"val_acc {last.loc[number, 'val_acc']:.4f}" in printed.splitlines()[-1]
