@@ -51,7 +51,8 @@ def pareto_entries(frame: pd.DataFrame, space: Space, objectives: Objectives, gr
             "trial_number": int(row["trial_number"]),
             "trial_id": str(row["trial_id"]),
             "epoch": int(row["epoch"]),
-            "metrics": {m: score(row.get(m)) for m in OBJECTIVES},
+            "metrics": {m: (int(v) if m == "params" and v is not None else v)
+                        for m, v in ((m, score(row.get(m))) for m in OBJECTIVES)},
             "checkpoint": checkpoints.get((str(row["trial_id"]), int(row["epoch"]))),
             "config": config_from_row(row, schema),
         })

@@ -40,6 +40,8 @@ def _optuna_figure(plot: Callable, study: optuna.Study, **kwargs) -> plt.Figure:
     # to its own figures, not ours and not a caller's
     with warnings.catch_warnings(), matplotlib.rc_context():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        # several objectives: figures() gives the importances a target to minimise, as this warns it must be
+        warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes")
         axes = plot(study, **kwargs)
     figure = (axes.flat[0] if hasattr(axes, "flat") else axes).figure
     figure.set_size_inches(8, 4.5)
