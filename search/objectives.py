@@ -154,6 +154,9 @@ def problems(experiment: Any) -> list[str]:
         if experiment.sampler in SINGLE_OBJECTIVE_SAMPLERS:
             out.append(problem("experiment.sampler", "must not be cmaes with several objectives (it optimises "
                                                      "one); use tpe, nsga2, random, qmc or gp", experiment.sampler))
+        if getattr(experiment, "warm_start", None):  # an earlier run's trials are told with one value
+            out.append(problem("experiment.warm_start", "is not supported with several objectives",
+                               experiment.warm_start))
         if experiment.scheduler in EARLY_STOPPING:
             out.append(problem("experiment.scheduler", "must be fifo with several objectives: early stopping ranks "
                                                        "trials by one metric (docs/multi-objective.md)",

@@ -68,10 +68,28 @@ def _finite(v: float) -> bool:
     return math.isfinite(v)
 
 
+DURATION = re.compile(r"\s*(\d+(?:\.\d*)?)\s*([smh]?)\s*")
+SECONDS_PER = {"": 1, "s": 1, "m": 60, "h": 3600}
+
+
+def budget_seconds(value: Any) -> float | None:
+    """experiment.time_budget in seconds: a number, or `90s`, `30m`, `2h`; None if it is neither or
+    not in (0, 10 years]."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str) and (match := DURATION.fullmatch(value)):
+        seconds = float(match[1]) * SECONDS_PER[match[2]]
+    else:
+        return None
+    return seconds if _finite(seconds) and 0 < seconds <= 10 * 365 * 86400 else None
+
+
 T = TypeVar("T")
 Mode = Literal["max", "min"]
 Sampler = Literal["tpe", "random", "qmc", "cmaes", "gp", "nsga2"]  # search/ordered.py builds them
-Scheduler = Literal["fifo", "asha", "hyperband"]
+Scheduler = Literal["fifo", "asha", "hyperband", "pbt"]
 Logger = Literal["tensorboard", "mlflow", "wandb"]
 SAMPLERS, SCHEDULERS, LOGGERS = get_args(Sampler), get_args(Scheduler), get_args(Logger)
 AUTO = "auto"  #: resources.gpus: auto, trials per GPU measured by a probe before the search
@@ -113,11 +131,18 @@ class Experiment(Section):
     #: trial n's config depends only on seed and n, whatever finishes first (search/ordered.py)
     scheduler: Annotated[Scheduler, rule(f"must be one of {', '.join(SCHEDULERS)}")] = "fifo"
     #: fifo (every trial runs all epochs), asha (stops poor trials early) or hyperband (asha in brackets
-    #: that start at different epochs); reproducible with experiment.reproducible (search/halving.py)
+    #: that start at different epochs); reproducible with experiment.reproducible (search/halving.py);
+    #: pbt (population based training: poor trials copy better ones' weights and perturb lr, momentum,
+    #: weight_decay, clip_norm; search/pbt.py)
     grace_period: Annotated[int, rule("must be an integer in [1, 100000] (epochs)",
                                       lambda v: 0 < v <= 100_000)] = 1  #: asha, hyperband: epochs before a stop
     reduction_factor: Annotated[int, rule("must be an integer in [2, 1000]", lambda v: 1 < v <= 1000)] = 2
     #: asha, hyperband: keep the top 1/reduction_factor at each rung
+    perturbation_interval: Annotated[int, rule("must be an integer in [1, 100000] (epochs)",
+                                               lambda v: 0 < v <= 100_000)] = 1
+    #: pbt: every this many epochs the population is ranked, and the bottom copies the top
+    quantile_fraction: Annotated[float, rule("must be a number in (0, 0.5]", lambda v: _finite(v) and 0 < v <= 0.5)] \
+        = 0.25  #: pbt: the fraction of trials that copy (bottom) and are copied (top) at a perturbation
     max_failures: Annotated[int, rule("must be an integer in [0, 1000]", lambda v: 0 <= v <= 1000)] = 2
     #: restarts of a crashed trial, from its last checkpoint
     checkpoint_every: Annotated[int, rule("must be an integer in [1, 100000] (epochs)",
@@ -137,9 +162,24 @@ class Experiment(Section):
     connect_timeout: Annotated[float, rule("must be a number of seconds in (0, 86400]",
                                            lambda v: _finite(v) and 0 < v <= 86_400)] = 60.0
     #: seconds to wait for the cluster at --address before giving up
+    time_budget: Annotated[float | str | None, rule(
+        "must be null (no limit), a number of seconds or a duration like 90s, 30m, 2h, in (0, 10 years]",
+        lambda v: v is None or budget_seconds(v) is not None)] = None
+    #: once spent (from the search's start), no new trial starts; running ones stop at their next epoch end
+    stop_when: Annotated[dict[str, float] | None, Field(strict=False), rule(
+        f"must be null or a mapping of a reported metric ({', '.join(METRICS)}) to a finite target, "
+        "e.g. {val_acc: 0.99}", lambda v: v is None or (len(v) > 0 and all(
+            k in METRICS and isinstance(t, (int, float)) and _finite(t) for k, t in v.items())))] = None
+    #: the search ends as with time_budget once a trial reaches a target (acc: at or above; loss: at or below)
     # a YAML list arrives as a list: the tuple is the frozen form
     loggers: Annotated[tuple[Logger, ...], Field(strict=False), rule(f"must be a list of {', '.join(LOGGERS)}")] \
         = ("tensorboard",)  #: trackers: tensorboard (always written), mlflow, wandb (offline)
+    enqueue: Annotated[tuple[dict[str, Any], ...], Field(strict=False),
+                       rule("must be a list of mappings of searched keys to values")] = ()
+    #: partial configs run first, as trials 0..k-1; their values are checked in search/warm_start.py
+    warm_start: Annotated[str | None, rule("must be null or an earlier run folder (runs/<name>, or a URI)",
+                                           lambda v: v is None or v != "")] = None
+    #: an earlier run whose finished trials the new study is told before trial 0 (search/warm_start.py)
 
 
 class Resources(Section):

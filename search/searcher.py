@@ -16,11 +16,14 @@ import functools
 from typing import Any
 
 import optuna
+from optuna.storages import InMemoryStorage
 from ray.tune.search import ConcurrencyLimiter, Searcher
 from ray.tune.search.optuna import OptunaSearch
 
+from search import warm_start
 from search.objectives import objectives_of
 from search.ordered import OrderedSearch, make_sampler
+from search.run_folder import RunFolder
 from search.schema import Searched
 from search.space import Space
 from trainable.seed import derive_seed
@@ -38,21 +41,33 @@ def suggest(trial: optuna.Trial, searched: tuple[Searched, ...], experiment_seed
     return constants
 
 
-def make_searcher(space: Space) -> Searcher:
-    """The search's searcher, seeded, at most `max_concurrent` trials at once."""
+def make_searcher(space: Space, folder: RunFolder | None = None) -> Searcher:
+    """The search's searcher, seeded, at most `max_concurrent` trials at once; it starts with the
+    enqueued configs and, for a run in `folder` with a warm start, the earlier run's trials (search/warm_start.py)."""
     experiment = space.experiment
     # a partial of a module-level function: Tune pickles the searcher into its state
     ask = functools.partial(suggest, searched=space.searched, experiment_seed=experiment.seed)
     objectives = objectives_of(experiment)
+    warm = warm_start.told(warm_start.settle(space, folder) if folder else None, space.searched)
+    enqueued = warm_start.enqueued_params(experiment.enqueue, space.searched)
+    if warm:  # told first, they take Optuna's numbers 0..len-1: the trials still number from 0
+        ask = functools.partial(warm_start.renumbered, ask=ask, first=len(warm))
     if experiment.reproducible:
         searcher = OrderedSearch(ask, metric=objectives.metrics[0], mode=objectives.modes[0],
                                  experiment_seed=experiment.seed, sampler=experiment.sampler,
-                                 lag=experiment.max_concurrent, objectives=objectives)
-    else:  # several objectives: Tune's OptunaSearch tells each trial's last result (the point, objectives.py)
+                                 lag=experiment.max_concurrent, enqueued=enqueued, warm=warm, objectives=objectives)
+    else:  # Tune's OptunaSearch loads the study made here, with the warm start told and the configs enqueued;
+        # several objectives: it tells each trial's last result (the point, search/objectives.py)
+        storage = InMemoryStorage()
+        study = optuna.create_study(storage=storage, study_name="optuna", directions=objectives.directions)
+        study.add_trials(warm)
+        for params in enqueued:
+            study.enqueue_trial(params)
         metric, mode = (list(objectives.metrics), list(objectives.modes)) if objectives.several else \
             (objectives.metrics[0], objectives.modes[0])
         searcher = OptunaSearch(space=ask, metric=metric, mode=mode,
-                                sampler=make_sampler(experiment.sampler, experiment.seed, 0))
+                                sampler=make_sampler(experiment.sampler, experiment.seed, 0),
+                                storage=storage, study_name="optuna")
     # Tune lets a searcher that is not a ConcurrencyLimiter have one pending trial at a time,
     # which starts trials one after another (tune_controller._get_max_pending_trials)
     return ConcurrencyLimiter(searcher, max_concurrent=experiment.max_concurrent)
