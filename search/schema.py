@@ -35,7 +35,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, Valid
 from trainable.config import check_value, coerce, is_integer_field, plain
 from trainable.errors import problem
 from search.objectives import names
-from trainable.metrics import OBJECTIVES
+from trainable.metrics import METRICS, OBJECTIVES
 
 
 def rule(text: str, check: Callable[[Any], bool] = lambda value: True) -> AfterValidator:
