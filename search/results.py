@@ -72,7 +72,7 @@ def report_columns(space: Space) -> list[str]:
 
 
 def columns(space: Space) -> list[str]:
-    return ["trial_id", "status", *config_columns(space), *report_columns(space), *SEARCH_COLUMNS]
+    return ["trial_id", "status", *config_columns(space), *report_columns(space), *SEARCH_COLUMNS, FEASIBLE]
 
 
 JSON = {b"json": b"1"}  # field metadata: the column holds JSON text of nested or mixed values
