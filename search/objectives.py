@@ -221,4 +221,6 @@ def pareto_front(frame: pd.DataFrame, objectives: Objectives) -> pd.DataFrame:
 
 def feasible_only(rows: pd.DataFrame) -> pd.DataFrame:
     """Rows of trials not marked infeasible (a search without constraints marks none)."""
-    return rows if FEASIBLE not in rows else rows[rows[FEASIBLE].map(lambda v: v is None or v != v or bool(v))]
+    if FEASIBLE not in rows:
+        return rows
+    return rows.loc[rows[FEASIBLE].map(lambda v: v is None or v != v or bool(v)).astype(bool)]

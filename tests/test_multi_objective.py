@@ -88,6 +88,7 @@ def test_infeasible_trials_are_never_best_with_one_objective():
     marked = [*mark_feasible(rows(0, [(0.99, 5000)]), objectives), *mark_feasible(rows(1, [(0.7, 10)]), objectives)]
     assert [r["feasible"] for r in marked] == [False, True]
     assert feasible_only(pd.DataFrame(marked))["trial_number"].tolist() == [1]
+    assert list(feasible_only(pd.DataFrame(marked).iloc[0:0]).columns) == list(marked[0]), "none: an empty table"
 
 
 MULTI = parse_space({"experiment": {"metric": ["val_acc", "params"], "mode": ["max", "min"],
