@@ -76,6 +76,7 @@ def write_pareto(folder: RunFolder, space: Space, frame: pd.DataFrame, objective
     folder.storage.write(f"{folder.name}/{PARETO_FILE}", (header + yaml.safe_dump(body, sort_keys=False)).encode())
     trials = frame["trial_id"].nunique()
     numbers = ", ".join(f"#{e['trial_number']}" for e in entries) or "none"
-    return (f"Pareto front ({wanted}): {len(entries)} feasible non-dominated trial(s) of {trials} ({numbers}): "
-            f"{path}\n      replay one: {replay}")
+    # the summary adds "; no best.yaml" to the last line
+    return (f"Pareto front ({wanted}): {len(entries)} feasible non-dominated trial(s) of {trials} ({numbers})\n"
+            f"      replay one: {replay}\n      the front, each trial's config and metrics: {path}")
 
