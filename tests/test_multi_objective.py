@@ -181,6 +181,9 @@ def test_a_search_with_two_objectives_and_a_constraint_writes_its_front(ray_loca
                               storage=optuna.storages.JournalStorage(JournalFileBackend(str(run / "optuna.journal"))))
     assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
     assert sorted(t.number for t in study.best_trials) == front, "Optuna's own front of the journal agrees"
+    constraints = {t.number: t.constraints["params <= 60000"] for t in study.trials}
+    assert {n for n, v in constraints.items() if v > 0} == set(last.index[~last["feasible"].astype(bool)]), \
+        "the journal holds each trial's constraint (optuna-dashboard greys infeasible trials)"
     assert 'id="pareto"' in (run / "report.html").read_text()
 
     # the replay of a front trial prints the epochs its record holds
