@@ -151,10 +151,10 @@ def best_with_test(grid, rows: pd.DataFrame, data: Data | None, metric: str | No
         # trial_<id>/checkpoint_<k>: Tune numbers checkpoints, not epochs
         row = pd.concat([row, pd.Series({"checkpoint": "/".join(checkpoint.path.rstrip("/").split("/")[-2:])})])
         notes += [f"skipped {s}" for s in skipped]
-        row = row.copy()
-        row.attrs["lineage"] = saved.state.get("lineage")  # where its weights come from: best.yaml replays it
         if data is None:  # a function trainable: its data, and any test split, are its own
             return row, None, "; ".join(["no test accuracy: a function trainable has no test split", *notes])
+        row = row.copy()
+        row.attrs["lineage"] = saved.state.get("lineage")  # where its weights come from: best.yaml replays it
         if data.test is None:
             return row, None, "; ".join(["the dataset has no test part", *notes])
         score = evaluate_model(saved.config, saved.state["model"], saved.input_shape, saved.num_classes,

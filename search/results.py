@@ -23,6 +23,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from search.objectives import FEASIBLE
+from search.schema import conditions, not_drawn
 from search.space import Space
 from optuna.distributions import IntDistribution
 
@@ -122,7 +123,18 @@ def results_schema(space: Space) -> pa.Schema:
     report_types = {"epoch": pa.int64(), "params": pa.int64(), "diverged": pa.bool_(), "node": pa.string(), "hostname": pa.string(),
                     "device": pa.string(), "accelerator_ids": pa.string()}
     out += [pa.field(c, report_types.get(c, pa.float64())) for c in report_columns(space) + SEARCH_COLUMNS]
-    return pa.schema([*out, pa.field(FEASIBLE, pa.bool_())])  # the trial's point meets experiment.constraints
+    out.append(pa.field(FEASIBLE, pa.bool_()))  # the trial's point meets experiment.constraints
+    # the `when:` of conditional keys, so that every writer and reader of rows nulls the keys a trial did not draw
+    gated = conditions(space.searched)
+    return pa.schema(out, metadata={WHEN: json.dumps(gated)} if gated else None)
+
+
+WHEN = b"when"  #: schema metadata: JSON of [[key, [[earlier key, [values]], ...]], ...] in the space's order
+
+
+def conditions_of(schema: pa.Schema) -> list:
+    """results_schema's record of the space's conditional keys (not_drawn's input); [] without any."""
+    return json.loads((schema.metadata or {}).get(WHEN, b"[]"))
 
 
 def best_of(values: Iterable[Any], mode: str) -> float | None:
@@ -226,12 +238,13 @@ def read_record(fs: pafs.FileSystem, trial_path: str) -> list[dict[str, Any]]:
 
 def table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     """Rows as a table of `schema`; values of JSON-text columns become JSON text."""
+    gated = conditions_of(schema)
     if TRAINABLE_KEY in schema.names:  # a function trainable's metrics: columns as its reports name them
         extra = sorted({k for row in rows for k in row} - set(schema.names))
         schema = pa.schema([*schema, *(pa.field(k, pa.float64()) for k in extra)])
     text = {f.name for f in schema if is_json(f)}
     cells = [{k: (json_text(v) if k in text and v is not None else v)
-              for k, v in row.items()} for row in rows]
+              for k, v in {**row, **dict.fromkeys(not_drawn(gated, row))}.items()} for row in rows]
     return pa.Table.from_pylist(cells, schema=schema)
 
 
@@ -269,4 +282,6 @@ def config_from_row(row: Mapping[str, Any], schema: pa.Schema) -> dict[str, Any]
         if pa.types.is_integer(f.type) and value is not None:
             value = int(value)
         flat[name] = value
+    for name in not_drawn(conditions_of(schema), flat):  # null: the trial ran with the default
+        flat.pop(name, None)
     return trial_config(flat).to_dict()

@@ -14,7 +14,9 @@ A searched field is parsed once, straight into an optuna.distributions object:
     {distribution: int, low, high, log: false, step: 1}        IntDistribution (both bounds included)
     {distribution: choice, values: [...]}                      CategoricalDistribution
 
-`loguniform`, `uniform` and `randint` are aliases (float with log, float, int). `Searched`
+`loguniform`, `uniform` and `randint` are aliases (float with log, float, int). Any of them
+may add `when: {KEY: VALUE}` or `when: {KEY: [V1, V2]}`: drawn only when the earlier searched
+KEY took one of those values (docs/conditional.md; space.py checks the names and values). `Searched`
 carries the distribution; asking a trial, the results column's type, the study's params, the
 check before a search and spec.yaml all read it from there. A choice of mappings or lists is
 labelled once (`label`: JSON with sorted keys), since Optuna's categories must be scalars.
@@ -22,6 +24,7 @@ labelled once (`label`: JSON with sorted keys), since Optuna's categories must b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -239,6 +242,33 @@ def label(value: Any) -> Any:
     return value if _scalar(value) else json.dumps(plain(value), sort_keys=True)
 
 
+When = tuple[tuple[str, tuple[Any, ...]], ...]  #: a `when:`: (earlier searched key, the values it must take), ...
+
+
+def holds(when: When, drawn: Mapping[str, Any]) -> bool:
+    """Whether a key with this `when:` is drawn, given the keys drawn before it (a key not drawn is absent)."""
+    def as_label(value: Any) -> Any:
+        return label(value.tolist() if hasattr(value, "tolist") else value)  # numpy scalars from a results frame
+
+    return all(key in drawn and as_label(drawn[key]) in {label(v) for v in allowed} for key, allowed in when)
+
+
+def not_drawn(conditions: list[tuple[str, When]], values: Mapping[str, Any]) -> set[str]:
+    """The conditional keys a trial with these config values did not draw; `conditions`: (key, when) in the
+    space section's order. A key whose condition names a key not drawn is not drawn either."""
+    names = {name for name, _ in conditions}
+    drawn = {key: value for key, value in values.items() if key not in names}
+    for name, when in conditions:
+        if holds(when, drawn):
+            drawn[name] = values.get(name)
+    return names - drawn.keys()
+
+
+def conditions(searched: tuple[Searched, ...]) -> list[tuple[str, When]]:
+    """The conditional keys of a space and their `when:`, in the space section's order (not_drawn's input)."""
+    return [(d.name, d.when) for d in searched if d.when]
+
+
 @dataclass(frozen=True)
 class Searched:
     """One searched field of the trial config and its Optuna distribution."""
@@ -246,6 +276,11 @@ class Searched:
     name: str  #: the trial config's flat name: lr, batch_size, model.<key>
     distribution: BaseDistribution  #: a choice's categories are the labels of `values`
     values: tuple[Any, ...] = ()  #: a choice's values, in the order of its categories
+    when: When = ()  #: drawn only where every (earlier searched key, its allowed values) holds; (): always
+
+    def holds(self, drawn: Mapping[str, Any]) -> bool:
+        """Whether this key is drawn, given the values of the keys drawn before it (search/searcher.suggest)."""
+        return holds(self.when, drawn)
 
     @property
     def is_choice(self) -> bool:
@@ -290,11 +325,14 @@ class Searched:
         """The canonical space-file form (spec.yaml)."""
         d = self.distribution
         if isinstance(d, CategoricalDistribution):
-            return {"distribution": "choice", "values": plain(list(self.values))}
-        kind = "int" if isinstance(d, IntDistribution) else "float"
-        raw = {"distribution": kind, "low": d.low, "high": d.high, "log": d.log}
-        if d.step is not None and not (kind == "int" and d.step == 1):
-            raw["step"] = d.step
+            raw = {"distribution": "choice", "values": plain(list(self.values))}
+        else:
+            kind = "int" if isinstance(d, IntDistribution) else "float"
+            raw = {"distribution": kind, "low": d.low, "high": d.high, "log": d.log}
+            if d.step is not None and not (kind == "int" and d.step == 1):
+                raw["step"] = d.step
+        if self.when:
+            raw["when"] = {key: plain(list(allowed)) for key, allowed in self.when}
         return raw
 
 
@@ -323,9 +361,12 @@ def field_value(path: str, name: str, value: Any, problems: list[str]) -> Any:
 def parse_searched(name: str, spec: Mapping[str, Any], problems: list[str]) -> Searched | None:
     """`space.<name>: {distribution: ...}` as a Searched, or None with every problem added."""
     path = f"space.{name}"
+    before = len(problems)
+    when = parse_when(path, spec["when"], problems) if "when" in spec else ()
+    spec = {key: value for key, value in spec.items() if key != "when"}
     written = spec.get("distribution")
     if written not in DISTRIBUTIONS:
-        known = {"distribution", "low", "high", "log", "step", "values"}
+        known = {"distribution", "low", "high", "log", "step", "values", "when"}
         for key in spec:
             if key not in known:
                 problems.append(problem(f"{path}.{key}", f"unknown key (known: {', '.join(sorted(known))})", spec[key]))
@@ -337,13 +378,13 @@ def parse_searched(name: str, spec: Mapping[str, Any], problems: list[str]) -> S
     kind, alias_log = ALIASES.get(written, (written, None))
     allowed = {"distribution", "values"} if kind == "choice" else \
         {"distribution", "low", "high"} | ({"log", "step"} if alias_log is None else set())
-    before = len(problems)
     for key in spec:
         if key not in allowed:
-            problems.append(problem(f"{path}.{key}", f"unknown key for {written} (known: {', '.join(sorted(allowed))})",
-                                    spec[key]))
+            known = ", ".join(sorted(allowed | {"when"}))
+            problems.append(problem(f"{path}.{key}", f"unknown key for {written} (known: {known})", spec[key]))
     if kind == "choice":
-        return _choice(name, path, spec.get("values"), problems, before)
+        found = _choice(name, path, spec.get("values"), problems, before)
+        return found and dataclasses.replace(found, when=when)
     integer_field = is_integer_field(name)
     if kind == "float" and integer_field:
         if written == "float":
@@ -383,9 +424,28 @@ def parse_searched(name: str, spec: Mapping[str, Any], problems: list[str]) -> S
                                 else f"must be <= high ({high})", low))
         return None
     if kind == "int":
-        return Searched(name, IntDistribution(low, high, log=log, step=1 if step is None else step))
+        return Searched(name, IntDistribution(low, high, log=log, step=1 if step is None else step), when=when)
     return Searched(name, FloatDistribution(float(low), float(high), log=log,
-                                            step=None if step is None else float(step)))
+                                            step=None if step is None else float(step)), when=when)
+
+
+def parse_when(path: str, when: Any, problems: list[str]) -> When:
+    """`when: {KEY: VALUE}` or `{KEY: [V1, V2]}` as ((KEY, (V1, V2)), ...); its form only (space.py checks
+    that each KEY is an earlier searched key and each value one it can take). A list is always a list of
+    values: a value that is itself a list is written inside one, `[[64, 32]]`."""
+    if not isinstance(when, dict) or not when:
+        problems.append(problem(f"{path}.when", "must be a mapping of an earlier searched key to a value or a "
+                                                "list of values, e.g. {optimizer: sgd}", when))
+        return ()
+    out = []
+    for key, allowed in when.items():
+        if not isinstance(key, str):
+            problems.append(problem(f"{path}.when", "must name keys of the space section", key))
+        elif isinstance(allowed, list) and not allowed:
+            problems.append(problem(f"{path}.when.{key}", "must be a value or a non-empty list of values", allowed))
+        else:
+            out.append((key, tuple(allowed) if isinstance(allowed, list) else (allowed,)))
+    return tuple(out)
 
 
 def _choice(name: str, path: str, values: Any, problems: list[str], before: int) -> Searched | None:

@@ -30,15 +30,18 @@ from trainable.seed import derive_seed
 
 
 def suggest(trial: optuna.Trial, searched: tuple[Searched, ...], experiment_seed: int) -> dict[str, Any]:
-    """Ask Optuna for every searched field; return the trial's seed and every drawn value.
+    """Ask Optuna for every searched field whose `when:` holds; return the trial's seed and every drawn value.
 
-    Returned values are constants that Tune adds to the trial config, overriding Optuna's
+    Fields are asked in the space section's order, so a condition's key is decided before the
+    fields it gates; a field not asked is absent, the trial config keeps its default (results:
+    null). Returned values are constants that Tune adds to the trial config, overriding Optuna's
     param of the same name: a choice's value rather than its label.
     """
-    constants: dict[str, Any] = {"seed": derive_seed(experiment_seed, trial.number), "trial_number": trial.number}
+    drawn: dict[str, Any] = {}
     for d in searched:
-        constants[d.name] = d.ask(trial)
-    return constants
+        if d.holds(drawn):
+            drawn[d.name] = d.ask(trial)
+    return {"seed": derive_seed(experiment_seed, trial.number), "trial_number": trial.number, **drawn}
 
 
 def make_searcher(space: Space, folder: RunFolder | None = None) -> Searcher:
@@ -52,6 +55,8 @@ def make_searcher(space: Space, folder: RunFolder | None = None) -> Searcher:
     enqueued = warm_start.enqueued_params(experiment.enqueue, space.searched)
     if warm:  # told first, they take Optuna's numbers 0..len-1: the trials still number from 0
         ask = functools.partial(warm_start.renumbered, ask=ask, first=len(warm))
+    # a space with `when:` keys keeps the pinned TPE settings: group=True (each branch modelled
+    # jointly) did no better on a conditional problem (bench/conditional_tpe.py, docs/conditional.md)
     if experiment.reproducible:
         searcher = OrderedSearch(ask, metric=objectives.metrics[0], mode=objectives.modes[0],
                                  experiment_seed=experiment.seed, sampler=experiment.sampler,

@@ -26,8 +26,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from optuna.distributions import FloatDistribution, IntDistribution
+
 from search.objectives import problems as objective_problems
-from search.schema import DataRoot, Experiment, Resources, Searched, field_value, parse_searched, validated
+from search.schema import DataRoot, Experiment, Resources, Searched, field_value, label, parse_searched, validated
 from trainable.config import (FACTORY_KEY, FIELDS, MODEL, MOVED, MUTABLE, TrialConfig, absolute_reference,
                               cross_field_problems, fields_in, is_plain_data, is_reference, keyword_of, model_key,
                               plain, searchable, section)
@@ -70,8 +72,8 @@ def _section(raw: Mapping[str, Any], name: str, problems: list[str]) -> dict[str
 def max_epochs(searched: tuple[Searched, ...], fixed_epochs: int) -> int:
     """The most epochs any trial of the search runs (epochs may be searched)."""
     for d in searched:
-        if d.name == "epochs":
-            return int(d.largest())
+        if d.name == "epochs":  # a conditional epochs runs the default where its condition fails
+            return max(int(d.largest()), fixed_epochs) if d.when else int(d.largest())
     return fixed_epochs
 
 
@@ -191,6 +193,7 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
                 searched.append(found)
         else:
             fixed[key] = field_value(f"space.{key}", key, value, problems)
+    problems += when_problems(searched, fixed)
     if not problems:
         problems += cross_field_problems(fixed, "data.")
     if not problems and experiment.scheduler in ("asha", "hyperband"):
@@ -217,6 +220,63 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
     if problems:
         raise ConfigError(problems, source)
     return Space(experiment, resources, data_root, fixed, tuple(searched), source)
+
+
+def when_problems(searched: list[Searched], fixed: Mapping[str, Any]) -> list[str]:
+    """Why a `when:` cannot hold as written: it names a key not searched, one searched later (or a
+    cycle), or a value the named key can never take. Naming only earlier keys is what lets a trial
+    draw its keys in the space section's order, each condition already decided (define-by-run)."""
+    problems = []
+    order = {d.name: i for i, d in enumerate(searched)}
+    for i, d in enumerate(searched):
+        path = f"space.{d.name}.when"
+        for key, allowed in d.when:
+            cycle = _cycle(d.name, key, searched, order)
+            if key not in order:
+                why = "is fixed: the same in every trial" if key in fixed else "is not searched"
+                problems.append(problem(path, f"must name a searched key of the space section ({key} {why})", key))
+            elif cycle:
+                problems.append(problem(path, f"must not make a cycle ({' -> '.join(cycle)})", key))
+            elif order[key] > i:
+                problems.append(problem(path, f"must name a key searched before {d.name} in the space section "
+                                              f"({key} comes after it)", key))
+            else:
+                for value in allowed:
+                    never = _never_taken(searched[order[key]], value)
+                    if never:
+                        problems.append(problem(f"{path}.{key}", f"must be a value {key} can take: {never}", value))
+    return problems
+
+
+def _cycle(start: str, key: str, searched: list[Searched], order: Mapping[str, int]) -> list[str] | None:
+    """[start, key, ..., start] if following the when keys from `key` comes back to `start`."""
+    seen: set[str] = set()
+
+    def walk(node: str, path: list[str]) -> list[str] | None:
+        if node == start:
+            return path
+        if node not in order or node in seen:
+            return None
+        seen.add(node)
+        return next(filter(None, (walk(k, [*path, k]) for k, _ in searched[order[node]].when)), None)
+
+    return walk(key, [start, key])
+
+
+def _never_taken(target: Searched, value: Any) -> str | None:
+    """Why `target` can never draw `value`, or None if it can."""
+    d = target.distribution
+    if target.is_choice:
+        return None if label(value) in d.choices else f"one of {plain(list(target.values))}"
+    if isinstance(d, FloatDistribution) and d.step is None:
+        return "a float key without a step takes any one value with probability 0; name a choice or an int key"
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or \
+            (isinstance(d, IntDistribution) and value != int(value)):
+        return f"a number in [{d.low}, {d.high}]"
+    steps = (value - d.low) / d.step
+    if not d.low <= value <= d.high or abs(steps - round(steps)) > 1e-8:
+        return f"a number in [{d.low}, {d.high}]" + (f" on steps of {d.step} from {d.low}" if d.step != 1 else "")
+    return None
 
 
 FUNCTION_SECTIONS = ("experiment", "resources", "training", "space")
@@ -272,6 +332,7 @@ def _parse_function_space(raw: Mapping[str, Any], source: str) -> Space:
                 problems.append(problem(path, "must be plain data (numbers, strings, lists, mappings)", value))
             else:
                 fixed[key] = plain(value)
+    problems += when_problems(searched, fixed)
     if not problems and experiment.scheduler in ("asha", "hyperband"):
         epochs = max_epochs(tuple(searched), FunctionConfig(reference, fixed).epochs or 0)
         if not epochs:
@@ -322,9 +383,13 @@ def to_raw(space: Space) -> dict[str, Any]:
 
 def example_config(space: Space) -> TrialConfig | FunctionConfig:
     """A trial config the search could produce: fixed fields plus each searched field's first value
-    (a range's low end, of the type the distribution draws).
+    (a range's low end, of the type the distribution draws), where its `when:` holds for those.
 
     Used to try the model once before Ray starts.
     """
-    values = {**space.fixed, **{d.name: d.example() for d in space.searched}}
+    drawn: dict[str, Any] = {}
+    for d in space.searched:
+        if d.holds(drawn):
+            drawn[d.name] = d.example()
+    values = {**space.fixed, **drawn}
     return FunctionConfig(space.trainable, values) if space.trainable else TrialConfig.from_mapping(values)

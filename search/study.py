@@ -17,6 +17,7 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from search.objectives import objectives_of, point_row
 from search.results import INTERRUPTED, best_of, is_json, results_schema, score
+from search.schema import conditions, not_drawn
 from search.space import Space
 
 JOURNAL_FILE = "optuna.journal"
@@ -55,13 +56,15 @@ def frozen_trial(rows: pd.DataFrame, space: Space, schema=None, *, live: bool = 
     if live and status in UNENDED:
         state, values = UNENDED[status], None
     measured = {} if point is None else {m: score(point.get(m)) for m in objectives.measured}
+    cells = {d.name: _cell(first[d.name], d.name in json_columns) for d in space.searched}
+    drawn = [d for d in space.searched if d.name not in not_drawn(conditions(space.searched), cells)]  # `when:`
     return create_trial(
         state=state,
         values=values,
         constraints=dict(zip(map(str, objectives.constraints), objectives.violations(point)))
         if point is not None and objectives.constraints and state == TrialState.COMPLETE else None,
-        params={d.name: d.param(_cell(first[d.name], d.name in json_columns)) for d in space.searched},
-        distributions={d.name: d.distribution for d in space.searched},
+        params={d.name: d.param(cells[d.name]) for d in drawn},
+        distributions={d.name: d.distribution for d in drawn},
         intermediate_values=curve or None,
         user_attrs={"trial_number": None if pd.isna(first["trial_number"]) else int(first["trial_number"]),
                     "trial_id": str(first["trial_id"]), "seed": int(first["seed"]), "status": status, **measured},

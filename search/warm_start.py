@@ -130,10 +130,12 @@ def select(frame, earlier_space, space) -> tuple[list[dict[str, Any]], dict[str,
         if earlier.state != TrialState.COMPLETE or first["status"] in (INTERRUPTED, LOST) \
                 or pd.isna(first["trial_number"]):
             why = UNFINISHED
-        params = {}
+        params, drawn = {}, {}
         for d in space.searched:
             if why:
                 break
+            if not d.holds(drawn):  # a `when:` key today's space would not draw for this trial: not asked
+                continue
             cell = first[d.name] if d.name in frame.columns else None
             if d.name in json_columns and isinstance(cell, str):
                 cell = json.loads(cell)
@@ -143,6 +145,7 @@ def select(frame, earlier_space, space) -> tuple[list[dict[str, Any]], dict[str,
                 params[d.name] = None if missing else d.param(cell)
             except (TypeError, ValueError):
                 params[d.name] = cell
+            drawn[d.name] = cell
             if missing:
                 why = f"without {d.name}"
             elif outside(d, params[d.name]):

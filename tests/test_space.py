@@ -98,7 +98,7 @@ def test_shipped_mnist_space_searches_the_four_fields():
     ({"data": {"data_args": {"n": 3}}}, "data.data_args: unknown key (known: root, dataset, args, train_size"),
     ({"optimiser": {}}, "optimiser: unknown section"),
     ({"space": {"lr": {"distribuion": "loguniform", "low": 0.01, "high": 0.1}}},
-     "space.lr.distribuion: unknown key (known: distribution, high, log, low, step, values), got 'loguniform'"),
+     "space.lr.distribuion: unknown key (known: distribution, high, log, low, step, values, when), got 'loguniform'"),
     ({"space": {"lr": {"low": 0.01, "high": 0.1}}}, "space.lr: needs a distribution key"),
     ({"training": {"epochs": 2}}, "space: must search at least one field"),
     # the model section and searched model keywords

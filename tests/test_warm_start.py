@@ -124,6 +124,20 @@ def test_earlier_trials_outside_todays_space_are_left_out_and_counted():
     assert select(frame, earlier, searched_more)[1] == {"without momentum": 2, **left_out}, "keys in space order"
 
 
+def test_an_earlier_trial_without_a_key_its_condition_left_out_is_kept():
+    conditional = {"space": {"optimizer": {"distribution": "choice", "values": ["sgd", "adamw"]},
+                             "momentum": {"distribution": "float", "low": 0.5, "high": 0.99,
+                                          "when": {"optimizer": "sgd"}},
+                             "lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3}}}
+    space = parse_space(conditional)
+    frame = pd.DataFrame([{**rows(0, "COMPLETED", 0.05, 32), "optimizer": "adamw", "momentum": None},
+                          {**rows(1, "COMPLETED", 0.05, 32), "optimizer": "sgd", "momentum": 0.9}])
+    kept, left_out = select(frame, space, space)
+    assert [k["number"] for k in kept] == [0, 1]
+    assert kept[0]["params"] == {"optimizer": "adamw", "lr": 0.05}
+    assert left_out == {}
+
+
 @pytest.mark.slow
 def test_a_search_with_enqueued_configs_warm_starts_the_next(ray_local, tmp_path, data_root):
     from search.driver import run_search
