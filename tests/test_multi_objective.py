@@ -134,7 +134,10 @@ def test_the_searcher_asks_the_same_trials_in_any_finishing_order_and_after_a_re
     assert len({c["model.hidden_sizes"][0] for c in first.values()}) > 1
 
 
-def test_a_search_with_two_objectives_and_a_constraint_writes_its_front(ray_local, tmp_path, data_root, capsys):
+def test_a_search_with_two_objectives_a_constraint_conditional_keys_enqueued_configs_and_a_budget(
+        ray_local, tmp_path, data_root, capsys):
+    """Issue 18's whole space in one search: when:, two objectives, a constraint, two enqueued configs, a
+    time budget (one it does not spend: test_budgets spends one); then the same search at another max_concurrent."""
     import math
 
     import optuna
@@ -145,17 +148,31 @@ def test_a_search_with_two_objectives_and_a_constraint_writes_its_front(ray_loca
     from trainable.__main__ import main as trainable_main
 
     sizes = {8: 784 * 8 + 8 + 8 * 10 + 10, 32: 784 * 32 + 32 + 32 * 10 + 10, 128: 784 * 128 + 128 + 128 * 10 + 10}
-    space = parse_space({
-        "experiment": {"name": "front", "num_samples": 6, "max_concurrent": 3, "seed": 7, "storage_path": str(tmp_path),
-                       "metric": ["val_acc", "params"], "mode": ["max", "min"], "constraints": ["params <= 60000"]},
-        "resources": {"cpus": 0.5}, "training": {"epochs": 2},
-        "data": {"root": str(data_root), "train_size": 500, "val_size": 200},
-        "space": {"lr": {"distribution": "float", "low": 0.01, "high": 0.3, "log": True},
-                  "model.hidden_sizes": {"distribution": "choice", "values": [[8], [32], [128]]}}}, source="tests")
-    outcome = run_search(space, name="front")
+    enqueued = [{"optimizer": "sgd", "lr": 0.05, "model.hidden_sizes": [32]}, {"optimizer": "adamw", "lr": 0.002}]
+
+    def space_at(max_concurrent: int):
+        return parse_space({
+            "experiment": {"name": "front", "num_samples": 6, "max_concurrent": max_concurrent, "seed": 7,
+                           "storage_path": str(tmp_path), "metric": ["val_acc", "params"], "mode": ["max", "min"],
+                           "constraints": ["params <= 60000"], "enqueue": enqueued, "time_budget": "10m"},
+            "resources": {"cpus": 0.5}, "training": {"epochs": 2},
+            "data": {"root": str(data_root), "train_size": 500, "val_size": 200},
+            "space": {"optimizer": {"distribution": "choice", "values": ["sgd", "adamw"]},
+                      "momentum": {"distribution": "float", "low": 0.5, "high": 0.95, "when": {"optimizer": "sgd"}},
+                      "lr": {"distribution": "float", "low": 0.001, "high": 0.3, "log": True},
+                      "model.hidden_sizes": {"distribution": "choice", "values": [[8], [32], [128]]}}}, source="tests")
+
+    outcome = run_search(space_at(3), name="front")
     run = tmp_path / "front"
     frame = pd.read_parquet(run / "results.parquet")
     assert sorted(frame["trial_number"].unique()) == list(range(6))
+    # null exactly where the condition was false
+    assert (frame["momentum"].isna() == (frame["optimizer"] == "adamw")).all()
+    assert set(frame["optimizer"]) == {"sgd", "adamw"}
+    # trials 0 and 1 are the enqueued configs, the rest of their keys drawn
+    first = frame.sort_values("epoch").groupby("trial_number").first()
+    assert (first.loc[0, "optimizer"], first.loc[0, "lr"], first.loc[0, "model.hidden_sizes"]) == ("sgd", 0.05, "[32]")
+    assert (first.loc[1, "optimizer"], first.loc[1, "lr"]) == ("adamw", 0.002)
     assert set(frame["params"]) <= set(sizes.values()) and len(set(frame["params"])) > 1, "params varies"
     assert frame["latency_ms"].map(lambda v: math.isfinite(v) and v > 0).all()
 
@@ -193,3 +210,11 @@ def test_a_search_with_two_objectives_and_a_constraint_writes_its_front(ray_loca
                            "--data-root", str(data_root)]) == 0
     printed = capsys.readouterr().out
     assert f"val_acc {last.loc[number, 'val_acc']:.4f}" in printed.splitlines()[-1]
+
+    # the same seed at another max_concurrent: the same trials, configs and metrics
+    run_search(space_at(2), name="front-2")
+    again = pd.read_parquet(tmp_path / "front-2" / "results.parquet")
+    table = ["trial_number", "epoch", "optimizer", "momentum", "lr", "model.hidden_sizes", "params", "val_acc",
+             "feasible"]
+    pd.testing.assert_frame_equal(frame.sort_values(["trial_number", "epoch"])[table].reset_index(drop=True),
+                                  again.sort_values(["trial_number", "epoch"])[table].reset_index(drop=True))
