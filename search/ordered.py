@@ -119,13 +119,19 @@ class OrderedSearch(Searcher):
     """Tune searcher: reproducible suggestions at up to `lag` trials at once.
 
     `tpe_settings` replaces TPE_SETTINGS (the sampler "tpe" only): the knobs that bound
-    TPE's cost per suggestion at thousands of trials (bench/tpe_scale.py).
+    TPE's cost per suggestion at thousands of trials (bench/tpe_scale.py). `unseen` (default
+    `lag`): trial n is asked on the results of trials 0 .. n-unseen-1, the rest running to it.
+    Below `lag` a slot may wait for an earlier result; at lag - 1 trial n sees every result a
+    search with `lag` slots can have for sure (one slot is free: one of the last `lag` trials
+    ended), and at lag 1 the latest result (bench/quality.py, docs/search-quality.md).
     """
 
     def __init__(self, ask: Callable[[optuna.Trial], dict[str, Any]], *, metric: str, mode: str,
-                 experiment_seed: int, sampler: str, lag: int, tpe_settings: Mapping[str, Any] | None = None):
+                 experiment_seed: int, sampler: str, lag: int, tpe_settings: Mapping[str, Any] | None = None,
+                 unseen: int | None = None):
         super().__init__(metric=metric, mode=mode)
         self.ask, self.experiment_seed, self.sampler, self.lag = ask, experiment_seed, sampler, lag
+        self.unseen = lag if unseen is None else unseen  # trials n-unseen .. n-1 are running to trial n
         self.tpe_settings = dict(TPE_SETTINGS if tpe_settings is None else tpe_settings)
         self.numbers: dict[str, int] = {}  # Tune trial id -> trial number
         # by number: params, distributions, system attrs (where a sampler such as CMA-ES keeps its state)
@@ -145,7 +151,7 @@ class OrderedSearch(Searcher):
         running = n - len(self.finished)
         if running >= self.lag:
             return None  # every slot is busy
-        if self._result_out_before(n - self.lag):
+        if self._result_out_before(n - self.unseen):
             self._waiting_since = self._waiting_since or time.monotonic()
             return None  # an earlier result that trial n must see is still out
         if self._waiting_since is not None:
@@ -191,8 +197,8 @@ class OrderedSearch(Searcher):
         values): no sampler here reads them, and Study has no public way to set them afterwards.
         """
         if self._kept is None:
-            self._kept, self._told = self._built(n), max(0, n - self.lag)
-        for k in range(self._told, n - self.lag):
+            self._kept, self._told = self._built(n), max(0, n - self.unseen)
+        for k in range(self._told, n - self.unseen):
             self._tell(self._kept, k)
             self._told = k + 1
         return self._kept
@@ -208,7 +214,7 @@ class OrderedSearch(Searcher):
                                   sampler=optuna.samplers.RandomSampler())  # replaced before each ask
         for k in range(n):
             params, distributions, system_attrs = self.asked[k]
-            if k < n - self.lag:
+            if k < n - self.unseen:
                 value = self.finished[k]
                 study.add_trial(create_trial(
                     state=TrialState.COMPLETE if value is not None else TrialState.FAIL,
@@ -293,4 +299,5 @@ class OrderedSearch(Searcher):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.__dict__.setdefault("tpe_settings", dict(TPE_SETTINGS))  # a searcher pickled before it had them
+        self.__dict__.setdefault("unseen", self.lag)
         self._drop_caches()
