@@ -121,9 +121,9 @@ class OrderedSearch(Searcher):
     `tpe_settings` replaces TPE_SETTINGS (the sampler "tpe" only): the knobs that bound
     TPE's cost per suggestion at thousands of trials (bench/tpe_scale.py). `unseen` (default
     `lag`): trial n is asked on the results of trials 0 .. n-unseen-1, the rest running to it.
-    Below `lag` a slot may wait for an earlier result; at lag - 1 trial n sees every result a
-    search with `lag` slots can have for sure (one slot is free: one of the last `lag` trials
-    ended), and at lag 1 the latest result (bench/quality.py, docs/search-quality.md).
+    Fewer unseen trials give trial n more results and fewer liars, and make a slot wait more
+    often: whenever trial n-unseen-1 is still running when a later trial ends. At lag 1,
+    unseen 0 never waits (docs/search-quality.md measures both).
     """
 
     def __init__(self, ask: Callable[[optuna.Trial], dict[str, Any]], *, metric: str, mode: str,
