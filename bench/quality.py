@@ -50,12 +50,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core per worker: before numpy and torch read it
-
-import numpy as np  # noqa: E402
-import optuna  # noqa: E402
-from optuna.distributions import CategoricalDistribution, IntDistribution  # noqa: E402
-from scipy.stats import rankdata  # noqa: E402
+import numpy as np
+import optuna
+from optuna.distributions import CategoricalDistribution, IntDistribution
+from scipy.stats import rankdata
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
@@ -289,7 +287,8 @@ class Results:
     def mean_rank(self, labels: list[str], n: int) -> dict[str, float]:
         """Each searcher's rank among `labels` on each (table, seed), averaged; ties share a rank."""
         cases = sorted({(table, seed) for (_, table, seed) in self.best})
-        ranks = np.array([rankdata([self.best[label, table, seed][n - 1] for label in labels]) for table, seed in cases])
+        ranks = np.array([rankdata([self.best[label, table, seed][n - 1] for label in labels])
+                          for table, seed in cases])
         return dict(zip(labels, ranks.mean(axis=0)))
 
 
@@ -299,7 +298,9 @@ def run(labels: list[str], tables: list[tuple[str, str]], seeds: int, trials: in
             for label in labels]
     jobs.sort(key=lambda job: " gp " not in job[0] + " ")  # the slowest first, so the workers end together
     if workers > 1:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
+        # one core per worker: torch (gp's sampler) reads it on its first import, in the worker
+        context = multiprocessing.get_context("fork")
+        with context.Pool(workers, os.environ.setdefault, ("OMP_NUM_THREADS", "1")) as pool:
             done = list(pool.imap_unordered(run_one, jobs))
     else:
         done = [run_one(job) for job in jobs]
