@@ -1,9 +1,10 @@
-# The image every node of cluster.yaml runs: Ray's GPU image plus torch, torchvision and the
+# The prebuilt node image, cluster.yaml's opt-in: Ray's GPU image plus torch, torchvision and the
 # project's other dependencies, so a worker the autoscaler adds starts trials once the image is
-# pulled, without pip-installing 3-4 GB of CUDA wheels first, and every node has the same versions.
+# pulled, without pip-installing 3-4 GB of CUDA wheels first. cluster.yaml's default needs no
+# build: it runs Ray's image (this FROM) and pip-installs the same pins in setup_commands.
 #
 # Build it from the repo root (.dockerignore keeps .venv, runs, data and .git out) and push it to
-# a registry the nodes can pull from, then put the name in cluster.yaml (docker.head_image):
+# a registry the nodes can pull from, then swap cluster.yaml's two docker.image lines (the commented one names this image):
 #
 #   docker build -t REGISTRY/hpsearch:2.60.0-py311-gpu .
 #   docker push REGISTRY/hpsearch:2.60.0-py311-gpu

@@ -1,4 +1,4 @@
-"""Early stopping side by side: FIFO, reproducible ASHA, Ray's ASHA and reproducible Hyperband.
+"""Early stopping side by side: FIFO, reproducible ASHA, Ray's ASHA, reproducible Hyperband and PBT.
 
     python bench/early_stopping.py [--data-root DIR] [--seeds 3] [--quick]
 
@@ -28,6 +28,7 @@ SCHEDULERS = {  # label -> (scheduler, reproducible)
     "asha (reproducible)": ("asha", True),
     "asha (Ray's, by arrival)": ("asha", False),
     "hyperband (reproducible)": ("hyperband", True),
+    "pbt (Ray's, synchronous)": ("pbt", True),
 }
 
 

@@ -10,7 +10,9 @@ never share one; trials of 1/k fill a GPU k at a time.
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from dataclasses import dataclass
 
 import ray
@@ -25,13 +27,49 @@ class CapacityError(RuntimeError):
     """No node can hold one trial and no autoscaler will add one."""
 
 
-def has_autoscaler() -> bool:
-    """True on a cluster made with the cluster launcher (`ray up`).
+AUTOSCALER_SETTING = "HPSEARCH_AUTOSCALER"  #: 1: an autoscaler adds nodes, 0: none does (overrides detection)
 
-    Ray Tune uses the same test (ray.tune.execution.insufficient_resources_manager):
-    the launcher leaves its bootstrap config on the head node.
+
+def has_autoscaler() -> bool:
+    """True where an autoscaler can add nodes to the cluster this driver joined.
+
+    Asked in order: HPSEARCH_AUTOSCALER=1/0 (the user says so, for a provider we cannot see);
+    `ray up`'s bootstrap config on the head (Ray Tune's own test, insufficient_resources_manager);
+    then the cluster itself: an autoscaler reports its status into Ray's GCS every round, the
+    report `ray status` prints. Autoscaler v1 (`ray up`, KubeRay's autoscaler container, the fake
+    provider) writes it under Ray's DEBUG_AUTOSCALING_STATUS key; v2 reports a state version.
     """
-    return os.path.exists(os.path.expanduser("~/ray_bootstrap_config.yaml"))
+    setting = os.environ.get(AUTOSCALER_SETTING, "").strip()
+    if setting in ("0", "1"):
+        return setting == "1"
+    if os.path.exists(os.path.expanduser("~/ray_bootstrap_config.yaml")):
+        return True
+    return ray.is_initialized() and autoscaler_reports()
+
+
+def autoscaler_reports() -> bool:
+    """True if an autoscaler that can add nodes reports to this cluster (read as `ray status` reads it).
+
+    Every head runs Ray's monitor; without an autoscaling config (ray.init, a plain `ray start
+    --head`) it runs a read-only one, which names each node's type `node_<id>` and adds none.
+    An autoscaler with a config reports the node types of that config (head, gpu, headgroup...).
+    """
+    from ray._private import ray_constants
+    from ray.experimental import internal_kv
+
+    try:
+        status = internal_kv._internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS)
+        report = (json.loads(status) if status else {}).get("autoscaler_report") or {}
+        types = {*(report.get("active_nodes") or {}), *(report.get("idle_nodes") or {}),
+                 *(report.get("pending_launches") or {})}
+        if any(not name.startswith("node_") for name in types):
+            return True
+        from ray.autoscaler.v2.sdk import get_cluster_status
+
+        stats = get_cluster_status(ray.get_runtime_context().gcs_address).stats
+        return stats.autoscaler_version not in (None, "", "0")
+    except Exception:  # an older GCS, a client without access: no evidence of one
+        return False
 
 
 def trials_fit(node_resources: dict[str, float], resources: Resources) -> int:
@@ -56,20 +94,51 @@ def trials_per_node(resources: Resources) -> dict[str, int]:
 
 
 def check_capacity(resources: Resources) -> int:
-    """Trials the cluster holds at once now; raise CapacityError if that is 0 for good."""
+    """Trials the cluster's nodes hold at once; raise CapacityError if that is 0 for good.
+
+    0 where an autoscaler adds nodes: how many trials run at once is then max_concurrent, not
+    what happens to be up now. Also says (a note) when others hold what a trial needs: on a
+    shared cluster another search's trials wait-list ours. The count stays the nodes' whole
+    capacity, not what is free at this moment, so the same space gives the same trials (the
+    searcher's order depends on the trials at once).
+    """
     counts = trials_per_node(resources)
     total = sum(counts.values())
-    if total == 0 and not has_autoscaler():
+    autoscaler = has_autoscaler()
+    if total == 0 and not autoscaler:
         nodes = alive_nodes()
         largest = max(nodes, key=lambda r: (r.get("GPU", 0), r.get("CPU", 0)), default={})
         raise CapacityError(
             f"resources: each trial asks for {resources.cpus:g} CPU and {resources.gpus:g} GPU, "
             f"but no node of this cluster has that much (the largest has {largest.get('CPU', 0):g} CPU "
             f"and {largest.get('GPU', 0):g} GPU; {len(nodes)} node(s)), and no autoscaler will add one. "
-            f"Lower --gpus-per-trial / --cpus-per-trial, or run on a cluster with GPUs (--address)."
+            f"Lower --gpus-per-trial / --cpus-per-trial, or run on a cluster with GPUs (--address), "
+            f"or set {AUTOSCALER_SETTING}=1 if an autoscaler Ray cannot see adds nodes."
         )
-    return total
+    if note := held_by_others(resources, total):
+        print(f"note: {note}", file=sys.stderr, flush=True)
+    return 0 if autoscaler else total
 
+
+def held_by_others(resources: Resources, total: int) -> str:
+    """A line when what is free now holds fewer trials than the nodes do ("" when all is free).
+
+    Free is Ray's available resources over the whole cluster: what other drivers (another
+    search, a Ray job) hold is not free. Summed over nodes, so a trial split across two nodes'
+    leftovers counts as fitting: it can only say too much is free, never too little.
+    """
+    if total == 0:
+        return ""
+    free = ray.available_resources()
+    fits = min(total, trials_fit(free, resources))
+    if fits == total:
+        return ""
+    whole = ray.cluster_resources()
+    held = ", ".join(f"{whole.get(k, 0) - free.get(k, 0):g} of {whole.get(k, 0):g} {k}"
+                     for k in ("GPU", "CPU") if whole.get(k, 0) - free.get(k, 0) > 0)
+    return (f"resources: other jobs on this cluster hold {held} (another search?); {fits} of the {total} "
+            f"trial(s) the nodes hold at once can start now, the rest wait until they are free "
+            f"(`ray status`, `ray job list` or the dashboard's Jobs page show who)")
 
 
 @dataclass(frozen=True)

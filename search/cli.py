@@ -37,6 +37,7 @@ SHORTHANDS = {
     "gpus_per_trial": "resources.gpus",
     "data_root": "data.root",
     "connect_timeout": "experiment.connect_timeout",
+    "warm_start": "experiment.warm_start",
 }
 
 
@@ -45,6 +46,8 @@ COMMANDS = """commands:
   python -m search check --space FILE       check a space without running it; prints the resolved spec
   python -m search report RUN               write report.html of a run folder again
   python -m search export RUN               write the best (or --trial N's) model: state_dict, torchscript, onnx
+  python -m search runs [--storage-path P]  list the runs in a storage: state, trials, best value, when
+  python -m search compare RUN_A RUN_B      two runs' spec differences and best trials side by side
 each takes --help"""
 
 
@@ -65,6 +68,8 @@ def parse_args(argv: Sequence[str] | None, prog: str = "python -m search",
                              "model.hidden_sizes=[64] or space.lr.high=0.5 (repeatable)")
     parser.add_argument("--verbose", action="store_true",
                         help="let Ray and Tune print everything they print (their hints, INFO lines)")
+    parser.add_argument("--more-trials", dest="more_trials", type=int, metavar="N",
+                        help="with --resume: N trials more than the run's experiment.num_samples (docs/budgets.md)")
     return parser.parse_args(argv)
 
 
@@ -171,14 +176,72 @@ def check_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def resume_assignments(args: argparse.Namespace) -> list[tuple[str, Any]]:
+    """The overrides of a search; a --resume may change only search/budget.py's RESUME_KEYS (and where
+    the run is), and --more-trials N adds N to the run's stored experiment.num_samples."""
+    pairs = assignments(args)
+    if not args.resume:
+        if args.more_trials is not None:
+            raise ConfigError([problem("--more-trials", "needs --resume (a new run sets experiment.num_samples)",
+                                       args.more_trials)])
+        return pairs
+    from search.budget import LOCATION_KEYS, RESUME_KEYS, stored_num_samples
+
+    refused = [problem(f"--set {key}", f"a --resume runs the run's spec.yaml and may change only "
+                                       f"{', '.join(RESUME_KEYS)}; start a new run to change {key}", value)
+               for key, value in pairs if key not in RESUME_KEYS + LOCATION_KEYS]
+    if refused:
+        raise ConfigError(refused)
+    if args.more_trials is not None:
+        if args.more_trials < 1:
+            raise ConfigError([problem("--more-trials", "must be an integer >= 1", args.more_trials)])
+        pairs.append(("experiment.num_samples", stored_num_samples(load_space(args.space, pairs), args.name)
+                      + args.more_trials))
+    return pairs
+
+
+def runs_main(argv: Sequence[str]) -> int:
+    """`python -m search runs`: the runs in a storage, read from their folders (search/runs.py)."""
+    parser = argparse.ArgumentParser(prog="python -m search runs",
+                                     description="List the runs in a storage: name, state (running, finished, "
+                                                 "interrupted, ended by budget, failed), trials done/total, best "
+                                                 "value, when its last trial ended (docs/runs.md).")
+    parser.add_argument("--storage-path", default="./runs", help="the storage (default: ./runs)")
+    args = parser.parse_args(argv)
+    from search.runs import format_runs, list_runs
+    from search.storage import Storage
+
+    print(format_runs(list_runs(Storage.at(args.storage_path)), args.storage_path))
+    return 0
+
+
+def compare_main(argv: Sequence[str]) -> int:
+    """`python -m search compare A B`: two runs' spec differences and best trials side by side."""
+    parser = argparse.ArgumentParser(prog="python -m search compare",
+                                     description="Two runs' spec differences and best trials side by side "
+                                                 "(docs/runs.md).")
+    parser.add_argument("runs", nargs=2, metavar="RUN", help="run folders, e.g. runs/mnist-20261130-101500")
+    args = parser.parse_args(argv)
+    from search.export import NotARunFolder, open_run
+    from search.runs import compare
+
+    try:
+        print(compare(*(open_run(run) for run in args.runs)))
+    except (ConfigError, NotARunFolder) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    commands = {"report": report_main, "check": check_main, "export": export_main}
+    commands = {"report": report_main, "check": check_main, "export": export_main, "runs": runs_main,
+                "compare": compare_main}
     if argv[:1] and argv[0] in commands:
         return commands[argv[0]](argv[1:])
     args = parse_args(argv)
     try:
-        space = load_space(args.space, assignments(args))
+        space = load_space(args.space, resume_assignments(args))
         from search.storage import Storage, check_storage
 
         check_storage(Storage.at(space.experiment.storage_path))  # before a local Ray begins to start
@@ -198,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         defaults = space.trial_defaults()
         # FILE.py:NAME, module:NAME: the user's code runs before Ray starts, so an error in it costs seconds;
         # a --resume of a finished run starts no Ray at all
-        if args.resume or ":" in defaults.model or ":" in defaults.dataset:
+        if args.resume or space.trainable or ":" in defaults.model or ":" in defaults.dataset:
             local_ray.begin_after_checks()
         else:  # built-ins only: Ray comes up while the driver imports torch and loads the data
             local_ray.begin()

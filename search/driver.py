@@ -25,6 +25,7 @@ from search.summary import slot_count
 from search.tuner import build_tuner, fit
 from trainable.adapter import tune_trial
 from trainable.errors import DiskFull
+from trainable.function import function_trial
 
 
 def run_search(space: Space, *, name: str | None = None, address: str | None = None, resume: bool = False,
@@ -40,6 +41,8 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
         if resume and (done := finished_run(space, folder, phases)) is not None:
             return done  # every trial ended and the outputs read: said without starting Ray
         experiment = space.experiment
+        if space.trainable:  # the user's function instead of the canonical loop (trainable/function.py)
+            trainable = function_trial(experiment.metric)
         phases.mark("checks")
         held.callback(phases.mark, "shutdown")  # after Ray's shutdown, before the run folder's release
         with released_on_failure(folder, resume=resume):  # an unreachable cluster, Ctrl-C: nothing ran

@@ -16,6 +16,11 @@ An entry's life, as the search goes (search/progress.py hands each step to its w
   run again after a killed driver, or an errored trial resumed) makes the journal be written
   anew beside the old one and moved over it: rare, and a dashboard reloads to see it.
 
+A warm-started run (search/warm_start.py) has a second study in the file, `<run>.warm_start`
+(WARM_STUDY): the earlier run's trials the searcher was told before trial 0, each with the user
+attributes warm_start_from (the earlier run) and warm_start_trial_number. They live apart so
+that the run's own entries keep their numbers.
+
 The file is created when the search starts, so a dashboard can open it before any trial ends.
 On URI storage (s3://, gs://) a journal needs a local file: it lives on the driver's disk
 (`local_journal_path`), and is copied into the run folder as the search goes (at most ~5% of
@@ -38,6 +43,9 @@ from search.run_folder import RunFolder
 from search.space import Space
 from search.storage import is_uri
 from search.study import JOURNAL_FILE, PENDING, frozen_trial, journal
+from search.warm_start import load, told
+
+WARM_STUDY = "{run}.warm_start"  #: the warm start's study in optuna.journal
 
 
 def local_journal_path(run_path: str) -> str:
@@ -100,6 +108,16 @@ class Journal:
         optuna.create_study(storage=self.storage, study_name=self.folder.name, load_if_exists=True,
                             direction=direction)
         self.study_id = self.storage.get_study_id_from_name(self.folder.name)
+        self._write_warm_start()
+
+    def _write_warm_start(self) -> None:
+        """The warm start's study, written once: the trials a file already holds are not added again."""
+        warm = told(load(self.folder), self.space.searched)
+        if not warm:
+            return
+        study = optuna.create_study(storage=self.storage, study_name=WARM_STUDY.format(run=self.folder.name),
+                                    load_if_exists=True, direction=self.storage.get_study_directions(self.study_id)[0])
+        study.add_trials(warm[len(study.get_trials(deepcopy=False)):])
 
     # ---- the search as it goes ----
 

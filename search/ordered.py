@@ -9,6 +9,10 @@ OrderedSearch asks for trial n on a study that holds, for trial n alone:
   counts them as pending);
 - a sampler seeded from (seed, n).
 
+Before any of them, the study holds the warm-start trials (search/warm_start.py), if any: an
+earlier run's finished trials, the same for every n. Trial n < k of k enqueued configs
+(`experiment.enqueue`) is asked with its config enqueued (Study.enqueue_trial), its other keys drawn.
+
 So trial n waits only while one of trials 0 .. n-L-1 is unfinished; those waits are counted
 (`waits`: trial number -> seconds) and reported. A trial's value is its best epoch's metric
 (the epoch best.yaml picks); a trial whose metric never was finite is FAIL to Optuna.
@@ -34,14 +38,14 @@ import os
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import optuna
 from optuna.distributions import distribution_to_json, json_to_distribution
 from optuna.storages import InMemoryStorage
 from optuna.study import StudyDirection
-from optuna.trial import TrialState, create_trial
+from optuna.trial import FrozenTrial, TrialState, create_trial
 from ray.tune.search import Searcher
 
 from search.results import best_of, score
@@ -128,9 +132,13 @@ class OrderedSearch(Searcher):
 
     def __init__(self, ask: Callable[[optuna.Trial], dict[str, Any]], *, metric: str, mode: str,
                  experiment_seed: int, sampler: str, lag: int, tpe_settings: Mapping[str, Any] | None = None,
+                 enqueued: Sequence[Mapping[str, Any]] = (), warm: Sequence[FrozenTrial] = (),
                  unseen: int | None = None):
         super().__init__(metric=metric, mode=mode)
         self.ask, self.experiment_seed, self.sampler, self.lag = ask, experiment_seed, sampler, lag
+        # settings, like the rest of the constructor's: pickled with the searcher, not in the record
+        self.enqueued = [dict(params) for params in enqueued]  # trial n < len: Optuna's params it starts from
+        self.warm = list(warm)  # told before trial 0; Optuna's number of trial n is n + len(warm)
         self.unseen = lag if unseen is None else unseen  # trials n-unseen .. n-1 are running to trial n
         self.tpe_settings = dict(TPE_SETTINGS if tpe_settings is None else tpe_settings)
         self.numbers: dict[str, int] = {}  # Tune trial id -> trial number
@@ -165,6 +173,8 @@ class OrderedSearch(Searcher):
             study = kept.study
             study.sampler = make_sampler(self.sampler, self.experiment_seed, n, self.tpe_settings)
             try:
+                if n < len(self.enqueued):
+                    study.enqueue_trial(self.enqueued[n])  # the one waiting trial: ask() takes it
                 trial = study.ask()
                 constants = self.ask(trial)
             except BaseException:
@@ -212,6 +222,7 @@ class OrderedSearch(Searcher):
             storage.set_study_system_attr(key, name, value)
         study = optuna.load_study(study_name="ordered", storage=storage,
                                   sampler=optuna.samplers.RandomSampler())  # replaced before each ask
+        study.add_trials(self.warm)
         for k in range(n):
             params, distributions, system_attrs = self.asked[k]
             if k < n - self.unseen:
@@ -226,11 +237,11 @@ class OrderedSearch(Searcher):
 
     def _tell(self, kept: KeptStudy, k: int) -> None:
         """Trial k, running in the study, gets its result: as create_trial made it in a build."""
-        value = self.finished[k]
+        value, number = self.finished[k], k + len(self.warm)
         if value is None:
-            kept.study.tell(k, state=TrialState.FAIL)
+            kept.study.tell(number, state=TrialState.FAIL)
         else:
-            kept.study.tell(k, value)
+            kept.study.tell(number, value)
 
     def _drop_caches(self) -> None:
         """Forget what is derived from the record; it is derived again when next needed."""
@@ -299,5 +310,7 @@ class OrderedSearch(Searcher):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.__dict__.setdefault("tpe_settings", dict(TPE_SETTINGS))  # a searcher pickled before it had them
+        self.__dict__.setdefault("enqueued", [])
+        self.__dict__.setdefault("warm", [])
         self.__dict__.setdefault("unseen", self.lag)
         self._drop_caches()

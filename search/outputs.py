@@ -16,6 +16,7 @@ import pandas as pd
 import pyarrow.fs as pafs
 import yaml
 
+from search.budget import ended_note, read_ended
 from search.capacity import GpuPlan
 from search.results import ERROR, INTERRUPTED, LOST, RECORD_FILE, config_from_row, ranked, read_record, results_schema, to_frame, trial_rows
 from search.run_folder import RunFolder
@@ -24,6 +25,7 @@ from search.storage import is_uri
 from search.disk_guard import stop_reason
 from search.halving import RECORD_FILE as HALVING_RECORD, read_record as read_halving
 from search.journal import Journal, local_journal_path
+from search.pbt import replay_config
 from search.study import JOURNAL_FILE
 from search.phases import TIMING_FILE, Phases
 from search.summary import Timing, format_summary, journal_note, wall_line
@@ -31,6 +33,7 @@ from trainable.data import Data
 from trainable.device import get_default_device
 from trainable.loop import evaluate_model
 from trainable.metrics import METRICS
+from trainable.function import load_state
 from trainable.report import CheckpointError, load_checkpoint
 
 
@@ -114,7 +117,7 @@ def kept_rows(folder: RunFolder, trial_id: str, derived: list[dict[str, Any]], s
     return [{**by_epoch[e], "status": status} for e in sorted(by_epoch)]
 
 
-def best_with_test(grid, rows: pd.DataFrame, data: Data, metric: str | None = None
+def best_with_test(grid, rows: pd.DataFrame, data: Data | None, metric: str | None = None
                    ) -> tuple[pd.Series | None, tuple[float, float] | None, str]:
     """The best row whose checkpoint reads (its `checkpoint`: the folder, relative to the run folder),
     its test (loss, acc), and a note on any skipped.
@@ -135,7 +138,7 @@ def best_with_test(grid, rows: pd.DataFrame, data: Data, metric: str | None = No
             continue
         try:
             with checkpoint.as_directory() as where:
-                saved = load_checkpoint(where)
+                saved = load_checkpoint(where) if data is not None else load_state(where)
         except CheckpointError as error:
             skipped.append(str(error))
             continue
@@ -145,6 +148,10 @@ def best_with_test(grid, rows: pd.DataFrame, data: Data, metric: str | None = No
         # trial_<id>/checkpoint_<k>: Tune numbers checkpoints, not epochs
         row = pd.concat([row, pd.Series({"checkpoint": "/".join(checkpoint.path.rstrip("/").split("/")[-2:])})])
         notes += [f"skipped {s}" for s in skipped]
+        if data is None:  # a function trainable: its data, and any test split, are its own
+            return row, None, "; ".join(["no test accuracy: a function trainable has no test split", *notes])
+        row = row.copy()
+        row.attrs["lineage"] = saved.state.get("lineage")  # where its weights come from: best.yaml replays it
         if data.test is None:
             return row, None, "; ".join(["the dataset has no test part", *notes])
         score = evaluate_model(saved.config, saved.state["model"], saved.input_shape, saved.num_classes,
@@ -156,15 +163,15 @@ def best_with_test(grid, rows: pd.DataFrame, data: Data, metric: str | None = No
 
 
 def best_entry(best: pd.Series, test: tuple[float, float] | None, note: str, metric: str, name: str,
-               schema) -> dict[str, Any]:
+               schema, metrics: tuple[str, ...] = METRICS) -> dict[str, Any]:
     return {
-        "config": config_from_row(best, schema),
+        "config": replay_config(config_from_row(best, schema), best.attrs.get("lineage")),
         "result": {
             "trial_number": None if pd.isna(best["trial_number"]) else int(best["trial_number"]),
             "trial_id": best["trial_id"],
             "epoch": int(best["epoch"]),
             "metric": metric,
-            **{m: float(best[m]) for m in METRICS},
+            **{m: float(best[m]) for m in metrics},
             "test_acc": None if test is None else float(test[1]),
             "test_loss": None if test is None else float(test[0]),
             "checkpoint": best.get("checkpoint"),  #: its folder, relative to the run folder; null: none read
@@ -179,8 +186,10 @@ def best_yaml(entry: dict[str, Any], path: str, space: Space) -> str:
     header = (f"# Best trial of search {result['search']} ({space.source}), by {result['metric']} "
               f"at epoch {result['epoch']}.\n"
               f"# Re-run it: {rerun_command(path, space)}{' (download it first)' if is_uri(path) else ''}\n"
-              f"# It prints val_acc {result['val_acc']:.4f} on epoch {result['epoch']} (same machine).\n"
-              f"# test_acc: the checkpoint of that epoch on the dataset's test part (null if it has none).\n")
+              + (f"# It prints {result['metric']} {result[result['metric']]:.4f} on epoch {result['epoch']} if the "
+                 "function is deterministic (no test accuracy: the function has no test split).\n" if space.trainable else
+                 f"# It prints val_acc {result['val_acc']:.4f} on epoch {result['epoch']} (same machine).\n"
+                 f"# test_acc: the checkpoint of that epoch on the dataset's test part (null if it has none).\n"))
     return header + yaml.safe_dump({**entry["config"], "result": result}, sort_keys=False)
 
 
@@ -201,6 +210,10 @@ def rerun_command(path: str, space: Space) -> str:
 def search_notes(space: Space, folder: RunFolder, timing: Timing) -> str:
     """How reproducible the search was, and what reproducibility cost in waiting slots."""
     experiment = space.experiment
+    if experiment.scheduler == "pbt":  # search/pbt.py
+        return (f"Search: pbt: trial n's first config depends only on the seed ({experiment.seed}) and n; which "
+                "trials copy which at a perturbation, and the perturbed values, are Ray's random draws, so a rerun "
+                "differs; best.yaml replays its trial's weights with `schedule:`")
     if not experiment.reproducible:
         return ("Search: asynchronous (experiment.reproducible: false): Optuna saw results in arrival order, "
                 "so a rerun with the same seed can pick other configs" if experiment.max_concurrent > 1 else
@@ -266,7 +279,9 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
     frame = derive(folder, space, grid, notes, ran_to_end)
     sync_journal(folder, space, frame, notes)
     phases.mark("results")
-    interrupted = (frame["status"] == INTERRUPTED).any() or frame["trial_id"].nunique() < experiment.num_samples
+    ended = read_ended(folder) if ran_to_end else None  # a time_budget or stop_when ended it: done, exit 0
+    interrupted = (frame["status"] == INTERRUPTED).any() or (
+        frame["trial_id"].nunique() < experiment.num_samples and ended is None)
     this_run = frame[frame["finished_at"] >= phases.called]
     timing = Timing(phases.wall_seconds, float(this_run["epoch_seconds"].sum()), slots)
 
@@ -286,7 +301,10 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
     entry = None
     best_path = folder.storage.join(folder.name, "best.yaml")
     if best is not None:
-        entry = best_entry(best, test, note, experiment.metric, folder.name, results_schema(space))
+        schema = results_schema(space)  # a function's metrics: every reported column beyond the schema's
+        metrics = tuple(c for c in frame.columns if c not in schema.names or c == experiment.metric) \
+            if space.trainable else METRICS
+        entry = best_entry(best, test, note, experiment.metric, folder.name, schema, metrics)
         folder.write_best(best_yaml(entry, best_path, space))
     summary = format_summary(frame, entry, timing, no_best=None if succeeded else no_success(frame, experiment.metric), metric=experiment.metric, mode=experiment.mode,
                              searched=[d.name for d in space.searched], gpus_per_trial=gpu_plan.gpus,
@@ -299,7 +317,12 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
                 summary += (f"\n      its process ended: a trial blocked outside Python past experiment.trial_timeout "
                             f"({experiment.trial_timeout:g} s) ends so (trainable/watchdog.py), as does a crash")
     summary += "".join(f"\nnote: {note}" for note in notes)
+    if ended:
+        summary += f"\nEnded: {ended_note(ended, frame['trial_id'].nunique())}"
     summary += "\n" + search_notes(space, folder, timing)
+    from search.warm_start import summary_line as warm_start_line
+
+    summary += warm_start_line(folder)  # which trials the study was told before trial 0, and from where
     if interrupted:  # a stop must end in seconds (SIGTERM, then SIGKILL); the figures take seconds more
         summary += (f"\nReport: not remade for a stopped search (the search's end makes it); "
                     f"now: python -m search report {folder.path}\n{journal_note(folder.path)}")

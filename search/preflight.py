@@ -25,14 +25,17 @@ import yaml
 from search import local_ray
 from search.capacity import CapacityError, trials_fit
 from search.phases import Phases
-from search.run_folder import RunFolder
+from search.budget import resume_changes
+from search.run_folder import RUN_SECTION, SPEC_FILE, RunFolder, spec_hash
 from search.schema import is_run_name
 from search.space import Space, example_config, to_raw
 from search.storage import Storage, check_storage, is_uri
+from search.warm_start import read as read_warm_start
 from trainable.config import keyword_of, schedule_note
 from trainable.data import Data, load_data
 from trainable.errors import ConfigError, problem
 from trainable.factories import check_model
+from trainable.function import resolve_function
 
 # tracker -> (module it needs, the pip extra that installs it)
 TRACKER_PACKAGES = {"mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}
@@ -106,8 +109,9 @@ def claim(folder: RunFolder, *, automatic: bool) -> RunFolder:
     raise ConfigError([problem("--name", "no free automatic name; pass --name", folder.name)])
 
 
-def check_search(space: Space) -> Data:
+def check_search(space: Space) -> Data | None:
     """Load the data (test part included) and try the model once; ConfigError/DataError on failure.
+    A function trainable has neither: its function is imported, and the data are None.
 
     All of it runs before Ray starts, so a bad reference, keyword or dataset costs seconds.
     """
@@ -121,6 +125,9 @@ def check_search(space: Space) -> Data:
         raise ConfigError([problem("experiment.loggers", "mlflow with a storage URI needs MLFLOW_TRACKING_URI "
                                                          "(its default is a SQLite file in a local run folder)",
                                    loggers)])
+    if space.trainable:  # the function loads its own data: import it now, so a bad reference costs seconds
+        resolve_function(space.trainable)
+        return None
     data = load_data(space.trial_defaults(), space.data_root, key="data.dataset")
     searched_keys = tuple(keyword_of(d.name) for d in space.searched if keyword_of(d.name) is not None)
     check_model(example_config(space), data.sample(), data.num_classes, searched_keys)
@@ -133,6 +140,8 @@ def check_search(space: Space) -> Data:
 def data_fingerprint(data: Data) -> dict[str, str | None]:
     """A short hash of each part of the split (inputs, labels, their types and shapes) and of how
     inputs are prepared: what a resume must find again for its trials to be judged as before."""
+    if data is None:  # a function trainable's data are its own
+        return None
     def part(arrays) -> str | None:
         if arrays is None:
             return None
@@ -181,11 +190,29 @@ def spec_for_resume(space: Space, folder: RunFolder) -> tuple[Space, dict[str, A
                                                "Resume it where it was started", folder.path)])
     if space.data_root is not None and space.data_root != stored.data_root:
         stored = replace(stored, data_root=space.data_root)  # where the files are, not what they are
+    changes = resume_changes(space, stored)  # time_budget, stop_when, num_samples (search/budget.py)
+    if changes:
+        stored = replace(stored, experiment=stored.experiment.model_copy(update=changes))
+        run = record_changes(folder, stored, run, changes)
     changed = differing_keys(to_raw(space), to_raw(stored), ignore=("experiment.name", "data.root"))
     if changed:
         print(f"note: {space.source} differs from the stored spec of this run in {', '.join(changed)}; "
               f"--resume runs the stored spec ({folder.path}/spec.yaml)", file=sys.stderr, flush=True)
     return stored, run
+
+
+def record_changes(folder: RunFolder, stored: Space, run: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """spec.yaml with a resume's changes: the new values, their history in the run section, a new hash."""
+    run = {**run, "spec_sha256": spec_hash(stored),
+           "resumed_with": [*run.get("resumed_with", []), {"at": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                                           **{f"experiment.{k}": v for k, v in changes.items()}}]}
+    header = (f"# The resolved spec of search {folder.name}: {stored.source} after defaults and flags, and the\n"
+              f"# changes of its resumes (run.resumed_with). --resume runs this file, not the space file. Do not edit.\n")
+    text = yaml.safe_dump({RUN_SECTION: run, **to_raw(stored)}, sort_keys=False)
+    folder.storage.write(f"{folder.name}/{SPEC_FILE}", (header + text).encode())
+    print(f"note: --resume changes {', '.join(f'experiment.{k} to {v}' for k, v in changes.items())} "
+          f"(recorded in {folder.path}/{SPEC_FILE})", file=sys.stderr, flush=True)
+    return run
 
 
 def prepare(space: Space, storage: Storage, name: str | None, resume: bool,
@@ -201,6 +228,8 @@ def prepare(space: Space, storage: Storage, name: str | None, resume: bool,
         folder.check_no_links("--resume")
         space, run = spec_for_resume(space, folder)
     data = check_search(space)
+    if not resume:  # a refused warm start fails here, before the run folder is claimed
+        read_warm_start(space)
     if resume:
         check_same_data(run, data, folder)
         folder.check_record()
@@ -239,8 +268,12 @@ def check_space(space: Space, *, address: str | None = None) -> str:
     check_storage(storage)
     check_storage_outlives_ray(storage)
     data = check_search(space)
+    read_warm_start(space)  # the earlier run: readable, with this search's metric and mode
     if address is None and "RAY_ADDRESS" not in os.environ:  # a cluster's capacity is checked when joined
         check_local_capacity(space)
+    if data is None:
+        return (f"# The resolved spec of {space.source}: defaults and flags applied; checks passed (the function "
+                f"{space.trainable} imports)\n" + yaml.safe_dump(to_raw(space), sort_keys=False))
     shape = ", ".join(map(str, data.input_shape))
     return (f"# The resolved spec of {space.source}: defaults and flags applied; checks passed (data: "
             f"{len(data.train)} train, {len(data.val)} val, {0 if data.test is None else len(data.test)} test, "
@@ -306,7 +339,7 @@ def finished_run(space: Space, folder: RunFolder, phases: Phases):
     summary = (f"Search {folder.name} is finished: all {frame['trial_id'].nunique()} of experiment.num_samples "
                f"{space.experiment.num_samples} trials ended "
                f"({', '.join(f'{n} {s.lower()}' for s, n in sorted(counts.items()))}); --resume has nothing to "
-               f"run (Ray was not started). More trials need a new run.\n"
+               f"run (Ray was not started). More trials: --resume --more-trials N.\n"
                f"Best: trial #{result['trial_number']} ({result['trial_id']}), epoch {result['epoch']}, "
                f"{metric} {result[metric]:.4f}: {folder.storage.join(folder.name, BEST_FILE)}\n"
                f"Results: {folder.path}/{RESULTS_FILE}; report: {folder.path}/report.html "

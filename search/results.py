@@ -22,12 +22,15 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from search.schema import conditions, not_drawn
 from search.space import Space
 from optuna.distributions import IntDistribution
 
 from trainable.config import FACTORY_KEY, FIELDS, TrialConfig, field_of, json_text, keyword_of, kind
 from trainable.metrics import score  # noqa: F401  (search's modules read it from here)
-from trainable.report import REPORT_COLUMNS
+from trainable.function import (DRIVER_KEYS, FUNCTION_REPORT_COLUMNS, METRIC_NAMES, TRAINABLE_KEY, FunctionConfig,
+                                is_function, trial_config)
+from trainable.report import EPOCH_COLUMNS, REPORT_COLUMNS
 
 RESULTS_FILE = "results.parquet"
 RECORD_FILE = "result.json"  # Tune's per-trial record: one JSON line per report
@@ -39,7 +42,11 @@ LOST = "LOST"
 
 
 def config_columns(space: Space) -> list[str]:
-    """The trial config's flat names for this space: every field, and model.<key> for its keywords."""
+    """The trial config's flat names for this space: every field, and model.<key> for its keywords
+    (a function trainable: its reference, its free names, and the driver's per-trial keys)."""
+    if space.trainable:
+        names = [*space.fixed, *(d.name for d in space.searched if d.name not in space.fixed)]
+        return [TRAINABLE_KEY, *names, *DRIVER_KEYS]
     flat = space.trial_defaults().to_flat()
     model_keys = sorted({k for k in [*flat, *(d.name for d in space.searched)] if keyword_of(k) is not None})
     ordered = []
@@ -57,8 +64,15 @@ def config_columns(space: Space) -> list[str]:
 SEARCH_COLUMNS = ["suggest_seconds", "queue_seconds", "idle_seconds", "start_seconds"]
 
 
+def report_columns(space: Space) -> list[str]:
+    """The columns of a trial's reports that every trial has (a function's own metrics join them as reported)."""
+    if space.trainable:
+        return [*FUNCTION_REPORT_COLUMNS, space.experiment.metric, *REPORT_COLUMNS[len(EPOCH_COLUMNS) + 1:]]
+    return REPORT_COLUMNS
+
+
 def columns(space: Space) -> list[str]:
-    return ["trial_id", "status", *config_columns(space), *REPORT_COLUMNS, *SEARCH_COLUMNS]
+    return ["trial_id", "status", *config_columns(space), *report_columns(space), *SEARCH_COLUMNS]
 
 
 JSON = {b"json": b"1"}  # field metadata: the column holds JSON text of nested or mixed values
@@ -91,7 +105,12 @@ def results_schema(space: Space) -> pa.Schema:
     out = [pa.field("trial_id", pa.string()), pa.field("status", pa.string())]
     for name in config_columns(space):
         d = searched.get(name)
-        if d is not None and d.is_choice:
+        if space.trainable and (d is None or d.is_choice):  # a free name: the type of its value(s)
+            out.append(pa.field(name, pa.int64()) if name in ("seed", "num_threads", "trial_number") else
+                       _field(name, [defaults.get(name)] if d is None else list(d.values)))
+        elif space.trainable:
+            out.append(pa.field(name, pa.int64() if isinstance(d.distribution, IntDistribution) else pa.float64()))
+        elif d is not None and d.is_choice:
             out.append(_field(name, list(d.values)))
         elif keyword_of(name) is not None:
             out.append(_field(name, [defaults.get(name)]) if d is None else
@@ -102,8 +121,18 @@ def results_schema(space: Space) -> pa.Schema:
             out.append(pa.field(name, types[kind(field_of(name))]))
     report_types = {"epoch": pa.int64(), "diverged": pa.bool_(), "node": pa.string(), "hostname": pa.string(),
                     "device": pa.string(), "accelerator_ids": pa.string()}
-    out += [pa.field(c, report_types.get(c, pa.float64())) for c in REPORT_COLUMNS + SEARCH_COLUMNS]
-    return pa.schema(out)
+    out += [pa.field(c, report_types.get(c, pa.float64())) for c in report_columns(space) + SEARCH_COLUMNS]
+    # the `when:` of conditional keys, so that every writer and reader of rows nulls the keys a trial did not draw
+    gated = conditions(space.searched)
+    return pa.schema(out, metadata={WHEN: json.dumps(gated)} if gated else None)
+
+
+WHEN = b"when"  #: schema metadata: JSON of [[key, [[earlier key, [values]], ...]], ...] in the space's order
+
+
+def conditions_of(schema: pa.Schema) -> list:
+    """results_schema's record of the space's conditional keys (not_drawn's input); [] without any."""
+    return json.loads((schema.metadata or {}).get(WHEN, b"[]"))
 
 
 def best_of(values: Iterable[Any], mode: str) -> float | None:
@@ -118,7 +147,7 @@ def ranked(frame: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame:
     return scored.sort_values(metric, ascending=(mode == "min"), kind="stable")
 
 
-def trial_status(config: TrialConfig, reports: list[Mapping[str, Any]], *, done: bool, error: bool) -> str:
+def trial_status(config: TrialConfig | FunctionConfig, reports: list[Mapping[str, Any]], *, done: bool, error: bool) -> str:
     """COMPLETED (all epochs), STOPPED (early, by the scheduler), DIVERGED, ERROR or INTERRUPTED."""
     if error:
         return ERROR
@@ -127,6 +156,8 @@ def trial_status(config: TrialConfig, reports: list[Mapping[str, Any]], *, done:
     if not done:
         return INTERRUPTED
     last_epoch = max((int(r["epoch"]) for r in reports), default=0)
+    if config.epochs is None:  # a function trainable without `epochs`: it ends when it returns
+        return COMPLETED
     return COMPLETED if last_epoch >= config.epochs else STOPPED
 
 
@@ -161,16 +192,30 @@ def search_phases(report: Mapping[str, Any], suggested: tuple[float, float] | No
 
 def trial_rows(trial_id: str, config: Mapping[str, Any], reports: Iterable[Mapping[str, Any]], *,
                done: bool, error: bool, suggested: tuple[float, float] | None = None) -> list[dict[str, Any]]:
-    """One row per reported epoch (the last report of an epoch wins, e.g. after a restart)."""
-    trial = TrialConfig.from_mapping(config)
+    """One row per reported epoch (the last report of an epoch wins, e.g. after a restart).
+
+    A row's config is the one its epoch trained with: Tune records it with each report, and
+    PBT (search/pbt.py) changes a trial's config between epochs.
+    """
+    trial = trial_config(config)
     by_epoch = {int(r["epoch"]): r for r in reports if not _missing(r.get("epoch"))}
     ordered = [by_epoch[e] for e in sorted(by_epoch)]
     status = trial_status(trial, ordered, done=done, error=error)
     base = {"trial_id": trial_id, "status": status, **trial.to_flat()}
     if not ordered:  # failed before its first epoch: keep it visible
         return [{**base, **{c: None for c in REPORT_COLUMNS + SEARCH_COLUMNS}}]
-    return [{**base, **{c: r.get(c) for c in REPORT_COLUMNS}, **search_phases(r, suggested, first=i == 0)}
-            for i, r in enumerate(ordered)]
+    if is_function(config):  # the function's own metrics, as named in each report
+        return [{**base, **{c: r.get(c) for c in [*REPORT_COLUMNS[len(EPOCH_COLUMNS):], *FUNCTION_REPORT_COLUMNS,
+                                                 *r.get(METRIC_NAMES, [])]},
+                 **search_phases(r, suggested, first=i == 0)} for i, r in enumerate(ordered)]
+    return [{**base, **_epoch_config(r, config), **{c: r.get(c) for c in REPORT_COLUMNS},
+             **search_phases(r, suggested, first=i == 0)} for i, r in enumerate(ordered)]
+
+
+def _epoch_config(report: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config a report was made under, where Tune recorded one other than the trial's last."""
+    own = report.get("config")
+    return TrialConfig.from_mapping(own).to_flat() if isinstance(own, Mapping) and own != config else {}
 
 
 def read_record(fs: pafs.FileSystem, trial_path: str) -> list[dict[str, Any]]:
@@ -191,9 +236,13 @@ def read_record(fs: pafs.FileSystem, trial_path: str) -> list[dict[str, Any]]:
 
 def table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     """Rows as a table of `schema`; values of JSON-text columns become JSON text."""
+    gated = conditions_of(schema)
+    if TRAINABLE_KEY in schema.names:  # a function trainable's metrics: columns as its reports name them
+        extra = sorted({k for row in rows for k in row} - set(schema.names))
+        schema = pa.schema([*schema, *(pa.field(k, pa.float64()) for k in extra)])
     text = {f.name for f in schema if is_json(f)}
     cells = [{k: (json_text(v) if k in text and v is not None else v)
-              for k, v in row.items()} for row in rows]
+              for k, v in {**row, **dict.fromkeys(not_drawn(gated, row))}.items()} for row in rows]
     return pa.Table.from_pylist(cells, schema=schema)
 
 
@@ -212,9 +261,14 @@ def to_frame(rows: list[dict[str, Any]], schema: pa.Schema) -> pd.DataFrame:
 def config_from_row(row: Mapping[str, Any], schema: pa.Schema) -> dict[str, Any]:
     """A trial config (nested plain data, as in best.yaml) back from a results row."""
     flat = {}
+    function = TRAINABLE_KEY in schema.names
     for f in schema:
         name = f.name
-        if name not in FIELDS and name != FACTORY_KEY and keyword_of(name) is None:
+        if function and name == "epoch":  # config columns come first: the rest are reports
+            break
+        if function and name in ("trial_id", "status"):
+            continue
+        if not function and name not in FIELDS and name != FACTORY_KEY and keyword_of(name) is None:
             continue
         value = row[name]
         if hasattr(value, "tolist"):  # numpy arrays and scalars
@@ -226,4 +280,6 @@ def config_from_row(row: Mapping[str, Any], schema: pa.Schema) -> dict[str, Any]
         if pa.types.is_integer(f.type) and value is not None:
             value = int(value)
         flat[name] = value
-    return TrialConfig.from_mapping(flat).to_dict()
+    for name in not_drawn(conditions_of(schema), flat):  # null: the trial ran with the default
+        flat.pop(name, None)
+    return trial_config(flat).to_dict()

@@ -53,7 +53,8 @@ def spec_hash(space: Space) -> str:
     """A hash of what a run searches: the space as spec.yaml writes it, less data.root (where the
     files are, which a resume may change; the data's fingerprint checks what they are)."""
     raw = to_raw(space)
-    raw["data"] = {k: v for k, v in raw["data"].items() if k != "root"}
+    if "data" in raw:  # a function trainable's space has none
+        raw["data"] = {k: v for k, v in raw["data"].items() if k != "root"}
     return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -14,7 +14,9 @@ A searched field is parsed once, straight into an optuna.distributions object:
     {distribution: int, low, high, log: false, step: 1}        IntDistribution (both bounds included)
     {distribution: choice, values: [...]}                      CategoricalDistribution
 
-`loguniform`, `uniform` and `randint` are aliases (float with log, float, int). `Searched`
+`loguniform`, `uniform` and `randint` are aliases (float with log, float, int). Any of them
+may add `when: {KEY: VALUE}` or `when: {KEY: [V1, V2]}`: drawn only when the earlier searched
+KEY took one of those values (docs/conditional.md; space.py checks the names and values). `Searched`
 carries the distribution; asking a trial, the results column's type, the study's params, the
 check before a search and spec.yaml all read it from there. A choice of mappings or lists is
 labelled once (`label`: JSON with sorted keys), since Optuna's categories must be scalars.
@@ -22,6 +24,7 @@ labelled once (`label`: JSON with sorted keys), since Optuna's categories must b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -67,9 +70,27 @@ def _finite(v: float) -> bool:
     return math.isfinite(v)
 
 
+DURATION = re.compile(r"\s*(\d+(?:\.\d*)?)\s*([smh]?)\s*")
+SECONDS_PER = {"": 1, "s": 1, "m": 60, "h": 3600}
+
+
+def budget_seconds(value: Any) -> float | None:
+    """experiment.time_budget in seconds: a number, or `90s`, `30m`, `2h`; None if it is neither or
+    not in (0, 10 years]."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str) and (match := DURATION.fullmatch(value)):
+        seconds = float(match[1]) * SECONDS_PER[match[2]]
+    else:
+        return None
+    return seconds if _finite(seconds) and 0 < seconds <= 10 * 365 * 86400 else None
+
+
 Mode = Literal["max", "min"]
 Sampler = Literal["tpe", "random", "qmc", "cmaes", "gp"]  # search/ordered.py builds them
-Scheduler = Literal["fifo", "asha", "hyperband"]
+Scheduler = Literal["fifo", "asha", "hyperband", "pbt"]
 Logger = Literal["tensorboard", "mlflow", "wandb"]
 SAMPLERS, SCHEDULERS, LOGGERS = get_args(Sampler), get_args(Scheduler), get_args(Logger)
 AUTO = "auto"  #: resources.gpus: auto, trials per GPU measured by a probe before the search
@@ -101,11 +122,18 @@ class Experiment(Section):
     #: trial n's config depends only on seed and n, whatever finishes first (search/ordered.py)
     scheduler: Annotated[Scheduler, rule(f"must be one of {', '.join(SCHEDULERS)}")] = "fifo"
     #: fifo (every trial runs all epochs), asha (stops poor trials early) or hyperband (asha in brackets
-    #: that start at different epochs); reproducible with experiment.reproducible (search/halving.py)
+    #: that start at different epochs); reproducible with experiment.reproducible (search/halving.py);
+    #: pbt (population based training: poor trials copy better ones' weights and perturb lr, momentum,
+    #: weight_decay, clip_norm; search/pbt.py)
     grace_period: Annotated[int, rule("must be an integer in [1, 100000] (epochs)",
                                       lambda v: 0 < v <= 100_000)] = 1  #: asha, hyperband: epochs before a stop
     reduction_factor: Annotated[int, rule("must be an integer in [2, 1000]", lambda v: 1 < v <= 1000)] = 2
     #: asha, hyperband: keep the top 1/reduction_factor at each rung
+    perturbation_interval: Annotated[int, rule("must be an integer in [1, 100000] (epochs)",
+                                               lambda v: 0 < v <= 100_000)] = 1
+    #: pbt: every this many epochs the population is ranked, and the bottom copies the top
+    quantile_fraction: Annotated[float, rule("must be a number in (0, 0.5]", lambda v: _finite(v) and 0 < v <= 0.5)] \
+        = 0.25  #: pbt: the fraction of trials that copy (bottom) and are copied (top) at a perturbation
     max_failures: Annotated[int, rule("must be an integer in [0, 1000]", lambda v: 0 <= v <= 1000)] = 2
     #: restarts of a crashed trial, from its last checkpoint
     checkpoint_every: Annotated[int, rule("must be an integer in [1, 100000] (epochs)",
@@ -125,9 +153,24 @@ class Experiment(Section):
     connect_timeout: Annotated[float, rule("must be a number of seconds in (0, 86400]",
                                            lambda v: _finite(v) and 0 < v <= 86_400)] = 60.0
     #: seconds to wait for the cluster at --address before giving up
+    time_budget: Annotated[float | str | None, rule(
+        "must be null (no limit), a number of seconds or a duration like 90s, 30m, 2h, in (0, 10 years]",
+        lambda v: v is None or budget_seconds(v) is not None)] = None
+    #: once spent (from the search's start), no new trial starts; running ones stop at their next epoch end
+    stop_when: Annotated[dict[str, float] | None, Field(strict=False), rule(
+        f"must be null or a mapping of a reported metric ({', '.join(METRICS)}) to a finite target, "
+        "e.g. {val_acc: 0.99}", lambda v: v is None or (len(v) > 0 and all(
+            k in METRICS and isinstance(t, (int, float)) and _finite(t) for k, t in v.items())))] = None
+    #: the search ends as with time_budget once a trial reaches a target (acc: at or above; loss: at or below)
     # a YAML list arrives as a list: the tuple is the frozen form
     loggers: Annotated[tuple[Logger, ...], Field(strict=False), rule(f"must be a list of {', '.join(LOGGERS)}")] \
         = ("tensorboard",)  #: trackers: tensorboard (always written), mlflow, wandb (offline)
+    enqueue: Annotated[tuple[dict[str, Any], ...], Field(strict=False),
+                       rule("must be a list of mappings of searched keys to values")] = ()
+    #: partial configs run first, as trials 0..k-1; their values are checked in search/warm_start.py
+    warm_start: Annotated[str | None, rule("must be null or an earlier run folder (runs/<name>, or a URI)",
+                                           lambda v: v is None or v != "")] = None
+    #: an earlier run whose finished trials the new study is told before trial 0 (search/warm_start.py)
 
 
 class Resources(Section):
@@ -187,6 +230,33 @@ def label(value: Any) -> Any:
     return value if _scalar(value) else json.dumps(plain(value), sort_keys=True)
 
 
+When = tuple[tuple[str, tuple[Any, ...]], ...]  #: a `when:`: (earlier searched key, the values it must take), ...
+
+
+def holds(when: When, drawn: Mapping[str, Any]) -> bool:
+    """Whether a key with this `when:` is drawn, given the keys drawn before it (a key not drawn is absent)."""
+    def as_label(value: Any) -> Any:
+        return label(value.tolist() if hasattr(value, "tolist") else value)  # numpy scalars from a results frame
+
+    return all(key in drawn and as_label(drawn[key]) in {label(v) for v in allowed} for key, allowed in when)
+
+
+def not_drawn(conditions: list[tuple[str, When]], values: Mapping[str, Any]) -> set[str]:
+    """The conditional keys a trial with these config values did not draw; `conditions`: (key, when) in the
+    space section's order. A key whose condition names a key not drawn is not drawn either."""
+    names = {name for name, _ in conditions}
+    drawn = {key: value for key, value in values.items() if key not in names}
+    for name, when in conditions:
+        if holds(when, drawn):
+            drawn[name] = values.get(name)
+    return names - drawn.keys()
+
+
+def conditions(searched: tuple[Searched, ...]) -> list[tuple[str, When]]:
+    """The conditional keys of a space and their `when:`, in the space section's order (not_drawn's input)."""
+    return [(d.name, d.when) for d in searched if d.when]
+
+
 @dataclass(frozen=True)
 class Searched:
     """One searched field of the trial config and its Optuna distribution."""
@@ -194,6 +264,11 @@ class Searched:
     name: str  #: the trial config's flat name: lr, batch_size, model.<key>
     distribution: BaseDistribution  #: a choice's categories are the labels of `values`
     values: tuple[Any, ...] = ()  #: a choice's values, in the order of its categories
+    when: When = ()  #: drawn only where every (earlier searched key, its allowed values) holds; (): always
+
+    def holds(self, drawn: Mapping[str, Any]) -> bool:
+        """Whether this key is drawn, given the values of the keys drawn before it (search/searcher.suggest)."""
+        return holds(self.when, drawn)
 
     @property
     def is_choice(self) -> bool:
@@ -238,11 +313,14 @@ class Searched:
         """The canonical space-file form (spec.yaml)."""
         d = self.distribution
         if isinstance(d, CategoricalDistribution):
-            return {"distribution": "choice", "values": plain(list(self.values))}
-        kind = "int" if isinstance(d, IntDistribution) else "float"
-        raw = {"distribution": kind, "low": d.low, "high": d.high, "log": d.log}
-        if d.step is not None and not (kind == "int" and d.step == 1):
-            raw["step"] = d.step
+            raw = {"distribution": "choice", "values": plain(list(self.values))}
+        else:
+            kind = "int" if isinstance(d, IntDistribution) else "float"
+            raw = {"distribution": kind, "low": d.low, "high": d.high, "log": d.log}
+            if d.step is not None and not (kind == "int" and d.step == 1):
+                raw["step"] = d.step
+        if self.when:
+            raw["when"] = {key: plain(list(allowed)) for key, allowed in self.when}
         return raw
 
 
@@ -271,9 +349,12 @@ def field_value(path: str, name: str, value: Any, problems: list[str]) -> Any:
 def parse_searched(name: str, spec: Mapping[str, Any], problems: list[str]) -> Searched | None:
     """`space.<name>: {distribution: ...}` as a Searched, or None with every problem added."""
     path = f"space.{name}"
+    before = len(problems)
+    when = parse_when(path, spec["when"], problems) if "when" in spec else ()
+    spec = {key: value for key, value in spec.items() if key != "when"}
     written = spec.get("distribution")
     if written not in DISTRIBUTIONS:
-        known = {"distribution", "low", "high", "log", "step", "values"}
+        known = {"distribution", "low", "high", "log", "step", "values", "when"}
         for key in spec:
             if key not in known:
                 problems.append(problem(f"{path}.{key}", f"unknown key (known: {', '.join(sorted(known))})", spec[key]))
@@ -285,13 +366,13 @@ def parse_searched(name: str, spec: Mapping[str, Any], problems: list[str]) -> S
     kind, alias_log = ALIASES.get(written, (written, None))
     allowed = {"distribution", "values"} if kind == "choice" else \
         {"distribution", "low", "high"} | ({"log", "step"} if alias_log is None else set())
-    before = len(problems)
     for key in spec:
         if key not in allowed:
-            problems.append(problem(f"{path}.{key}", f"unknown key for {written} (known: {', '.join(sorted(allowed))})",
-                                    spec[key]))
+            known = ", ".join(sorted(allowed | {"when"}))
+            problems.append(problem(f"{path}.{key}", f"unknown key for {written} (known: {known})", spec[key]))
     if kind == "choice":
-        return _choice(name, path, spec.get("values"), problems, before)
+        found = _choice(name, path, spec.get("values"), problems, before)
+        return found and dataclasses.replace(found, when=when)
     integer_field = is_integer_field(name)
     if kind == "float" and integer_field:
         if written == "float":
@@ -331,9 +412,28 @@ def parse_searched(name: str, spec: Mapping[str, Any], problems: list[str]) -> S
                                 else f"must be <= high ({high})", low))
         return None
     if kind == "int":
-        return Searched(name, IntDistribution(low, high, log=log, step=1 if step is None else step))
+        return Searched(name, IntDistribution(low, high, log=log, step=1 if step is None else step), when=when)
     return Searched(name, FloatDistribution(float(low), float(high), log=log,
-                                            step=None if step is None else float(step)))
+                                            step=None if step is None else float(step)), when=when)
+
+
+def parse_when(path: str, when: Any, problems: list[str]) -> When:
+    """`when: {KEY: VALUE}` or `{KEY: [V1, V2]}` as ((KEY, (V1, V2)), ...); its form only (space.py checks
+    that each KEY is an earlier searched key and each value one it can take). A list is always a list of
+    values: a value that is itself a list is written inside one, `[[64, 32]]`."""
+    if not isinstance(when, dict) or not when:
+        problems.append(problem(f"{path}.when", "must be a mapping of an earlier searched key to a value or a "
+                                                "list of values, e.g. {optimizer: sgd}", when))
+        return ()
+    out = []
+    for key, allowed in when.items():
+        if not isinstance(key, str):
+            problems.append(problem(f"{path}.when", "must name keys of the space section", key))
+        elif isinstance(allowed, list) and not allowed:
+            problems.append(problem(f"{path}.when.{key}", "must be a value or a non-empty list of values", allowed))
+        else:
+            out.append((key, tuple(allowed) if isinstance(allowed, list) else (allowed,)))
+    return tuple(out)
 
 
 def _choice(name: str, path: str, values: Any, problems: list[str], before: int) -> Searched | None:

@@ -16,39 +16,59 @@ import functools
 from typing import Any
 
 import optuna
+from optuna.storages import InMemoryStorage
 from ray.tune.search import ConcurrencyLimiter, Searcher
 from ray.tune.search.optuna import OptunaSearch
 
+from search import warm_start
 from search.ordered import OrderedSearch, make_sampler
+from search.run_folder import RunFolder
 from search.schema import Searched
 from search.space import Space
 from trainable.seed import derive_seed
 
 
 def suggest(trial: optuna.Trial, searched: tuple[Searched, ...], experiment_seed: int) -> dict[str, Any]:
-    """Ask Optuna for every searched field; return the trial's seed and every drawn value.
+    """Ask Optuna for every searched field whose `when:` holds; return the trial's seed and every drawn value.
 
-    Returned values are constants that Tune adds to the trial config, overriding Optuna's
+    Fields are asked in the space section's order, so a condition's key is decided before the
+    fields it gates; a field not asked is absent, the trial config keeps its default (results:
+    null). Returned values are constants that Tune adds to the trial config, overriding Optuna's
     param of the same name: a choice's value rather than its label.
     """
-    constants: dict[str, Any] = {"seed": derive_seed(experiment_seed, trial.number), "trial_number": trial.number}
+    drawn: dict[str, Any] = {}
     for d in searched:
-        constants[d.name] = d.ask(trial)
-    return constants
+        if d.holds(drawn):
+            drawn[d.name] = d.ask(trial)
+    return {"seed": derive_seed(experiment_seed, trial.number), "trial_number": trial.number, **drawn}
 
 
-def make_searcher(space: Space) -> Searcher:
-    """The search's searcher, seeded, at most `max_concurrent` trials at once."""
+def make_searcher(space: Space, folder: RunFolder | None = None) -> Searcher:
+    """The search's searcher, seeded, at most `max_concurrent` trials at once; it starts with the
+    enqueued configs and, for a run in `folder` with a warm start, the earlier run's trials (search/warm_start.py)."""
     experiment = space.experiment
     # a partial of a module-level function: Tune pickles the searcher into its state
     ask = functools.partial(suggest, searched=space.searched, experiment_seed=experiment.seed)
+    warm = warm_start.told(warm_start.settle(space, folder) if folder else None, space.searched)
+    enqueued = warm_start.enqueued_params(experiment.enqueue, space.searched)
+    if warm:  # told first, they take Optuna's numbers 0..len-1: the trials still number from 0
+        ask = functools.partial(warm_start.renumbered, ask=ask, first=len(warm))
+    # a space with `when:` keys keeps the pinned TPE settings: group=True (each branch modelled
+    # jointly) did no better on a conditional problem (bench/conditional_tpe.py, docs/conditional.md)
     if experiment.reproducible:
         searcher = OrderedSearch(ask, metric=experiment.metric, mode=experiment.mode,
                                  experiment_seed=experiment.seed, sampler=experiment.sampler,
-                                 lag=experiment.max_concurrent)
-    else:
+                                 lag=experiment.max_concurrent, enqueued=enqueued, warm=warm)
+    else:  # Tune's OptunaSearch loads the study made here, with the warm start told and the configs enqueued
+        storage = InMemoryStorage()
+        study = optuna.create_study(storage=storage, study_name="optuna",
+                                    direction="maximize" if experiment.mode == "max" else "minimize")
+        study.add_trials(warm)
+        for params in enqueued:
+            study.enqueue_trial(params)
         searcher = OptunaSearch(space=ask, metric=experiment.metric, mode=experiment.mode,
-                                sampler=make_sampler(experiment.sampler, experiment.seed, 0))
+                                sampler=make_sampler(experiment.sampler, experiment.seed, 0),
+                                storage=storage, study_name="optuna")
     # Tune lets a searcher that is not a ConcurrencyLimiter have one pending trial at a time,
     # which starts trials one after another (tune_controller._get_max_pending_trials)
     return ConcurrencyLimiter(searcher, max_concurrent=experiment.max_concurrent)

@@ -16,6 +16,7 @@ import pandas as pd
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from search.results import INTERRUPTED, best_of, is_json, results_schema, score
+from search.schema import conditions, not_drawn
 from search.space import Space
 
 JOURNAL_FILE = "optuna.journal"
@@ -48,11 +49,13 @@ def frozen_trial(rows: pd.DataFrame, space: Space, schema=None, *, live: bool = 
     state = TrialState.COMPLETE if value is not None else TrialState.FAIL
     if live and status in UNENDED:
         state, value = UNENDED[status], None
+    cells = {d.name: _cell(first[d.name], d.name in json_columns) for d in space.searched}
+    drawn = [d for d in space.searched if d.name not in not_drawn(conditions(space.searched), cells)]  # `when:`
     return create_trial(
         state=state,
         value=value,
-        params={d.name: d.param(_cell(first[d.name], d.name in json_columns)) for d in space.searched},
-        distributions={d.name: d.distribution for d in space.searched},
+        params={d.name: d.param(cells[d.name]) for d in drawn},
+        distributions={d.name: d.distribution for d in drawn},
         intermediate_values=curve or None,
         user_attrs={"trial_number": None if pd.isna(first["trial_number"]) else int(first["trial_number"]),
                     "trial_id": str(first["trial_id"]), "seed": int(first["seed"]), "status": status},

@@ -10,7 +10,8 @@ import pandas as pd
 from search.results import ranked
 from search.storage import is_uri
 from search.study import JOURNAL_FILE
-from trainable.config import TrialConfig
+from trainable.config import SCHEDULE_KEY
+from trainable.function import trial_config
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,15 @@ def wall_line(timing: Timing, phases: str | None = None) -> str:
             + (f"\n      phases: {phases}" if phases else ""))
 
 
+def searched_values(config: dict[str, Any], searched: list[str]) -> str:
+    """best.yaml's searched values, `lr=0.1, batch_size=64`; a PBT trial's are its first epoch's, and
+    `schedule:` (the changes after it) is named, not listed."""
+    schedule = config.get(SCHEDULE_KEY)
+    flat = trial_config({k: v for k, v in config.items() if k != SCHEDULE_KEY}).to_flat()
+    text = ", ".join(f"{k}={flat.get(k)!r}" for k in searched) or "(nothing searched)"
+    return text + (f" at epoch 1, then {len(schedule)} change(s) in best.yaml's schedule" if schedule else "")
+
+
 def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Timing, *,
                    metric: str, mode: str, searched: list[str], gpus_per_trial: float,
                    rerun: str, gpu_notes: tuple[str, ...] = (), no_best: str | None = None) -> str:
@@ -170,8 +180,7 @@ def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Tim
                                 "; no best.yaml"))
     if best is not None:
         result = best["result"]
-        flat = TrialConfig.from_mapping(best["config"]).to_flat()
-        config = ", ".join(f"{k}={flat.get(k)!r}" for k in searched) or "(nothing searched)"
+        config = searched_values(best["config"], searched)
         lines += [
             f"Best: trial #{result['trial_number']} ({result['trial_id']}) epoch {result['epoch']}: "
             f"{metric} {result[metric]:.4f}, "

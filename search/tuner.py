@@ -12,13 +12,17 @@ import os
 import sys
 from typing import Any, Callable
 
+import pyarrow.fs as pafs
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
+from search.budget import budgeted
 from search.disk_guard import DiskGuard
 from search.halving import RECORD_FILE as HALVING_RECORD, OrderedHalving, bracket_count
+from search.pbt import make_pbt, population_space
 from search.phases import first_trial_started
 from search.progress import Progress, flush_all
+from search.results import RECORD_FILE
 from search.run_folder import RunFolder
 from search.searcher import make_searcher
 from search.session import quick_stop, sigterm_as_sigint
@@ -33,6 +37,8 @@ MLFLOW_DB = "mlflow.db"
 def make_scheduler(space: Space, folder: RunFolder | None = None) -> TrialScheduler:
     """FIFO, or early stopping: reproducible (search/halving.py) unless experiment.reproducible is false."""
     experiment = space.experiment
+    if experiment.scheduler == "pbt":
+        return make_pbt(space)
     if experiment.scheduler not in ("asha", "hyperband"):
         return FIFOScheduler()
     max_t = max_epochs(space.searched, space.trial_defaults().epochs)
@@ -87,30 +93,48 @@ class FirstTrialStart(tune.Callback):
         first_trial_started()
 
 
+class KeepRecords(tune.Callback):
+    """Tune's JSON logger copies a restarting trial's result.json back from the run folder over the
+    driver's own copy, which also holds the reports made since Tune last synced the folder: a trial
+    paused at a PBT perturbation or a rung, or restarted after an error, lost those rows. The
+    driver's copy (this driver's reports after the one restored) is put in the run folder first.
+    Runs before Tune's loggers: Tune appends its default callbacks after the given ones."""
+
+    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        local = os.path.join(trial.local_path, RECORD_FILE)
+        if os.path.exists(local) and os.path.abspath(trial.local_path) != os.path.abspath(trial.path):
+            pafs.copy_files(local, f"{trial.path}/{RECORD_FILE}",
+                            destination_filesystem=trial.storage.storage_filesystem)
+
+
 def disk_guard(space: Space, folder: RunFolder) -> list[DiskGuard]:
     """A full local disk stops the search as Ctrl-C does (search/disk_guard.py); object stores do not fill."""
     return [] if is_uri(folder.path) else [DiskGuard(folder.path, space.experiment.min_free_mb)]
 
 
-def build_tuner(space: Space, folder: RunFolder, data: Data, trial_function: Callable, *, gpus: float,
+def build_tuner(space: Space, folder: RunFolder, data: Data | None, trial_function: Callable, *, gpus: float,
                 resume: bool) -> tune.Tuner:
     """The search's Tuner; the data goes into the object store once, and every trial reads it there."""
     experiment = space.experiment
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, data=DataHandle.put(data.for_trials()), trial_function=trial_function,
+        tune.with_parameters(run_trial, data=DataHandle.put(None if data is None else data.for_trials()), trial_function=trial_function,
                              checkpoint_every=experiment.checkpoint_every, trial_timeout=experiment.trial_timeout),
         {"cpu": space.resources.cpus, "gpu": gpus})
-    if resume:
+    if resume:  # the searcher and the stopper come back from Tune's record (search/budget.py)
         return tune.Tuner.restore(folder.path, trainable=trainable, resume_unfinished=True, resume_errored=True)
+    pbt = experiment.scheduler == "pbt"  # Ray's PBT takes no searcher: the population is drawn up front (search/pbt.py)
+    search, stop = (None, None) if pbt else budgeted(make_searcher(space, folder), folder, space)  # time_budget, stop_when
     return tune.Tuner(
         trainable,
-        param_space=param_space(space),
-        tune_config=tune.TuneConfig(search_alg=make_searcher(space), scheduler=make_scheduler(space, folder),
-                                    num_samples=experiment.num_samples, reuse_actors=True,
-                                    trial_dirname_creator=trial_folder_name),
+        param_space=population_space(space, param_space(space)) if pbt else param_space(space),
+        tune_config=tune.TuneConfig(search_alg=search, scheduler=make_scheduler(space, folder),
+                                    num_samples=1 if pbt else experiment.num_samples,
+                                    max_concurrent_trials=experiment.max_concurrent if pbt else None,
+                                    reuse_actors=True, trial_dirname_creator=trial_folder_name),
         run_config=tune.RunConfig(
             name=folder.name,
             storage_path=folder.storage.uri,
+            stop=stop,
             # num_to_keep keeps the best by metric and always the latest; a driver killed after
             # Tune deleted a checkpoint its last snapshot names resumes that trial from an
             # earlier one that reads, or from the start (adapter.newest_readable_state)
@@ -123,7 +147,7 @@ def build_tuner(space: Space, folder: RunFolder, data: Data, trial_function: Cal
             # reproducible search reruns them identically, and their parts written before the kill
             # are dropped on resume (run_folder.drop_unrecorded_parts; docs/stops-and-resume.md)
             callbacks=[Progress(folder, space), *disk_guard(space, folder), *tracker_callbacks(space, folder),
-                       FirstTrialStart()],
+                       FirstTrialStart(), KeepRecords()],
             verbose=0,
         ),
     )

@@ -38,6 +38,15 @@ def load_cluster() -> dict[str, Any]:
     return yaml.safe_load(CLUSTER_YAML.read_text())
 
 
+def prebuilt_image_text(text: str) -> str:
+    """cluster.yaml as a user makes it for the prebuilt image: the commented docker.image line
+    uncommented, the active one commented out (the header says: swap the two lines)."""
+    active = re.compile(r"^(\s*)(image: rayproject/ray:\S+)", re.M)
+    opt_in = re.compile(r"^(\s*)# (image: \S+)", re.M)
+    assert len(active.findall(text)) == 1 and len(opt_in.findall(text)) == 1, "not one image line and one opt-in"
+    return opt_in.sub(r"\1\2", active.sub(r"\1# \2", text))
+
+
 def ray_up_checks(config: dict[str, Any]) -> dict[str, Any]:
     """What `ray up` does to the config before it calls AWS; raises on a bad config."""
     prepared = prepare_config(copy.deepcopy(config))
@@ -72,6 +81,33 @@ def space_with(**resources: float):
 def test_ray_up_accepts_the_config(prepared):
     assert prepared["provider"]["type"] == "aws"
     assert prepared["head_node_type"] in prepared["available_node_types"]
+
+
+def test_default_image_is_public_and_the_prebuilt_one_is_a_commented_line():
+    """As shipped, every node runs Ray's public image (no build step); the opt-in swaps one
+    commented line for the Dockerfile's image, and Ray's checks pass on both."""
+    text = CLUSTER_YAML.read_text()
+    default, prebuilt = yaml.safe_load(text), yaml.safe_load(prebuilt_image_text(text))
+    images = {key: value for key, value in default["docker"].items() if key.endswith("image")}
+    assert images == {"image": f"rayproject/ray:{ray.__version__}-py311-gpu"}, "a node image anyone can pull"
+    assert prebuilt["docker"]["image"].endswith(f"/hpsearch:{ray.__version__}-py311-gpu")
+    for config in (default, prebuilt):
+        ray_up_checks(config)
+
+
+def test_pip_installs_the_torch_the_dockerfile_pins(prepared):
+    """The default path installs the versions the prebuilt image bakes in (Dockerfile's ARGs)."""
+    pins = dict(re.findall(r"^ARG (TORCH_VERSION|TORCHVISION_VERSION)=(\S+)", (REPO / "Dockerfile").read_text(), re.M))
+    setup = " ".join(prepared["setup_commands"])
+    assert f'"torch=={pins["TORCH_VERSION"]}"' in setup and f'"torchvision=={pins["TORCHVISION_VERSION"]}"' in setup
+
+
+def test_pip_cache_is_on_the_nodes_disk(prepared):
+    mounts = [o for o in prepared["docker"]["run_options"] if o.startswith("-v ")]
+    host, container = mounts[0].split()[1].split(":")
+    assert container == "/home/ray/.cache/pip", "pip in Ray's image (user ray) caches there"
+    assert any(f"mkdir -p {host}" in c for c in prepared["initialization_commands"]), \
+        "the host folder is made before docker mounts it as root's"
 
 
 BROKEN = {

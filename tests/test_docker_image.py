@@ -9,7 +9,6 @@ venv) and compared, so a version bump in one place and not the others fails. No 
 
 from __future__ import annotations
 
-import copy
 import importlib.metadata
 import re
 import sys
@@ -23,7 +22,6 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
-from ray.autoscaler._private.util import prepare_config, validate_config
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
@@ -107,6 +105,13 @@ def node_images(docker: dict[str, Any]) -> dict[str, str]:
     return {kind: docker.get(f"{kind}_image", docker["image"]) for kind in ("head", "worker")}
 
 
+def prebuilt_image() -> str:
+    """The image of cluster.yaml's commented opt-in line (`# image: REGISTRY/hpsearch:TAG`)."""
+    found = re.findall(r"^\s*# image: (\S+)", CLUSTER_YAML.read_text(), re.M)
+    assert len(found) == 1, found
+    return found[0]
+
+
 # --- the parsing itself -------------------------------------------------------------------
 
 
@@ -159,21 +164,18 @@ def test_image_pins_the_torch_the_venv_tests_with(dockerfile, package, arg):
 # --- cluster.yaml runs images of the same versions ----------------------------------------
 
 
-def test_cluster_fallback_image_is_the_dockerfiles_base(docker, dockerfile):
-    assert docker["image"] == base_image(dockerfile)
+def test_cluster_default_image_is_the_dockerfiles_base(docker, dockerfile):
+    assert node_images(docker) == {"head": base_image(dockerfile), "worker": base_image(dockerfile)}
 
 
-def test_cluster_runs_the_project_image_on_every_node(docker):
-    images = node_images(docker)
-    assert images["head"] == images["worker"], "driver and trials would run different versions"
-    assert images["head"] != docker["image"], "nodes run the stock image: the pip path on every boot"
-    name = images["head"].rsplit(":", 1)[0].rsplit("/", 1)[-1]
-    assert name == "hpsearch", images["head"]
+def test_cluster_opt_in_is_the_project_image():
+    name = prebuilt_image().rsplit(":", 1)[0].rsplit("/", 1)[-1]
+    assert name == "hpsearch", prebuilt_image()
 
 
 def test_every_image_has_the_same_ray_and_python(docker, dockerfile):
     expected = versions(base_image(dockerfile))
-    for kind, image in {**node_images(docker), "fallback": docker["image"]}.items():
+    for kind, image in {**node_images(docker), "prebuilt": prebuilt_image()}.items():
         assert versions(image) == expected, (kind, image, base_image(dockerfile))
 
 
@@ -186,19 +188,6 @@ def test_documented_build_commands_tag_the_same_versions(dockerfile):
             found += 1
             assert versions(image) == expected, (path.name, image)
     assert found >= 3, "each of Dockerfile, cluster.yaml and README should show the build command"
-
-
-def test_ray_up_accepts_the_image_and_the_pip_fallback():
-    """Ray's checks pass as shipped and with head_image/worker_image commented out."""
-    config = load_cluster()
-    fallback = copy.deepcopy(config)
-    fallback["docker"].pop("head_image")
-    fallback["docker"].pop("worker_image")
-    for c in (config, fallback):
-        validate_config(prepare_config(copy.deepcopy(c)))
-    yaml_text = CLUSTER_YAML.read_text()
-    commented = re.sub(r"^(\s*)((head|worker)_image:)", r"\1# \2", yaml_text, flags=re.M)
-    assert yaml.safe_load(commented)["docker"] == fallback["docker"], "the fallback is not two commented lines"
 
 
 # --- the project inside the image is the one file_mounts syncs ----------------------------

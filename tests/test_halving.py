@@ -24,13 +24,13 @@ def stopped_early(frame: pd.DataFrame, epochs: int) -> dict[int, int]:
 
 
 def two_runs(tmp_path, data_root, scheduler: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    """The same search at 4 trials at once (0.5 CPU each) and at 2 (1 CPU each, on the 2 CPUs of ray_local)."""
+    """The same 16 trials x 4 epochs at 4 trials at once (0.5 CPU each) and at 2 (1 CPU each, on the 2 CPUs of ray_local)."""
     runs = []
     for cpus in (0.5, 1):
-        space = small_space(tmp_path, data_root, experiment={"num_samples": 8, "max_concurrent": 4,
+        space = small_space(tmp_path, data_root, experiment={"num_samples": 16, "max_concurrent": 4,
                                                              "scheduler": scheduler},
                             resources={"cpus": cpus}, training={"epochs": 4}, model={"hidden_sizes": [16]},
-                            data={"train_size": 500, "val_size": 200})
+                            data={"train_size": 300, "val_size": 200})
         runs.append(run_search(space, name=f"{scheduler}-{cpus}"))
     return runs[0].results, runs[1].results, runs[1].summary
 

@@ -65,7 +65,7 @@ def test_int_forms_and_their_aliases_are_one_distribution(spec, expected):
     ({"lr": {"distribution": "float", "low": 0.01, "high": 0.3, "log": "yes"}},
      "space.lr.log: must be true or false, got 'yes'"),
     ({"lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3, "log": False}},
-     "space.lr.log: unknown key for loguniform (known: distribution, high, low), got False"),
+     "space.lr.log: unknown key for loguniform (known: distribution, high, low, when), got False"),
     ({"model.block": {"distribution": "choice", "values": [{"a": 1}, {"a": 1}]}},
      "space.model.block.values: must not repeat a value"),
 ])

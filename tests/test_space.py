@@ -81,7 +81,7 @@ def test_shipped_mnist_space_searches_the_four_fields():
     ({"resources": {"gpus": "max"}}, "resources.gpus: must be 0, a fraction in [0.01, 1] (0.25 packs four "
                                      "trials per GPU; a trial uses one GPU at most) or auto (measured), got 'max'"),
     ({"resources": {"spread": "yes"}}, "resources.spread: must be true or false, got 'yes'"),
-    ({"experiment": {"scheduler": "median"}}, "experiment.scheduler: must be one of fifo, asha, hyperband, got 'median'"),
+    ({"experiment": {"scheduler": "median"}}, "experiment.scheduler: must be one of fifo, asha, hyperband, pbt, got 'median'"),
     ({"experiment": {"metric": "accuracy"}}, "experiment.metric: must be a metric the trainable reports"),
     ({"experiment": {"num_samples": "many"}}, "experiment.num_samples: must be an integer in [1, 1000000], got 'many'"),
     ({"experiment": {"colour": "blue"}}, "experiment.colour: unknown key"),
@@ -98,7 +98,7 @@ def test_shipped_mnist_space_searches_the_four_fields():
     ({"data": {"data_args": {"n": 3}}}, "data.data_args: unknown key (known: root, dataset, args, train_size"),
     ({"optimiser": {}}, "optimiser: unknown section"),
     ({"space": {"lr": {"distribuion": "loguniform", "low": 0.01, "high": 0.1}}},
-     "space.lr.distribuion: unknown key (known: distribution, high, log, low, step, values), got 'loguniform'"),
+     "space.lr.distribuion: unknown key (known: distribution, high, log, low, step, values, when), got 'loguniform'"),
     ({"space": {"lr": {"low": 0.01, "high": 0.1}}}, "space.lr: needs a distribution key"),
     ({"training": {"epochs": 2}}, "space: must search at least one field"),
     # the model section and searched model keywords
@@ -189,7 +189,8 @@ def test_relative_file_references_are_absolute_from_the_space_file(tmp_path, mon
 def test_to_raw_is_a_space_file_that_reads_back_the_same(path, tmp_path):
     space = parse_space(read_yaml_mapping(path), source=str(path))
     raw = to_raw(space)
-    assert set(raw) == {"experiment", "resources", "model", "data", "training", "space"}
+    assert set(raw) == ({"trainable", "experiment", "resources", "training", "space"} if space.trainable else
+                        {"experiment", "resources", "model", "data", "training", "space"})
     # it is what spec.yaml holds: through YAML text and back
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -280,7 +281,7 @@ def test_cli_yaml_syntax_error_names_the_line(tmp_path):
 def test_cli_bad_flag_value_exits_2(tmp_path):
     done = run_cli("--space", "spaces/mnist.yaml", "--scheduler", "median", "--max-concurrent", "0")
     assert done.returncode == 2
-    assert "experiment.scheduler: must be one of fifo, asha, hyperband, got 'median'" in done.stderr
+    assert "experiment.scheduler: must be one of fifo, asha, hyperband, pbt, got 'median'" in done.stderr
     assert "experiment.max_concurrent: must be an integer in [1, 10000], got 0" in done.stderr
 
 

@@ -1,7 +1,9 @@
 """`python -m trainable`: one training run from flags or a YAML file, one line per epoch.
 
 The debugging path before a search: same code, same seed, same numbers as a trial.
-`python -m trainable --config runs/<name>/best.yaml` re-runs a search's best trial.
+`python -m trainable --config runs/<name>/best.yaml` re-runs a search's best trial (a function
+trainable's best.yaml: the user's function, called with that config; trainable/function.py); a PBT
+search's best.yaml has a `schedule:` too, the hyperparameter changes the trial's weights went through.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ import json
 import sys
 from typing import Sequence
 
-from trainable.config import FACTORY_KEY, FIELDS, TrialConfig, schedule_note
+from trainable.config import FACTORY_KEY, FIELDS, SCHEDULE_KEY, TrialConfig, parse_schedule, schedule_note
 from trainable.data import load_data
 from trainable.factories import check_model
+from trainable.function import is_function, replay
 from trainable.device import get_default_device
 from trainable.errors import ConfigError, DataError, problem
 from trainable.loop import build_run, train_and_evaluate
@@ -52,7 +55,7 @@ def trial_config(args: argparse.Namespace) -> TrialConfig:
     values = {}
     if args.config:
         values = TrialConfig.from_mapping({k: v for k, v in read_yaml_mapping(args.config).items()
-                                           if k not in INFORMATIONAL_KEYS}).to_flat()
+                                           if k not in (*INFORMATIONAL_KEYS, SCHEDULE_KEY)}).to_flat()
     values.update({name: getattr(args, name) for name in FIELDS
                    if name not in NESTED and getattr(args, name) is not None})
     if args.model is not None:
@@ -65,10 +68,20 @@ def trial_config(args: argparse.Namespace) -> TrialConfig:
     return TrialConfig.from_mapping(values)
 
 
+def config_schedule(args: argparse.Namespace) -> dict[int, dict]:
+    """The --config file's schedule (epoch -> values it changes), empty if it has none."""
+    raw = read_yaml_mapping(args.config) if args.config else {}
+    return parse_schedule(raw[SCHEDULE_KEY]) if SCHEDULE_KEY in raw else {}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        config = trial_config(args)
+        raw = read_yaml_mapping(args.config) if args.config else {}
+        if is_function(raw):  # a function trainable's best.yaml: its function, called with that config
+            result = raw.get("result") if isinstance(raw.get("result"), dict) else {}
+            return replay({k: v for k, v in raw.items() if k not in INFORMATIONAL_KEYS}, result.get("metric"))
+        config, schedule = trial_config(args), config_schedule(args)
         data = load_data(config, args.data_root, root_key="--data-root", with_test=False)
         # the model once on two inputs: a bad keyword or output shape is exit 2, not a crash mid-epoch
         check_model(config, data.sample(), data.num_classes)
@@ -80,9 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = get_default_device()
     print(f"device: {device} | dataset: {config.dataset} {len(data.train)} train / "
           f"{len(data.val)} val | model: {config.model} | seed: {config.seed}", flush=True)
+    for epoch, changes in schedule.items():
+        print(f"schedule: from epoch {epoch}: " + ", ".join(f"{k} {v}" for k, v in changes.items()), flush=True)
     run = build_run(config, data, device)
     width = len(str(config.epochs))
-    for r in train_and_evaluate(run):
+    for r in train_and_evaluate(run, schedule):
         print(f"Epoch [{r.epoch:>{width}}/{config.epochs}] | loss {r.train_loss:.4f} | acc {r.train_acc:.4f}"
               f" | val_loss {r.val_loss:.4f} | val_acc {r.val_acc:.4f} | lr {r.epoch_lr:.5f}"
               f" | {r.epoch_seconds:.2f}s", flush=True)

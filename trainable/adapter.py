@@ -137,7 +137,8 @@ def trial_device() -> torch.device:
     return get_default_device() if assigned_accelerators() else torch.device("cpu")
 
 
-def newest_readable_state(latest: tune.Checkpoint) -> dict[str, Any] | None:
+def newest_readable_state(latest: tune.Checkpoint,
+                          load: Callable[[str], Any] = lambda where: load_checkpoint(where).state) -> Any:
     """The state of `latest`, or of the newest earlier checkpoint of the trial that reads.
 
     A checkpoint cut short (a full disk, a killed node) would otherwise fail the trial on
@@ -151,7 +152,7 @@ def newest_readable_state(latest: tune.Checkpoint) -> dict[str, Any] | None:
     for path in candidates:
         try:
             with tune.Checkpoint(path, filesystem=latest.filesystem).as_directory() as where:
-                state = load_checkpoint(where).state
+                state = load(where)  # a function trainable's own format: trainable/function.py
         except (CheckpointError, OSError) as error:  # OSError: gone from remote storage (num_to_keep)
             print(f"hpsearch: skipping an unreadable checkpoint: {error}", file=sys.stderr, flush=True)
             continue
@@ -160,6 +161,12 @@ def newest_readable_state(latest: tune.Checkpoint) -> dict[str, Any] | None:
         return state
     print("hpsearch: no readable checkpoint; the trial starts over", file=sys.stderr, flush=True)
     return None
+
+
+def mark_report() -> None:
+    """A report is about to be made: it may be the trial's last, and the next trial on this actor counts from here."""
+    global _last_end
+    _last_end = time.time()
 
 
 def tune_trial(config: dict[str, Any], *, data: Data) -> None:

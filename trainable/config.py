@@ -400,3 +400,45 @@ def is_integer_field(name: str) -> bool:
 def json_text(value: Any) -> str:
     """A nested value as one JSON string (for a Parquet cell that must keep one type)."""
     return json.dumps(plain(value), sort_keys=True)
+
+
+# ---- a schedule of hyperparameters (PBT's, replayed from best.yaml) ------------------------
+
+MUTABLE = ("lr", "momentum", "weight_decay", "clip_norm")  #: the fields a run can change between epochs
+SCHEDULE_KEY = "schedule"  #: best.yaml's list of {epoch, trial_number, lr, momentum, weight_decay, clip_norm}
+
+
+def parse_schedule(value: Any, key: str = SCHEDULE_KEY) -> dict[int, dict[str, Any]]:
+    """`schedule:` as epoch -> the MUTABLE values that epoch and later ones train with.
+
+    Each entry is `{epoch: N, lr: ..., momentum: ..., weight_decay: ..., clip_norm: ...}` (any of
+    the four; the others keep their values), epochs increasing; `trial_number` says which trial of
+    the search trained from that epoch on and changes nothing. Every problem raises at once.
+    """
+    if not isinstance(value, list):
+        raise ConfigError([problem(key, "must be a list of {epoch: N, lr: ..., ...} entries", value)])
+    problems, out, last = [], {}, 0
+    for i, entry in enumerate(value):
+        path = f"{key}[{i}]"
+        if not isinstance(entry, Mapping):
+            problems.append(problem(path, "must be a mapping {epoch: N, lr: ..., ...}", entry))
+            continue
+        epoch = entry.get("epoch")
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch <= last:
+            problems.append(problem(f"{path}.epoch", f"must be an integer > {last} (entries in epoch order)", epoch))
+        else:
+            last = epoch
+        values = {}
+        for name, v in entry.items():
+            if name in ("epoch", "trial_number"):
+                continue
+            rule = check_value(name, v) if name in MUTABLE else f"unknown key (known: epoch, trial_number, " \
+                                                                f"{', '.join(MUTABLE)})"
+            if rule:
+                problems.append(problem(f"{path}.{name}", rule, v))
+            else:
+                values[name] = coerce(name, v)[0]
+        out[epoch] = values
+    if problems:
+        raise ConfigError(problems)
+    return out

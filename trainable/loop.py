@@ -7,17 +7,19 @@ report or import Ray. The Ray adapter (adapter.py) and the CLI (__main__.py) dri
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import time
-from dataclasses import dataclass
-from typing import Any, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
 from trainable.batches import Batches, InMemoryBatches, make_loader
-from trainable.config import TrialConfig, schedule_period
+from trainable.config import MUTABLE, TrialConfig, schedule_period
 from trainable.data import Arrays, Data, Standardize
 from trainable.factories import build_model
 from trainable.seed import global_rng_states, set_global_rng_states, set_seed
@@ -117,6 +119,9 @@ class Run:
     train_metric: MulticlassAccuracy
     val_metric: MulticlassAccuracy
     epoch: int = 0  #: epochs completed
+    # where the weights come from: the seed that drew them and, per epoch, the trial that trained
+    # it and the MUTABLE values it used (PBT copies another trial's weights; best.yaml replays this)
+    lineage: dict[str, Any] = field(default_factory=dict)
 
     def state_dict(self) -> dict[str, Any]:
         # plain tensors and numbers only, so torch.load(weights_only=True) can read it
@@ -128,6 +133,7 @@ class Run:
             # the global RNGs too: dropout draws from torch's, user code from NumPy's or Python's
             "rng": global_rng_states(),
             "epoch": self.epoch,
+            "lineage": copy.deepcopy(self.lineage),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> str | None:
@@ -137,10 +143,33 @@ class Run:
         self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["generator"])
         self.epoch = int(state["epoch"])
+        # a checkpoint written before lineages were kept: its earlier epochs are not known
+        self.lineage = copy.deepcopy(state.get("lineage") or {"seed": self.config.seed, "epochs": []})
+        # the checkpoint restored the values it trained with; this run's config may say others
+        # (PBT's explore step): changed only where they differ, so a plain restart is bit for bit
+        set_hyperparameters(self, {name: getattr(self.config, name) for name in MUTABLE})
         if "rng" not in state:  # written before checkpoints held them
             return ("the checkpoint holds no global random number generator states (an older version wrote "
                     "it): a model that draws randomness (dropout) resumes correctly but not bit for bit")
         return set_global_rng_states(state["rng"])
+
+
+def set_hyperparameters(run: Run, values: Mapping[str, Any]) -> None:
+    """Train on with these MUTABLE values (lr, momentum, weight_decay, clip_norm) from the next epoch.
+
+    lr is the cosine schedule's initial value: a new one scales the schedule, so the current
+    learning rate keeps its place on the cosine. clip_norm is read from run.config each epoch;
+    momentum applies to SGD only (Adam has betas). A value equal to the one in effect changes nothing.
+    """
+    run.config = dataclasses.replace(run.config, **values)
+    scheduler = run.scheduler
+    for i, group in enumerate(run.optimizer.param_groups):
+        if "lr" in values and scheduler.base_lrs[i] != values["lr"]:
+            group["lr"] = group["lr"] * values["lr"] / scheduler.base_lrs[i]
+            scheduler.base_lrs[i] = group["initial_lr"] = values["lr"]
+        for name in ("momentum", "weight_decay"):
+            if name in values and name in group and group[name] != values[name]:
+                group[name] = values[name]
 
 
 def make_optimizer(config: TrialConfig, model: nn.Module) -> torch.optim.Optimizer:
@@ -190,16 +219,21 @@ def build_run(config: TrialConfig, data: Data, device: torch.device) -> Run:
         loss_fn=nn.CrossEntropyLoss(),
         train_metric=accuracy_metric(data.num_classes, device),
         val_metric=accuracy_metric(data.num_classes, device),
+        lineage={"seed": config.seed, "epochs": []},
     )
 
 
-def train_and_evaluate(run: Run) -> Iterator[EpochRecord]:
+def train_and_evaluate(run: Run, schedule: Mapping[int, Mapping[str, Any]] | None = None) -> Iterator[EpochRecord]:
     """Train from `run.epoch` to `config.epochs`, yielding a record after each epoch.
 
+    `schedule` (epoch -> MUTABLE values, config.parse_schedule) changes the hyperparameters
+    before that epoch, as a PBT trial had them changed: best.yaml's replay.
     A diverged epoch (NaN or infinite training loss) is yielded, then the run stops:
     more epochs cannot recover it, and the caller scores it like any other result.
     """
     while run.epoch < run.config.epochs:
+        if schedule and run.epoch + 1 in schedule:
+            set_hyperparameters(run, schedule[run.epoch + 1])
         start = time.perf_counter()
         epoch_lr = run.optimizer.param_groups[0]["lr"]
         train_loss, train_acc = train(run.model, run.train_batches, run.loss_fn, run.optimizer,
@@ -208,6 +242,8 @@ def train_and_evaluate(run: Run) -> Iterator[EpochRecord]:
         trained = time.perf_counter()
         val_loss, val_acc = evaluate(run.model, run.val_batches, run.loss_fn, run.val_metric, run.device)
         run.epoch += 1
+        run.lineage["epochs"].append({"epoch": run.epoch, "trial_number": run.config.trial_number,
+                                      **{name: getattr(run.config, name) for name in MUTABLE}})
         end = time.perf_counter()
         record = EpochRecord(run.epoch, train_loss, train_acc, val_loss, val_acc, epoch_lr,
                              end - start, trained - start, end - trained)

@@ -1,0 +1,163 @@
+"""The runs at hand: `python -m search runs` lists a storage's runs, `python -m search compare A B` sets two side by side.
+
+Each run is read from its own folder, never from Tune's state (that takes seconds a run): spec.yaml
+(what it searches), results.parquet (its trials), best.yaml, ended.yaml (search/budget.py) and
+its lock (search/run_folder.py: held while a process searches it). A run's state:
+
+- running: its lock is held;
+- finished: every one of experiment.num_samples trials ended;
+- ended by budget: a time_budget or stop_when ended it (ended.yaml), exit 0;
+- failed: trials ran, and none outside ERROR scored;
+- interrupted: anything else (stopped, killed, or never got a trial through); --resume continues it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from search.budget import read_ended
+from search.results import ERROR, INTERRUPTED, RESULTS_FILE
+from search.run_folder import BEST_FILE, LOCK_FILE, SPEC_FILE, RunFolder
+from search.storage import Storage, is_uri
+from trainable.yaml_file import Loader
+
+RUNNING, FINISHED, ENDED, FAILED, INTERRUPTED_RUN = "running", "finished", "ended by budget", "failed", "interrupted"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run folder, as `runs` lists it."""
+
+    name: str
+    state: str
+    done: int  #: trials that ended (not INTERRUPTED)
+    total: int  #: experiment.num_samples
+    metric: str
+    best: float | None  #: best.yaml's value of the metric
+    when: str  #: when its last trial ended (or its spec was written), local time
+
+
+def is_held(folder: RunFolder) -> bool:
+    """Whether a process searches the run now: it holds the flock on .lock (released when it ends, even by SIGKILL)."""
+    if is_uri(folder.path):
+        return False  # object stores have no lock (docs/stops-and-resume.md)
+    try:
+        fd = os.open(os.path.join(folder.path, LOCK_FILE), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # a shared lock we took goes with the descriptor
+
+
+def read_yaml(folder: RunFolder, name: str) -> dict[str, Any]:
+    data = folder.storage.read(f"{folder.name}/{name}")
+    try:
+        loaded = yaml.load(data.decode("utf-8"), Loader=Loader) if data else None
+    except (ValueError, yaml.YAMLError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def read_results(folder: RunFolder) -> pd.DataFrame | None:
+    try:
+        return pd.read_parquet(f"{folder.path}/{RESULTS_FILE}")
+    except (OSError, ValueError):
+        return None
+
+
+def read_run(folder: RunFolder) -> Run | None:
+    """The run in `folder`; None if it holds no spec.yaml (not a run folder)."""
+    spec = read_yaml(folder, SPEC_FILE)
+    if not spec:
+        return None
+    experiment = spec.get("experiment", {})
+    metric, total = experiment.get("metric", "val_acc"), int(experiment.get("num_samples", 0))
+    frame = read_results(folder)
+    trials = frame.drop_duplicates("trial_id", keep="last") if frame is not None else pd.DataFrame()
+    done = int((trials["status"] != INTERRUPTED).sum()) if len(trials) else 0
+    best = (read_yaml(folder, BEST_FILE).get("result") or {}).get(metric)
+    if is_held(folder):
+        state = RUNNING
+    elif read_ended(folder) is not None and (not len(trials) or (trials["status"] != INTERRUPTED).all()):
+        state = ENDED
+    elif len(trials) and done == len(trials) and (trials["status"] == ERROR).all():
+        state = FAILED
+    elif done >= total and (not len(trials) or (trials["status"] != INTERRUPTED).all()):
+        state = FINISHED
+    else:
+        state = INTERRUPTED_RUN
+    if frame is not None and frame["finished_at"].notna().any():
+        stamp = float(frame["finished_at"].max())
+    else:
+        stamp = None if is_uri(folder.path) else os.path.getmtime(os.path.join(folder.path, SPEC_FILE))
+    when = "-" if stamp is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(stamp))
+    return Run(folder.name, state, done, total, metric, best if isinstance(best, (int, float)) else None, when)
+
+
+def list_runs(storage: Storage) -> list[Run]:
+    """Every run folder under the storage, newest first by name's time, then by name."""
+    runs = [read_run(RunFolder(storage, name)) for name in storage.list_dirs()]
+    return sorted((r for r in runs if r is not None), key=lambda r: (r.when, r.name), reverse=True)
+
+
+def format_runs(runs: list[Run], where: str) -> str:
+    if not runs:
+        return f"No runs under {where}"
+    table = pd.DataFrame([{"name": r.name, "state": r.state, "trials": f"{r.done}/{r.total}",
+                           "best": "-" if r.best is None or not math.isfinite(r.best) else f"{r.metric} {r.best:.4f}",
+                           "when": r.when} for r in runs])
+    return f"Runs under {where}:\n" + table.to_string(index=False)
+
+
+def spec_differences(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(section.key, value in a, value in b) wherever two spec.yaml files differ; the run section aside."""
+    out = []
+    for section in sorted((set(a) | set(b)) - {"run"}):
+        left, right = a.get(section) or {}, b.get(section) or {}
+        for key in sorted(set(left) | set(right)):
+            if left.get(key, "(absent)") != right.get(key, "(absent)"):
+                out.append((f"{section}.{key}", left.get(key, "(absent)"), right.get(key, "(absent)")))
+    return out
+
+
+def compare(a: RunFolder, b: RunFolder) -> str:
+    """Two runs' spec differences and best trials, side by side."""
+    specs = [read_yaml(a, SPEC_FILE), read_yaml(b, SPEC_FILE)]
+    runs = [read_run(a), read_run(b)]
+    rows = [{"key": k, a.name: repr(x), b.name: repr(y)} for k, x, y in spec_differences(*specs)]
+    lines = [f"Spec differences ({len(rows)}):",
+             pd.DataFrame(rows).to_string(index=False) if rows else "  (none: the same search)", "", "Best trials:"]
+    best = {}
+    for folder, run in zip((a, b), runs):
+        entry = read_yaml(folder, BEST_FILE)
+        result = entry.pop("result", {}) or {}
+        best[folder.name] = {"state": run.state, "trials": f"{run.done}/{run.total}",
+                             **{f"result.{k}": result.get(k) for k in ("trial_number", "epoch", run.metric, "test_acc")},
+                             **{k: v for k, v in sorted(flat(entry).items())}}
+    table = pd.DataFrame(best)
+    lines.append(table.fillna("-").to_string())
+    return "\n".join(lines)
+
+
+def flat(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """best.yaml's config as section.key -> value, for one row per key."""
+    out = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = repr(value) if isinstance(value, (list, tuple)) else value
+    return out

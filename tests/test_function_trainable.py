@@ -1,0 +1,140 @@
+"""Function trainables (`trainable: FILE.py:FUNCTION`): the space file's checks, the report and
+checkpoint contract without Ray, and one search of a toy function end to end."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from search.space import parse_space
+from trainable.errors import ConfigError
+from trainable.function import (MetricNotReported, Reporter, _Diverged, load_state, replay, resolve_function,
+                                save_state)
+
+# A toy training function as a user would write it: no Ray, milliseconds per report. Trial 1 fails once
+# at its third epoch while the marker file exists; its restart must continue from the checkpoint.
+TOY = '''
+import os
+import torch
+
+
+def train(config, report, checkpoint=None):
+    start = checkpoint["epoch"] if checkpoint else 0
+    x = checkpoint["x"] if checkpoint else torch.zeros(())
+    for epoch in range(start, config["epochs"]):
+        if epoch == 2 and config["trial_number"] == 1 and os.path.exists(config["marker"]):
+            os.remove(config["marker"])
+            raise RuntimeError("killed once")
+        noise = torch.randn((), generator=torch.Generator().manual_seed(config["seed"] + epoch))
+        x = x + config["lr"] * (1 - x) + 0.01 * noise
+        report(score=x, resumed_from=start, checkpoint={"x": x, "epoch": epoch + 1})
+'''
+
+
+def toy_space(folder: Path, **experiment) -> dict:
+    """The toy's space; toy.py and space.yaml are written in `folder` (a reference is relative to the file)."""
+    (folder / "toy.py").write_text(TOY)
+    (folder / "space.yaml").write_text("")
+    return {"trainable": "toy.py:train",
+            "experiment": {"name": "toy", "metric": "score", "mode": "max", "num_samples": 4, "seed": 3,
+                           "max_failures": 1, "storage_path": str(folder / "runs"), **experiment},
+            "resources": {"cpus": 0.5},
+            "training": {"epochs": 3, "marker": str(folder / "fail-once")},
+            "space": {"lr": {"distribution": "float", "low": 0.1, "high": 0.9}}}
+
+
+def problems(raw: dict, folder: Path) -> str:
+    with pytest.raises(ConfigError) as caught:
+        parse_space(raw, source=str(folder / "space.yaml"))
+    return str(caught.value)
+
+
+def test_model_and_data_sections_are_refused_with_the_reason(tmp_path):
+    raw = {**toy_space(tmp_path), "model": {"factory": "mlp"}, "data": {"train_size": 10}}
+    said = problems(raw, tmp_path)
+    assert "model: does not apply with a function trainable: the function loads its own model and data" in said
+    assert "data: does not apply" in said
+
+
+def test_free_names_pass_through_and_any_metric_name_parses(tmp_path):
+    space = parse_space(toy_space(tmp_path), source=str(tmp_path / "space.yaml"))
+    assert space.trainable == f"{tmp_path / 'toy.py'}:train"  # absolute: best.yaml replays from anywhere
+    assert dict(space.fixed) == {"epochs": 3, "marker": str(tmp_path / "fail-once")}
+    assert [d.name for d in space.searched] == ["lr"] and space.experiment.metric == "score"
+
+
+def test_reserved_names_and_bad_references_are_refused(tmp_path):
+    raw = toy_space(tmp_path)
+    raw["training"]["seed"] = 1
+    raw["space"]["momentum"] = {"distribution": "float", "low": 1, "high": 0}
+    said = problems(raw, tmp_path)
+    assert "training.seed: is set by the driver per trial, got 1" in said
+    assert "space.momentum.low: must be <= high (0), got 1" in said
+    assert "trainable: must be FILE.py:FUNCTION" in problems({**toy_space(tmp_path), "trainable": "train"}, tmp_path)
+    with pytest.raises(ConfigError, match="toy.py defines no nope"):
+        resolve_function(f"{tmp_path / 'toy.py'}:nope")
+
+
+def test_a_first_report_without_the_metric_names_what_was_reported():
+    report = Reporter("val_acc", send=lambda *a: None)
+    with pytest.raises(MetricNotReported, match=r"experiment.metric: must be one of the metrics the function "
+                                                r"reports \(loss, acc\), got val_acc"):
+        report(loss=1.0, acc=0.5)
+
+
+def test_a_nan_metric_ends_the_trial_with_its_row_marked_diverged():
+    rows = []
+    report = Reporter("loss", send=lambda row, epoch, checkpoint: rows.append(row))
+    report(loss=torch.tensor(1.0))
+    with pytest.raises(_Diverged):
+        report(loss=float("nan"))
+    assert [r["epoch"] for r in rows] == [1, 2] and [r["diverged"] for r in rows] == [False, True]
+
+
+def test_a_checkpoint_round_trips_readable_with_weights_only(tmp_path):
+    state = {"model": {"w": torch.arange(3.0)}, "epoch": 4, "note": "plain"}
+    save_state(tmp_path, 4, state)
+    back = load_state(tmp_path)
+    assert back["epoch"] == 4 and back["state"]["note"] == "plain"
+    assert torch.equal(back["state"]["model"]["w"], torch.arange(3.0))
+    with pytest.raises(TypeError, match="must be a dict of tensors"):
+        save_state(tmp_path, 1, [1, 2])
+
+
+def test_best_yaml_replays_the_function(tmp_path, capsys):
+    (tmp_path / "toy.py").write_text(TOY)
+    config = {"trainable": f"{tmp_path / 'toy.py'}:train", "epochs": 2, "lr": 0.5, "marker": "none", "seed": 1,
+              "trial_number": 0}
+    assert replay(config, "score") == 0
+    assert capsys.readouterr().out.count("Epoch [") == 2
+
+
+@pytest.mark.slow
+def test_a_toy_function_searches_restarts_from_its_checkpoint_and_reproduces(ray_local, tmp_path):
+    from search.driver import run_search
+
+    (tmp_path / "fail-once").write_text("")
+    first = run_search(parse_space(toy_space(tmp_path, max_concurrent=1), source=str(tmp_path / "space.yaml")),
+                       name="one")
+    frame = first.results
+    assert (frame["status"] == "COMPLETED").all() and sorted(frame["trial_number"].unique()) == [0, 1, 2, 3]
+    assert not (tmp_path / "fail-once").exists(), "trial 1 failed once"
+    restarted = frame[frame["trial_number"] == 1].sort_values("epoch")
+    assert list(restarted["epoch"]) == [1, 2, 3] and list(restarted["resumed_from"]) == [0, 0, 2]
+    run = Path(first.path)
+    best = yaml.safe_load((run / "best.yaml").read_text())
+    assert best["result"]["score"] == frame["score"].max() and best["result"]["test_acc"] is None
+    assert best["trainable"].endswith("toy.py:train") and "lr" in best
+    assert (run / "report.html").exists() and (run / "optuna.journal").exists()
+
+    again = run_search(parse_space(toy_space(tmp_path, max_concurrent=3), source=str(tmp_path / "space.yaml")),
+                       name="three").results
+    columns = ["trial_number", "epoch", "lr", "seed", "score"]
+    table = lambda f: f.sort_values(["trial_number", "epoch"])[columns].reset_index(drop=True)  # noqa: E731
+    pd.testing.assert_frame_equal(table(frame), table(again))
+    assert not math.isnan(again["score"].iloc[0])

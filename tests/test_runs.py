@@ -1,0 +1,56 @@
+"""`python -m search runs` and `compare`: each run's state read from its own folder."""
+
+from __future__ import annotations
+
+from search.results import results_schema
+from search.run_folder import RunFolder
+from search.runs import compare, list_runs, read_run
+from search.storage import Storage
+from tests.helpers import small_space
+
+
+def make_run(storage, space, name: str, statuses: list[str]) -> RunFolder:
+    """A run folder as a search leaves it: spec.yaml and one results part per trial (2 epochs each)."""
+    folder = RunFolder(storage, name)
+    folder.claim()
+    folder.write_spec(space)
+    for number, status in enumerate(statuses):
+        rows = [{"trial_id": f"t{number}", "status": status, "trial_number": number, "epoch": epoch,
+                 "val_acc": 0.5 + number / 100, "finished_at": 1.8e9 + number, "lr": 0.1}
+                for epoch in (1, 2)]
+        folder.write_part(space, f"t{number}", rows, results_schema(space))
+    return folder
+
+
+def test_runs_says_each_runs_state(tmp_path, data_root, capsys):
+    storage = Storage.at(str(tmp_path))
+    space = small_space(tmp_path, data_root)  # num_samples 4
+    make_run(storage, space, "done", ["COMPLETED"] * 3 + ["STOPPED"])
+    make_run(storage, space, "stopped", ["COMPLETED", "INTERRUPTED"])
+    make_run(storage, space, "crashed", ["ERROR"] * 4)
+    ended = make_run(storage, space, "budget", ["COMPLETED", "STOPPED"])
+    storage.write("budget/ended.yaml", b"ended_by: time_budget\ntime_budget: 5.0\n")
+    live = make_run(storage, space, "live", ["COMPLETED"])
+    with live.held("--name"):
+        states = {run.name: (run.state, run.done, run.total) for run in list_runs(storage)}
+    assert states == {"done": ("finished", 4, 4), "stopped": ("interrupted", 1, 4), "crashed": ("failed", 4, 4),
+                      "budget": ("ended by budget", 2, 4), "live": ("running", 1, 4)}
+    assert read_run(live).state == "interrupted"  # its process ended with one of four trials
+
+    from search.cli import main
+
+    assert main(["runs", "--storage-path", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "ended by budget" in printed and "budget" in printed and "2/4" in printed
+    assert main(["compare", ended.path, str(tmp_path / "done")]) == 0
+    assert "(none: the same search)" in capsys.readouterr().out
+
+
+def test_compare_shows_the_spec_differences(tmp_path, data_root):
+    storage = Storage.at(str(tmp_path))
+    a = make_run(storage, small_space(tmp_path, data_root), "a", ["COMPLETED"])
+    b = make_run(storage, small_space(tmp_path, data_root, experiment={"seed": 8, "time_budget": "1h"}), "b",
+                 ["COMPLETED"])
+    text = compare(a, b)
+    assert "experiment.seed" in text and "experiment.time_budget" in text and "'1h'" in text
+    assert "training.epochs" not in text  # the same in both

@@ -1,0 +1,94 @@
+"""One Ray cluster shared by several people's searches, each submitted as a Ray job.
+
+Two `ray job submit --working-dir . -- python -m search ...` at once on one local cluster both
+finish, in separate run folders, each within its own max_concurrent; and the capacity check
+says so when others hold what a trial needs.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import ray
+import yaml
+
+from search.capacity import check_capacity
+from search.results import COMPLETED
+from search.schema import Resources
+from tests.helpers import SMALL
+from tests.test_autoscaler import own_head
+
+REPO = Path(__file__).resolve().parents[1]
+RAY = str(Path(sys.executable).parent / "ray")
+
+
+@pytest.fixture(scope="module")
+def shared_head():
+    """A head with 2 CPUs and Ray's job server, started as a user would; stopped by its process group."""
+    # as from an activated venv: a job's `python` is the venv's, which has the project's dependencies
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    with own_head("hp-sh-", "--num-cpus=2", "--num-gpus=0", "--include-dashboard=true",
+                  "--dashboard-host=127.0.0.1", env=env) as (_, _, dashboard):
+        yield f"http://127.0.0.1:{dashboard}"
+
+
+def most_at_once(frame: pd.DataFrame) -> int:
+    """The most trials of one search that trained at the same moment (spans of their epochs)."""
+    spans = frame.assign(start=frame["finished_at"] - frame["epoch_seconds"]).groupby("trial_id").agg(
+        start=("start", "min"), end=("finished_at", "max"))
+    return max(((spans["start"] <= s) & (spans["end"] > s)).sum() for s in spans["start"])
+
+
+@pytest.mark.slow
+def test_two_searches_submitted_at_once_both_finish_in_their_own_folders(shared_head, tmp_path, data_root):
+    raw = copy.deepcopy(SMALL)
+    raw["experiment"].update(num_samples=3, max_concurrent=1, storage_path=str(tmp_path / "runs"))
+    raw["data"].update(root=str(data_root), train_size=300, val_size=100)
+    raw["training"].update(epochs=1)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}  # the job server of a Ray 2.60 head wants the token too
+
+    def submit(name: str) -> subprocess.Popen:
+        return subprocess.Popen([RAY, "job", "submit", "--address", shared_head, "--working-dir", str(REPO), "--",
+                                 "python", "-m", "search", "--space", str(tmp_path / "space.yaml"),
+                                 "--address", "auto", "--name", name],
+                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    for _ in range(30):  # the head's job agent comes up after the node; Ray answers "try again later" till then
+        probe = subprocess.run([RAY, "job", "list", "--address", shared_head], env=env, capture_output=True, text=True)
+        if probe.returncode == 0:
+            break
+        time.sleep(2)
+    jobs = {name: submit(name) for name in ("alice", "bob")}
+    outputs = {name: job.communicate(timeout=400)[0] for name, job in jobs.items()}
+    for name, job in jobs.items():
+        assert job.returncode == 0 and "succeeded" in outputs[name], outputs[name][-3000:]
+        frame = pd.read_parquet(tmp_path / "runs" / name / "results.parquet")
+        assert frame["trial_id"].nunique() == 3 and set(frame["status"]) == {COMPLETED}, name
+        assert most_at_once(frame) <= 1, f"{name}: more trials at once than its max_concurrent"
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["alice", "bob"]
+
+
+@pytest.mark.slow
+def test_the_capacity_check_says_when_others_hold_the_resources(ray_local, capsys):
+    @ray.remote(num_cpus=2)
+    class Holder:  # another search's trials, holding both of the local Ray's CPUs
+        def ready(self) -> bool:
+            return True
+
+    holder = Holder.remote()
+    try:
+        ray.get(holder.ready.remote())
+        assert check_capacity(Resources(cpus=1)) == 2, "trials at once count the nodes, not the moment"
+        err = capsys.readouterr().err
+        assert "note: resources: other jobs on this cluster hold 2 of 2 CPU" in err, err
+        assert "0 of the 2 trial(s) the nodes hold at once can start now" in err
+    finally:
+        ray.kill(holder)

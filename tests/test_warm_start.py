@@ -1,0 +1,174 @@
+"""Warm start: experiment.enqueue runs given configs first; --warm-start tells the study an earlier run's trials."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+import yaml
+from optuna.storages.journal import JournalFileBackend
+
+from search.journal import WARM_STUDY, Journal
+from search.run_folder import RunFolder
+from search.searcher import make_searcher
+from search.space import parse_space
+from search.storage import Storage
+from search.warm_start import NUMBER, UNFINISHED, WARM_START_FILE, WarmStart, read, select
+from tests.helpers import small_space
+from trainable.errors import ConfigError
+from trainable.seed import derive_seed
+
+RAW = {"experiment": {"num_samples": 8, "max_concurrent": 3, "seed": 5,
+                      "enqueue": [{"lr": 0.2}, {"lr": 0.02, "batch_size": 64}]},
+       "space": {"lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3},
+                 "batch_size": {"distribution": "choice", "values": [32, 64]}}}
+# an earlier run's trials, as warm_start.json holds them: good near lr 0.05
+WARM = WarmStart("runs/earlier", "earlier", [{"number": k, "params": {"lr": lr, "batch_size": 32}, "value": v}
+                                             for k, (lr, v) in enumerate([(0.05, 0.9), (0.04, 0.88), (0.25, 0.3),
+                                                                          (0.012, 0.5), (0.06, 0.89)] * 3)])
+
+
+def test_enqueued_values_are_checked_against_their_distributions():
+    raw = {**RAW, "experiment": {"num_samples": 2, "enqueue": [{"lr": 0.5, "batch_size": 48}, {"momentum": 0.9},
+                                                               {"lr": "x"}]}}
+    with pytest.raises(ConfigError) as error:
+        parse_space(raw)
+    assert error.value.problems == [
+        "experiment.enqueue: must hold at most experiment.num_samples (2) configs, got '3 configs'",
+        "experiment.enqueue[0].lr: must be in [0.01, 0.3], got 0.5",
+        "experiment.enqueue[0].batch_size: must be one of [32, 64], got 48",
+        "experiment.enqueue[1].momentum: must be a searched key (lr, batch_size), got 0.9",
+        "experiment.enqueue[2].lr: must be a number, got 'x'"]
+
+
+def drive(searcher, order_seed: int, total: int = 8, prefix: str = "t") -> dict[int, dict]:
+    """Ask while the searcher gives configs (`total` of them), else finish a running trial drawn with `order_seed`."""
+    finish = random.Random(order_seed)
+    running, configs = [], {}
+    while len(configs) < total or running:
+        config = searcher.suggest(f"{prefix}{len(configs)}") if len(configs) < total else None
+        if config is not None:
+            running.append((f"{prefix}{len(configs)}", config))
+            configs[config["trial_number"]] = config
+            continue
+        trial_id, config = running.pop(finish.randrange(len(running)))
+        value = -abs(config["lr"] - 0.05)
+        searcher.on_trial_result(trial_id, {"val_acc": value, "epoch": 1, "training_iteration": 1})
+        searcher.on_trial_complete(trial_id, {"val_acc": value})
+    return configs
+
+
+def folder_with(tmp_path: Path, warm: WarmStart | None) -> RunFolder:
+    folder = RunFolder(Storage.at(str(tmp_path)), "run")
+    os.makedirs(folder.path)
+    if warm is not None:
+        (Path(folder.path) / WARM_START_FILE).write_text(json.dumps(warm.__dict__))
+    return folder
+
+
+@pytest.mark.parametrize("reproducible", [True, False])
+def test_enqueued_configs_are_trials_0_and_1_and_the_warm_start_informs_the_rest(tmp_path, reproducible):
+    space = parse_space({**RAW, "experiment": {**RAW["experiment"], "reproducible": reproducible,
+                                               **({} if reproducible else {"max_concurrent": 1})}})
+    warm = drive(make_searcher(space, folder_with(tmp_path / "warm", WARM)), order_seed=1)
+    cold = drive(make_searcher(space, folder_with(tmp_path / "cold", None)), order_seed=1)
+    for configs in (warm, cold):
+        assert sorted(configs) == list(range(8)), "the run's own trials number from 0"
+        assert [configs[n]["seed"] for n in range(8)] == [derive_seed(5, n) for n in range(8)]
+        assert configs[0]["lr"] == 0.2 and (configs[1]["lr"], configs[1]["batch_size"]) == (0.02, 64)
+    assert [warm[n]["lr"] for n in range(2, 8)] != [cold[n]["lr"] for n in range(2, 8)], "the study was told"
+
+
+def test_any_finishing_order_and_a_restore_give_the_same_warm_started_trials(tmp_path):
+    space = parse_space(RAW)
+    folder = folder_with(tmp_path, WARM)
+    straight = drive(make_searcher(space, folder), order_seed=1)
+    assert drive(make_searcher(space, folder), order_seed=2) == straight
+    # a resume: Tune unpickles the searcher (with its warm trials) and restores its record
+    searcher = make_searcher(space, folder).searcher
+    assert drive(searcher, order_seed=3, total=4) == {n: straight[n] for n in range(4)}
+    searcher.save(str(tmp_path / "record.json"))
+    restored = pickle.loads(pickle.dumps(searcher))
+    restored.restore(str(tmp_path / "record.json"))
+    assert drive(restored, order_seed=4, total=4, prefix="r") == {n: straight[n] for n in range(4, 8)}
+
+
+def rows(number, status, lr, batch_size, val_acc=0.9):
+    return {"trial_id": f"t{number}", "trial_number": number, "status": status, "epoch": 1, "val_acc": val_acc,
+            "seed": number, "lr": lr, "batch_size": batch_size}
+
+
+def test_earlier_trials_outside_todays_space_are_left_out_and_counted():
+    earlier = parse_space({"space": {"lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3},
+                                     "batch_size": {"distribution": "choice", "values": [32, 64, 128]}}})
+    today = parse_space({"space": {"lr": {"distribution": "loguniform", "low": 0.01, "high": 0.1},
+                                   "batch_size": {"distribution": "choice", "values": [32, 64]}}})
+    frame = pd.DataFrame([rows(0, "COMPLETED", 0.05, 32), rows(1, "COMPLETED", 0.2, 32),
+                          rows(2, "COMPLETED", 0.06, 128), rows(3, "INTERRUPTED", 0.05, 64),
+                          rows(4, "ERROR", 0.05, 64), rows(5, "STOPPED", 0.02, 64, 0.7),
+                          rows(6, "COMPLETED", 0.03, 64, float("nan"))])
+    kept, left_out = select(frame, earlier, today)
+    assert kept == [{"number": 0, "params": {"lr": 0.05, "batch_size": 32}, "value": 0.9},
+                    {"number": 5, "params": {"lr": 0.02, "batch_size": 64}, "value": 0.7}]
+    assert left_out == {"lr in [0.01, 0.1]": 1, "batch_size one of [32, 64]": 1, UNFINISHED: 3}
+    note = WarmStart("runs/x", "x", kept, left_out).note()
+    assert note.startswith("warm start: 2 trial(s) from runs/x") and "5 left out: 3 unfinished" in note
+    searched_more = parse_space({"space": {**{d.name: d.to_raw() for d in today.searched},
+                                           "momentum": {"distribution": "float", "low": 0.5, "high": 0.9}}})
+    assert select(frame, earlier, searched_more)[1] == {"without momentum": 2, **left_out}, "keys in space order"
+
+
+def test_an_earlier_trial_without_a_key_its_condition_left_out_is_kept():
+    conditional = {"space": {"optimizer": {"distribution": "choice", "values": ["sgd", "adamw"]},
+                             "momentum": {"distribution": "float", "low": 0.5, "high": 0.99,
+                                          "when": {"optimizer": "sgd"}},
+                             "lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3}}}
+    space = parse_space(conditional)
+    frame = pd.DataFrame([{**rows(0, "COMPLETED", 0.05, 32), "optimizer": "adamw", "momentum": None},
+                          {**rows(1, "COMPLETED", 0.05, 32), "optimizer": "sgd", "momentum": 0.9}])
+    kept, left_out = select(frame, space, space)
+    assert [k["number"] for k in kept] == [0, 1]
+    assert kept[0]["params"] == {"optimizer": "adamw", "lr": 0.05}
+    assert left_out == {}
+
+
+@pytest.mark.slow
+def test_a_search_with_enqueued_configs_warm_starts_the_next(ray_local, tmp_path, data_root):
+    from search.driver import run_search
+
+    small = {"data": {"train_size": 300, "val_size": 100}, "training": {"epochs": 1}}
+    first = small_space(tmp_path, data_root, **small, experiment={
+        "num_samples": 2, "enqueue": [{"lr": 0.25, "batch_size": 128}, {"lr": 0.02}]})
+    earlier = run_search(first, name="earlier")
+    frame = earlier.results.sort_values("trial_number")
+    assert (frame["lr"].iloc[0], frame["batch_size"].iloc[0], frame["lr"].iloc[1]) == (0.25, 128, 0.02)
+    before = {p: p.stat().st_mtime_ns for p in Path(earlier.path).rglob("*")}
+
+    lr = {"distribution": "loguniform", "low": 0.01, "high": 0.2}  # trial 0's lr 0.25 is outside it now
+    with pytest.raises(ConfigError, match="experiment.warm_start: must be a run with this search's metric"):
+        run_search(small_space(tmp_path, data_root, **small, experiment={
+            "warm_start": earlier.path, "metric": "val_loss", "mode": "min"}), name="refused")
+    assert not (tmp_path / "refused").exists(), "refused before its folder was claimed"
+    later = run_search(small_space(tmp_path, data_root, **small, space={"lr": lr}, experiment={
+        "num_samples": 1, "warm_start": earlier.path}), name="later")
+    assert f"warm start: 1 trial(s) from {earlier.path}" in later.summary
+    assert "1 left out: 1 lr in [0.01, 0.2]" in later.summary
+    assert list(later.results["trial_number"]) == [0]
+    assert before == {p: p.stat().st_mtime_ns for p in Path(earlier.path).rglob("*")}, "the earlier run is only read"
+
+    storage = optuna.storages.JournalStorage(JournalFileBackend(f"{later.path}/optuna.journal"))
+    told = optuna.load_study(study_name=WARM_STUDY.format(run="later"), storage=storage).trials
+    assert [(t.user_attrs["warm_start_from"], t.user_attrs[NUMBER], t.params["lr"]) for t in told] == \
+        [("earlier", 1, 0.02)]
+    own = optuna.load_study(study_name="later", storage=storage).trials
+    assert [(t.number, t.user_attrs["trial_number"]) for t in own] == [(0, 0)]
+    folder = RunFolder(Storage.at(str(tmp_path)), "later")
+    Journal(folder, folder.read_spec()[0])  # as a resume opens it
+    storage = optuna.storages.JournalStorage(JournalFileBackend(f"{later.path}/optuna.journal"))
+    assert len(optuna.load_study(study_name="later.warm_start", storage=storage).trials) == 1, "not twice"

@@ -1,0 +1,258 @@
+"""Your own training function as a trial: `trainable: FILE.py:FUNCTION` in the space file.
+
+The function is the user's whole loop, and never imports Ray:
+
+    def train(config: dict, report, checkpoint: dict | None = None) -> None
+
+- `config`: the space file's searched and fixed keys under their own names, plus `seed` and
+  `trial_number`;
+- `report(**metrics, checkpoint=None)`: once per epoch (or step); the names are the function's
+  own, and `experiment.metric` must be one of them (checked on the first report);
+- `checkpoint`: the dict last handed to `report(checkpoint=...)`, given back when Tune restarts
+  the trial (a failure under max_failures, or a resume); None on a fresh start.
+
+FunctionConfig is such a trial's config (the counterpart of trainable.config.TrialConfig);
+`tune_function` is the wrapper Tune runs (inside adapter.run_trial): it reports each call of
+`report` with Tune's function API (tune.report with a Checkpoint), numbers the reports as
+`epoch` (a restart continues from the checkpoint's), and ends the trial as the canonical loop
+does when the metric is NaN or infinite (DIVERGED) or the function raises (ERROR).
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from trainable.config import TrialConfig, plain
+from trainable.errors import ConfigError, problem
+
+TRAINABLE_KEY = "trainable"  #: the space file's top-level key, and the config key that carries the reference
+# the driver's per trial: a free name of the space file cannot take them
+DRIVER_KEYS = ("seed", "trial_number", "num_threads")
+RESERVED = (TRAINABLE_KEY, *DRIVER_KEYS)
+# what the wrapper adds to every report; the function's metrics may not use these names
+FUNCTION_REPORT_COLUMNS = ["epoch", "epoch_seconds", "diverged"]
+METRIC_NAMES = "metric_names"  #: report key listing the function's own metric names (results' columns)
+CHECKPOINT_FILE = "state.pt"
+CHECKPOINT_FORMAT = "function-1"
+
+
+def is_function(config: Mapping[str, Any] | None) -> bool:
+    """Whether a trial config (flat or as best.yaml holds it) is a function trainable's."""
+    return isinstance(config, Mapping) and bool(config.get(TRAINABLE_KEY))
+
+
+@dataclass(frozen=True)
+class FunctionConfig:
+    """A function trial's config: the reference, the free names, and what the driver sets per trial."""
+
+    trainable: str  #: FILE.py:FUNCTION (absolute) or package.module:FUNCTION
+    values: Mapping[str, Any] = field(default_factory=dict)  #: the space file's keys under their names
+    seed: int = 0
+    trial_number: int | None = None
+    num_threads: int | None = None
+
+    @property
+    def epochs(self) -> int | None:
+        """The reports a trial makes, if the space file says (a free key `epochs`): ASHA's max_t and COMPLETED."""
+        epochs = self.values.get("epochs")
+        return epochs if isinstance(epochs, int) and not isinstance(epochs, bool) else None
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> "FunctionConfig":
+        rest = {k: v for k, v in values.items() if k not in RESERVED}
+        return cls(values[TRAINABLE_KEY], rest, int(values.get("seed") or 0), values.get("trial_number"),
+                   values.get("num_threads"))
+
+    def to_flat(self) -> dict[str, Any]:
+        return {TRAINABLE_KEY: self.trainable, **plain(dict(self.values)), "seed": self.seed,
+                "num_threads": self.num_threads, "trial_number": self.trial_number}
+
+    to_dict = to_flat  # free names are flat: nothing nests
+
+    def for_function(self) -> dict[str, Any]:
+        """What the user's function gets as `config`."""
+        return {**plain(dict(self.values)), "seed": self.seed, "trial_number": self.trial_number}
+
+
+def trial_config(values: Mapping[str, Any]) -> TrialConfig | FunctionConfig:
+    """A trial's config of either kind, from a flat or nested mapping."""
+    return FunctionConfig.from_mapping(values) if is_function(values) else TrialConfig.from_mapping(values)
+
+
+def resolve_function(reference: str) -> Callable[..., None]:
+    """The user's function; ConfigError (key `trainable`) if it does not import or take (config, report, checkpoint)."""
+    import inspect
+
+    from trainable.factories import resolve
+
+    function = resolve(reference, TRAINABLE_KEY)
+    try:
+        inspect.signature(function).bind({}, print, checkpoint=None)
+    except (TypeError, ValueError):
+        raise ConfigError([problem(TRAINABLE_KEY, "must take (config, report, checkpoint=None)", reference)]) from None
+    return function
+
+
+# ---- the trial's side ---------------------------------------------------------------------
+
+class MetricNotReported(RuntimeError):
+    """The first report lacks experiment.metric: the trial ends ERROR with this message."""
+
+
+class _Diverged(Exception):
+    """The metric is no longer finite: the wrapper ends the trial (DIVERGED), as the canonical loop does."""
+
+
+def save_state(folder: str | Path, epoch: int, state: Mapping[str, Any]) -> Path:
+    """A function's checkpoint: its dict and the report count it was made at, readable with weights_only."""
+    if not isinstance(state, Mapping):
+        raise TypeError(f"report(checkpoint=...) must be a dict of tensors and plain data, got {type(state).__name__}")
+    import torch
+
+    path = Path(folder) / CHECKPOINT_FILE
+    torch.save({"format": CHECKPOINT_FORMAT, "epoch": epoch, "state": dict(state)}, path)
+    return path
+
+
+def load_state(folder: str | Path) -> dict[str, Any]:
+    """{"epoch": k, "state": dict} back from a folder save_state wrote; CheckpointError if it does not read."""
+    import torch
+
+    from trainable.report import CheckpointError
+
+    path = Path(folder) / CHECKPOINT_FILE
+    try:
+        saved = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as error:
+        raise CheckpointError(f"{path}: cannot be read with torch.load(weights_only=True) "
+                              f"({type(error).__name__}: {error})") from None
+    if not isinstance(saved, dict) or saved.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path}: not a function trainable's checkpoint ({CHECKPOINT_FORMAT})")
+    return {"epoch": int(saved["epoch"]), "state": saved["state"]}
+
+
+def _number(name: str, value: Any) -> float:
+    if hasattr(value, "item"):  # a one-element tensor or numpy scalar
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"report({name}=...): a metric must be a number (or a one-element tensor), "
+                        f"got {type(value).__name__}")
+    return float(value)
+
+
+class Reporter:
+    """The `report` the user's function calls: checks, numbers and hands each report on.
+
+    `send(metrics, epoch, state)` does the handing on: tune.report in a trial, a print in a replay.
+    `metric` None (a replay of a config without best.yaml's result): nothing to check.
+    """
+
+    def __init__(self, metric: str | None, send: Callable[[dict[str, Any], int, Mapping[str, Any] | None], None],
+                 epoch: int = 0):
+        self.metric, self.send, self.epoch = metric, send, epoch
+        self.last = time.time()
+
+    def __call__(self, checkpoint: Mapping[str, Any] | None = None, **metrics: Any) -> None:
+        taken = [k for k in metrics if k in FUNCTION_REPORT_COLUMNS or k == METRIC_NAMES]
+        if taken:
+            raise ValueError(f"report(): {', '.join(taken)} is hpsearch's own column (the count of reports, "
+                             "their time); name your metric otherwise")
+        if self.metric is not None and self.metric not in metrics:
+            raise MetricNotReported(f"experiment.metric: must be one of the metrics the function reports "
+                                    f"({', '.join(metrics) or 'none'}), got {self.metric}")
+        values = {k: _number(k, v) for k, v in metrics.items()}
+        self.epoch += 1
+        now = time.time()
+        diverged = self.metric is not None and not math.isfinite(values[self.metric])
+        row = {**values, "epoch": self.epoch, "epoch_seconds": now - self.last, "diverged": diverged,
+               METRIC_NAMES: list(values)}
+        self.send(row, self.epoch, checkpoint)
+        self.last = time.time()
+        if diverged:
+            raise _Diverged
+
+
+def tune_function(config: dict[str, Any], *, data: Any = None, metric: str) -> None:
+    """What Tune runs for a function trainable (through adapter.run_trial): the user's function, its
+    reports sent with tune.report, each `checkpoint=` as a Tune Checkpoint."""
+    import ray
+    import torch
+    from ray import tune
+
+    from trainable import adapter
+    from trainable.report import PHASE_COLUMNS, Phases, Placement
+
+    trial = FunctionConfig.from_mapping(config)
+    function = resolve_function(trial.trainable)
+    if trial.num_threads:
+        torch.set_num_threads(trial.num_threads)
+    start = adapter._start or adapter.TrialStart(time.time(), time.time(), 0.0)
+    device = adapter.trial_device()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    epoch, state = 0, None
+    restored = tune.get_checkpoint()
+    if restored is not None:  # Tune restarted this trial (a failure or a resume)
+        saved = adapter.newest_readable_state(restored, load=load_state)
+        if saved is not None:
+            epoch, state = saved["epoch"], saved["state"]
+    placement = Placement(node=ray.get_runtime_context().get_node_id()[:12], hostname=socket.gethostname(),
+                          device=str(device), accelerator_ids=adapter.assigned_accelerators())
+    first = [True]
+
+    def send(row: dict[str, Any], epoch: int, checkpoint: Mapping[str, Any] | None) -> None:
+        phases = Phases(ready_at=start.ready_at if first[0] else None,
+                        started_at=start.started_at if first[0] else None, fetch_seconds=0.0,
+                        setup_seconds=0.0, report_seconds=0.0, checkpoint_seconds=0.0)
+        first[0] = False
+        cuda = device.type == "cuda"
+        row = {**row, **vars(placement), **{c: getattr(phases, c) for c in PHASE_COLUMNS},
+               "gpu_memory_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None,
+               "gpu_memory_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20 if cuda else None,
+               "finished_at": time.time()}
+        with tempfile.TemporaryDirectory() as folder:
+            if checkpoint is not None:
+                save_state(folder, epoch, checkpoint)
+            adapter.mark_report()
+            adapter.report(row, checkpoint=tune.Checkpoint.from_directory(folder) if checkpoint is not None
+                           else None)
+
+    try:
+        function(trial.for_function(), Reporter(metric, send, epoch), checkpoint=state)
+    except _Diverged:
+        return  # the last row says diverged: the trial ends DIVERGED, as the canonical loop's does
+
+
+def function_trial(metric: str) -> Callable[..., None]:
+    """run_trial's trial_function for a search of a function trainable."""
+    import functools
+
+    return functools.partial(tune_function, metric=metric)
+
+
+def replay(config: Mapping[str, Any], metric: str | None) -> int:
+    """`python -m trainable --config best.yaml` for a function trainable: the function once, each report printed."""
+    trial = FunctionConfig.from_mapping(config)
+    try:
+        function = resolve_function(trial.trainable)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"trainable: {trial.trainable} | seed: {trial.seed}", flush=True)
+
+    def send(row: dict[str, Any], epoch: int, checkpoint: Mapping[str, Any] | None) -> None:
+        shown = " | ".join(f"{k} {row[k]:.4f}" for k in row[METRIC_NAMES])
+        print(f"Epoch [{epoch}] | {shown} | {row['epoch_seconds']:.2f}s", flush=True)
+
+    try:
+        function(trial.for_function(), Reporter(metric, send), checkpoint=None)
+    except _Diverged:
+        print(f"stopped: {metric} is no longer finite (diverged)", flush=True)
+    return 0
