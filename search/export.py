@@ -111,11 +111,12 @@ def chosen_checkpoint(folder: RunFolder, trial: int | None = None) -> Chosen:
 
     Among equal scores the later epoch comes first: Tune keeps the newest of equals (num_to_keep).
     """
+    from search.objectives import first
     from trainable.metrics import METRICS, score
     from trainable.report import CheckpointError
 
     space, _ = folder.read_spec()
-    metric, mode = space.experiment.metric, space.experiment.mode
+    metric, mode = first(space.experiment.metric), first(space.experiment.mode)
     best = yaml.safe_load(folder.storage.read(f"{folder.name}/{BEST_FILE}") or b"null")
     if trial is None:
         if not isinstance(best, dict) or "result" not in best:

@@ -38,6 +38,7 @@ import optuna
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
+from search.objectives import objectives_of
 from search.results import results_schema
 from search.run_folder import RunFolder
 from search.space import Space
@@ -60,7 +61,7 @@ def local_journal_path(run_path: str) -> str:
 
 
 def _content(trial: FrozenTrial) -> tuple:
-    return (trial.state, trial.value, trial.params, trial.intermediate_values, trial.user_attrs)
+    return (trial.state, trial.values, trial.params, trial.intermediate_values, trial.user_attrs, trial.constraints)
 
 
 def number_of(trial: FrozenTrial) -> int | None:
@@ -104,9 +105,8 @@ class Journal:
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "A new study created" line
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self.storage = journal(path)
-        direction = "maximize" if self.space.experiment.mode == "max" else "minimize"
         optuna.create_study(storage=self.storage, study_name=self.folder.name, load_if_exists=True,
-                            direction=direction)
+                            directions=objectives_of(self.space.experiment).directions)
         self.study_id = self.storage.get_study_id_from_name(self.folder.name)
         self._write_warm_start()
 
@@ -197,6 +197,10 @@ class Journal:
         for key, value in trial.user_attrs.items():
             if key not in known.user_attrs or known.user_attrs[key] != value:
                 self.storage.set_trial_user_attr(trial_id, key, value)
+        if trial.constraints and trial.constraints != known.constraints:  # set once, as the trial ends
+            study = optuna.load_study(study_name=self.folder.name, storage=self.storage)
+            for key, value in trial.constraints.items():
+                optuna.Trial(study, trial_id).set_constraint(key, value)
         if trial.state != known.state:
             self.storage.set_trial_state_values(trial_id, trial.state, trial.values)
         self.entries[number] = self.storage.get_trial(trial_id)

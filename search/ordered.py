@@ -48,6 +48,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState, create_trial
 from ray.tune.search import Searcher
 
+from search.objectives import Objectives, first
 from search.results import best_of, score
 from trainable.seed import derive_seed
 # Pinned: Optuna 5 changed TPE's defaults, which silently changes every seeded search.
@@ -55,7 +56,7 @@ TPE_SETTINGS = {"multivariate": True, "constant_liar": True, "n_startup_trials":
 SAMPLER_STREAM = 1  # derive_seed stream of sampler seeds (stream 0 seeds the trials)
 # What save() writes: the record. The rest comes from the constructor, so a resumed search
 # takes its settings from its spec, and the in-memory study is never pickled.
-RECORD = ("numbers", "asked", "curves", "finished", "study_attrs", "waits", "suggested")
+RECORD = ("numbers", "asked", "curves", "finished", "study_attrs", "waits", "suggested", "measures")
 RECORD_FILE = "searcher.json"  # in Tune's experiment folder, beside its experiment state
 CACHES = ("_kept", "_told", "_settled")  # derived from the record, see _drop_caches
 
@@ -97,6 +98,7 @@ def record_from_json(text: str | bytes) -> dict[str, Any]:
             "study_attrs": dict(raw["study_attrs"]),
             "waits": by_number(raw["waits"]),
             "suggested": {n: tuple(pair) for n, pair in by_number(raw["suggested"]).items()},
+            "measures": {n: by_number(m) for n, m in by_number(raw.get("measures", {})).items()},  # absent before
         }
     except (KeyError, TypeError, AttributeError) as error:  # valid JSON, not our record
         raise ValueError(f"not a searcher record ({type(error).__name__}: {error})") from None
@@ -106,6 +108,8 @@ def make_sampler(name: str, experiment_seed: int, number: int,
                  tpe_settings: Mapping[str, Any] = TPE_SETTINGS) -> optuna.samplers.BaseSampler:
     """The sampler that asks for trial `number`; its randomness is a function of (seed, number)."""
     seed = derive_seed(experiment_seed, number, stream=SAMPLER_STREAM)
+    if name == "nsga2":  # for several objectives (search/objectives.py); reads the trials' constraints too
+        return optuna.samplers.NSGAIISampler(seed=seed)
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, **tpe_settings)
     if name == "random":
@@ -133,8 +137,10 @@ class OrderedSearch(Searcher):
     def __init__(self, ask: Callable[[optuna.Trial], dict[str, Any]], *, metric: str, mode: str,
                  experiment_seed: int, sampler: str, lag: int, tpe_settings: Mapping[str, Any] | None = None,
                  enqueued: Sequence[Mapping[str, Any]] = (), warm: Sequence[FrozenTrial] = (),
-                 unseen: int | None = None):
-        super().__init__(metric=metric, mode=mode)
+                 objectives: Objectives | None = None, unseen: int | None = None):
+        super().__init__(metric=first(metric), mode=first(mode))
+        # several objectives or constraints (search/objectives.py): a trial's point, not its best epoch
+        self.objectives = objectives or Objectives((metric,), (mode,))
         self.ask, self.experiment_seed, self.sampler, self.lag = ask, experiment_seed, sampler, lag
         # settings, like the rest of the constructor's: pickled with the searcher, not in the record
         self.enqueued = [dict(params) for params in enqueued]  # trial n < len: Optuna's params it starts from
@@ -151,6 +157,8 @@ class OrderedSearch(Searcher):
         # number -> (unix time the suggestion was made, seconds it took): results.parquet's
         # suggest_seconds, and where queue_seconds starts
         self.suggested: dict[int, tuple[float, float]] = {}
+        # number -> epoch -> the objectives.measured metrics (several objectives or constraints only)
+        self.measures: dict[int, dict[int, list[float | None]]] = {}
         self._waiting_since: float | None = None
         self._drop_caches()
 
@@ -216,8 +224,8 @@ class OrderedSearch(Searcher):
     def _built(self, n: int) -> KeptStudy:
         """A study made from the record for trial n, as every suggestion made it before the study was kept."""
         storage = InMemoryStorage()
-        direction = StudyDirection.MAXIMIZE if self.mode == "max" else StudyDirection.MINIMIZE
-        key = storage.create_new_study([direction], study_name="ordered")
+        key = storage.create_new_study([StudyDirection.MAXIMIZE if m == "max" else StudyDirection.MINIMIZE
+                                        for m in self.objectives.modes], study_name="ordered")
         for name, value in self.study_attrs.items():  # Study has no public setter for these; the storage has
             storage.set_study_system_attr(key, name, value)
         study = optuna.load_study(study_name="ordered", storage=storage,
@@ -226,10 +234,12 @@ class OrderedSearch(Searcher):
         for k in range(n):
             params, distributions, system_attrs = self.asked[k]
             if k < n - self.unseen:
-                value = self.finished[k]
+                value, point = self.finished[k], self._point(k)
                 study.add_trial(create_trial(
                     state=TrialState.COMPLETE if value is not None else TrialState.FAIL,
-                    value=value, params=params, distributions=distributions, system_attrs=system_attrs))
+                    values=None if value is None else value if isinstance(value, list) else [value],
+                    params=params, distributions=distributions, user_attrs=point or {}, system_attrs=system_attrs,
+                    constraints=self._constraints(point, value)))
             else:
                 study.add_trial(create_trial(state=TrialState.RUNNING, params=params, distributions=distributions,
                                              system_attrs=system_attrs))
@@ -237,11 +247,31 @@ class OrderedSearch(Searcher):
 
     def _tell(self, kept: KeptStudy, k: int) -> None:
         """Trial k, running in the study, gets its result: as create_trial made it in a build."""
-        value, number = self.finished[k], k + len(self.warm)
+        value, number, point = self.finished[k], k + len(self.warm), self._point(k)
+        trial = optuna.Trial(kept.study, kept.storage.get_trial_id_from_study_id_trial_number(kept.key, number))
+        # as create_trial made them in a build: the point's metrics, and the constraints (TPE, NSGA-II and
+        # GP read a finished trial's constraints; Optuna 5 replaced constraints_func by set_constraint)
+        for name, measured in (point or {}).items():
+            trial.set_user_attr(name, measured)
+        for name, violation in (self._constraints(point, value) or {}).items():
+            trial.set_constraint(name, violation)
         if value is None:
             kept.study.tell(number, state=TrialState.FAIL)
         else:
             kept.study.tell(number, value)
+
+    def _point(self, k: int) -> dict[str, float | None] | None:
+        """Trial k's point: its objectives.measured metrics at its point epoch; None without constraints
+        and several objectives (its value is all there is), or without a point."""
+        curve = {e: dict(zip(self.objectives.measured, v)) for e, v in self.measures.get(k, {}).items()}
+        epoch = self.objectives.point_epoch(curve)
+        return None if epoch is None else curve[epoch]
+
+    def _constraints(self, point: Mapping[str, Any] | None, value: Any) -> dict[str, float] | None:
+        """A finished trial's constraints as Optuna holds them: 'params <= 200000' -> its violation."""
+        if not self.objectives.constraints or value is None or point is None:
+            return None
+        return dict(zip(map(str, self.objectives.constraints), self.objectives.violations(point)))
 
     def _drop_caches(self) -> None:
         """Forget what is derived from the record; it is derived again when next needed."""
@@ -254,13 +284,23 @@ class OrderedSearch(Searcher):
         if trial_id in self.numbers and value is not None and result.get("epoch") is not None:
             self.curves.setdefault(self.numbers[trial_id], {})[int(result["epoch"])] = value
             self._drop_caches_if_told(self.numbers[trial_id])
+        if trial_id in self.numbers and result.get("epoch") is not None and self._measuring:
+            self.measures.setdefault(self.numbers[trial_id], {})[int(result["epoch"])] = \
+                [score(result.get(m)) for m in self.objectives.measured]
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if trial_id not in self.numbers:
             return
         n = self.numbers[trial_id]
         self.finished[n] = None if error else best_of(self.curves.get(n, {}).values(), self.mode)
+        if self.objectives.several and not error:  # the point's values: its last epoch's (objectives.py)
+            point = self._point(n)
+            self.finished[n] = None if point is None else self.objectives.values(point)
         self._drop_caches_if_told(n)
+
+    @property
+    def _measuring(self) -> bool:
+        return self.objectives.several or bool(self.objectives.constraints)
 
     def _drop_caches_if_told(self, n: int) -> None:
         # Tune does not report on a trial after it completes; if it ever did, the next
@@ -312,5 +352,7 @@ class OrderedSearch(Searcher):
         self.__dict__.setdefault("tpe_settings", dict(TPE_SETTINGS))  # a searcher pickled before it had them
         self.__dict__.setdefault("enqueued", [])
         self.__dict__.setdefault("warm", [])
+        self.__dict__.setdefault("objectives", Objectives((self.metric,), (self.mode,)))
+        self.__dict__.setdefault("measures", {})
         self.__dict__.setdefault("unseen", self.lag)
         self._drop_caches()

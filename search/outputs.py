@@ -19,6 +19,8 @@ import yaml
 from search.budget import ended_note, read_ended
 from search.capacity import GpuPlan
 from search.results import ERROR, INTERRUPTED, LOST, RECORD_FILE, config_from_row, ranked, read_record, results_schema, to_frame, trial_rows
+from search.objectives import feasible_only, first, mark_feasible, objectives_of
+from search.pareto import write_pareto
 from search.run_folder import RunFolder
 from search.space import Space
 from search.storage import is_uri
@@ -86,6 +88,7 @@ def derive(folder: RunFolder, space: Space, grid, notes: list[str], ran_to_end: 
         trial = trial_rows(trial_id, trial_config, reports, done=ended, error=result.error is not None,
                            suggested=suggested.get((trial_config or {}).get("trial_number")))
         trial = kept_rows(folder, trial_id, trial, schema, record_gone=not record_exists(result), notes=notes)
+        trial = mark_feasible(trial, objectives_of(space.experiment))
         folder.write_part(space, trial_id, trial, schema)
         rows += trial
     return to_frame(rows, schema)
@@ -285,13 +288,20 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
     this_run = frame[frame["finished_at"] >= phases.called]
     timing = Timing(phases.wall_seconds, float(this_run["epoch_seconds"].sum()), slots)
 
-    scored = ranked(frame, experiment.metric, experiment.mode)
+    metric, objectives = first(experiment.metric), objectives_of(experiment)
+    scored = ranked(frame, metric, first(experiment.mode))
     succeeded = bool((scored["status"] != ERROR).any())
+    # infeasible trials are never best; with several objectives pareto.yaml holds the answer, not best.yaml
+    scored, no_best = feasible_only(scored), None
+    if objectives.several:
+        scored, no_best = scored.iloc[0:0], write_pareto(folder, space, frame, objectives, grid)
+    elif objectives.constraints and succeeded and not len(scored):
+        no_best = f"No trial met experiment.constraints ({', '.join(map(str, objectives.constraints))})"
     # the best is a finished trial's, as in the journal's study; an interrupted trial's epochs count
     # only when no trial has finished, an errored trial's only when no other trial scored: best.yaml says so
     finished = scored[~scored["status"].isin([ERROR, INTERRUPTED])]
     candidates = finished if len(finished) else scored[scored["status"] != ERROR] if succeeded else scored
-    best, test, note = best_with_test(grid, candidates, data, experiment.metric)
+    best, test, note = best_with_test(grid, candidates, data, metric)
     phases.mark("test")
     if best is not None and best["status"] in (ERROR, INTERRUPTED):
         how = "ended in ERROR" if best["status"] == ERROR else "was interrupted"
@@ -302,11 +312,11 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
     best_path = folder.storage.join(folder.name, "best.yaml")
     if best is not None:
         schema = results_schema(space)  # a function's metrics: every reported column beyond the schema's
-        metrics = tuple(c for c in frame.columns if c not in schema.names or c == experiment.metric) \
+        metrics = tuple(c for c in frame.columns if c not in schema.names or c == metric) \
             if space.trainable else METRICS
-        entry = best_entry(best, test, note, experiment.metric, folder.name, schema, metrics)
+        entry = best_entry(best, test, note, metric, folder.name, schema, metrics)
         folder.write_best(best_yaml(entry, best_path, space))
-    summary = format_summary(frame, entry, timing, no_best=None if succeeded else no_success(frame, experiment.metric), metric=experiment.metric, mode=experiment.mode,
+    summary = format_summary(frame, entry, timing, no_best=no_best if succeeded else no_success(frame, metric), metric=metric, mode=first(experiment.mode),
                              searched=[d.name for d in space.searched], gpus_per_trial=gpu_plan.gpus,
                              gpu_notes=(auto_note, gpu_plan.note), rerun=rerun_command(best_path, space))
     for result in grid:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import pyarrow.fs as pafs
 from ray.tune import Callback
 
+from search.objectives import first, mark_feasible, objectives_of
 from search.results import read_record, results_schema, score, to_frame, trial_rows
 from search.run_folder import RunFolder
 from search.space import Space
@@ -63,7 +64,7 @@ class Progress(Callback):
 
     def __init__(self, folder: RunFolder, space: Space):
         self.folder, self.space = folder, space
-        self.metric, self.mode = space.experiment.metric, space.experiment.mode
+        self.metric, self.mode = first(space.experiment.metric), first(space.experiment.mode)
         self.total = space.experiment.num_samples
         self.ended: set[str] = set()
         self.running: set[str] = set()
@@ -213,7 +214,8 @@ class Progress(Callback):
         # Tune's JSON logger has flushed every report of this trial to its driver-side folder
         try:
             reports = read_record(pafs.LocalFileSystem(), local_path)
-            rows = trial_rows(trial_id, config, reports, done=True, error=error)
+            rows = mark_feasible(trial_rows(trial_id, config, reports, done=True, error=error),
+                                 objectives_of(self.space.experiment))
             self.folder.write_part(self.space, trial_id, rows, self.schema)
         except Exception as problem:  # written again from Tune's record when the search ends
             print(f"note: the results part of trial {trial_id} is not written yet ({type(problem).__name__}: "

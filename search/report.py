@@ -27,6 +27,7 @@ import pandas as pd  # noqa: E402
 from search.run_folder import RunFolder  # noqa: E402
 from search.space import Space  # noqa: E402
 from search.study import make_study  # noqa: E402
+from search.objectives import objectives_of  # noqa: E402
 from search.summary import PHASES, journal_note, slot_time  # noqa: E402
 
 HANDOVER = 0.05  # seconds; see most_at_once
@@ -39,6 +40,8 @@ def _optuna_figure(plot: Callable, study: optuna.Study, **kwargs) -> plt.Figure:
     # to its own figures, not ours and not a caller's
     with warnings.catch_warnings(), matplotlib.rc_context():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        # several objectives: figures() gives the importances a target to minimise, as this warns it must be
+        warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes")
         axes = plot(study, **kwargs)
     figure = (axes.flat[0] if hasattr(axes, "flat") else axes).figure
     figure.set_size_inches(8, 4.5)
@@ -180,7 +183,12 @@ def figures(frame: pd.DataFrame, space: Space, best_trial: str | None,
             slots: int | None = None) -> dict[str, tuple[str, plt.Figure]]:
     """name -> (caption, figure); `slots` as in time_breakdown."""
     study = make_study(frame, space)
-    metric = space.experiment.metric
+    objectives = objectives_of(space.experiment)
+    metric = objectives.metrics[0]
+    # several objectives: the figures of one value show the first; the Pareto front shows them all
+    target = {"target": lambda t: t.values[0]} if objectives.several else {}
+    # importances look for what makes a target low: a maximised first objective is negated there
+    sign = -1 if objectives.modes[0] == "max" else 1
     finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     # a parameter with one value in every finished trial has no axis to draw (a range of zero)
     varied = [p for p in dict.fromkeys(k for t in finished for k in t.params)
@@ -201,7 +209,13 @@ def figures(frame: pd.DataFrame, space: Space, best_trial: str | None,
         elif name == "parallel" and not varied:
             out[name] = (caption, _message("every finished trial has the same parameters: nothing to draw"))
         else:
-            out[name] = (caption, _guarded(lambda: _optuna_figure(plot, study, target_name=metric, **kwargs)))
+            wanted = {"target": lambda t: sign * t.values[0]} if target and name == "importance" else target
+            out[name] = (caption, _guarded(lambda: _optuna_figure(plot, study, target_name=metric, **wanted,
+                                                                  **kwargs)))
+    if objectives.several:
+        out["pareto"] = ("Pareto front: every finished trial at its last epoch; infeasible ones in grey",
+                         _guarded(lambda: _optuna_figure(optuna.visualization.matplotlib.plot_pareto_front, study,
+                                                         target_names=list(objectives.metrics))))
     out["curves"] = ("Learning curves, the best trial highlighted",
                      _guarded(lambda: learning_curves(frame, metric, best_trial)))
     out["timeline"] = ("Timeline of trials per worker slot: packing and idle time", _guarded(lambda: timeline(frame)))
@@ -245,8 +259,8 @@ def write_report(folder: RunFolder, space: Space, frame: pd.DataFrame, best_tria
 figure{{margin:2em 0}}pre{{background:#f4f4f4;padding:1em;white-space:pre-wrap;overflow-wrap:anywhere}}
 </style></head>
 <body><h1>Search {html.escape(folder.name)}</h1>
-<p>{len(frame['trial_id'].unique())} trials of {space.experiment.num_samples}; metric {space.experiment.metric}
-({space.experiment.mode}); space {html.escape(space.source)}.</p>
+<p>{len(frame['trial_id'].unique())} trials of {space.experiment.num_samples}; metric {html.escape(str(space.experiment.metric))}
+({html.escape(str(space.experiment.mode))}); space {html.escape(space.source)}.</p>
 <p id="study">{html.escape(journal_note(folder.path))}</p>
 <pre id="summary">{html.escape(summary.strip())}</pre>
 {''.join(blocks)}

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from search.objectives import FEASIBLE
 from search.schema import conditions, not_drawn
 from search.space import Space
 from optuna.distributions import IntDistribution
@@ -72,7 +73,7 @@ def report_columns(space: Space) -> list[str]:
 
 
 def columns(space: Space) -> list[str]:
-    return ["trial_id", "status", *config_columns(space), *report_columns(space), *SEARCH_COLUMNS]
+    return ["trial_id", "status", *config_columns(space), *report_columns(space), *SEARCH_COLUMNS, FEASIBLE]
 
 
 JSON = {b"json": b"1"}  # field metadata: the column holds JSON text of nested or mixed values
@@ -119,9 +120,10 @@ def results_schema(space: Space) -> pa.Schema:
             out.append(pa.field(name, pa.string(), metadata=JSON))
         else:
             out.append(pa.field(name, types[kind(field_of(name))]))
-    report_types = {"epoch": pa.int64(), "diverged": pa.bool_(), "node": pa.string(), "hostname": pa.string(),
+    report_types = {"epoch": pa.int64(), "params": pa.int64(), "diverged": pa.bool_(), "node": pa.string(), "hostname": pa.string(),
                     "device": pa.string(), "accelerator_ids": pa.string()}
     out += [pa.field(c, report_types.get(c, pa.float64())) for c in report_columns(space) + SEARCH_COLUMNS]
+    out.append(pa.field(FEASIBLE, pa.bool_()))  # the trial's point meets experiment.constraints
     # the `when:` of conditional keys, so that every writer and reader of rows nulls the keys a trial did not draw
     gated = conditions(space.searched)
     return pa.schema(out, metadata={WHEN: json.dumps(gated)} if gated else None)

@@ -29,15 +29,16 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Literal, Mapping, get_args
+from typing import Annotated, Any, Callable, Literal, Mapping, TypeVar, get_args
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from trainable.config import check_value, coerce, is_integer_field, plain
 from trainable.errors import problem
-from trainable.metrics import METRICS
+from search.objectives import names
+from trainable.metrics import METRICS, OBJECTIVES
 
 
 def rule(text: str, check: Callable[[Any], bool] = lambda value: True) -> AfterValidator:
@@ -88,12 +89,17 @@ def budget_seconds(value: Any) -> float | None:
     return seconds if _finite(seconds) and 0 < seconds <= 10 * 365 * 86400 else None
 
 
+T = TypeVar("T")
 Mode = Literal["max", "min"]
-Sampler = Literal["tpe", "random", "qmc", "cmaes", "gp"]  # search/ordered.py builds them
+Sampler = Literal["tpe", "random", "qmc", "cmaes", "gp", "nsga2"]  # search/ordered.py builds them
 Scheduler = Literal["fifo", "asha", "hyperband", "pbt"]
 Logger = Literal["tensorboard", "mlflow", "wandb"]
 SAMPLERS, SCHEDULERS, LOGGERS = get_args(Sampler), get_args(Scheduler), get_args(Logger)
 AUTO = "auto"  #: resources.gpus: auto, trials per GPU measured by a probe before the search
+
+
+AList = Annotated[tuple[T, ...], Strict(False)]  # a YAML list (a list arrives; the tuple is the frozen form)
+ONE = AfterValidator(lambda v: v[0] if isinstance(v, tuple) and len(v) == 1 else v)  # [val_acc] is val_acc
 
 
 class Section(BaseModel):
@@ -107,9 +113,15 @@ class Experiment(Section):
 
     name: Annotated[str, rule("must be letters, digits, '_', '.' or '-' (it names a folder)", is_run_name)] = "search"
     #: run folder prefix; a run is <storage_path>/<name>-<time> unless --name is given
-    metric: Annotated[str, rule(f"must be a metric the trainable reports: {', '.join(METRICS)}",
-                                lambda v: v in METRICS)] = "val_acc"  #: the reported metric to optimise
-    mode: Annotated[Mode, rule("must be max or min")] = "max"
+    metric: Annotated[str | AList[str], rule(
+        f"must be a metric the trainable reports, or a list of distinct ones: {', '.join(OBJECTIVES)}",
+        lambda v: all(m in OBJECTIVES for m in names(v)) and 0 < len(names(v)) == len(set(names(v)))), ONE] = "val_acc"
+    #: the reported metric to optimise; a list: several objectives (search/objectives.py, pareto.yaml)
+    mode: Annotated[Mode | AList[Mode], rule("must be max or min, or a list of them"), ONE] = "max"
+    #: one per metric
+    constraints: Annotated[AList[Any], rule(
+        "must be a list of 'METRIC <= NUMBER' or 'METRIC >= NUMBER' (each checked in search/objectives.py)")] = ()
+    #: each checked by search/objectives.py; a trial that breaks one is infeasible: kept, marked, never best
     num_samples: Annotated[int, rule("must be an integer in [1, 1000000]", lambda v: 0 < v <= 1_000_000)] = 16
     #: trials in total
     max_concurrent: Annotated[int, rule("must be an integer in [1, 10000]", lambda v: 0 < v <= 10_000)] = 2

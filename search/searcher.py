@@ -21,6 +21,7 @@ from ray.tune.search import ConcurrencyLimiter, Searcher
 from ray.tune.search.optuna import OptunaSearch
 
 from search import warm_start
+from search.objectives import objectives_of
 from search.ordered import OrderedSearch, make_sampler
 from search.run_folder import RunFolder
 from search.schema import Searched
@@ -49,6 +50,7 @@ def make_searcher(space: Space, folder: RunFolder | None = None) -> Searcher:
     experiment = space.experiment
     # a partial of a module-level function: Tune pickles the searcher into its state
     ask = functools.partial(suggest, searched=space.searched, experiment_seed=experiment.seed)
+    objectives = objectives_of(experiment)
     warm = warm_start.told(warm_start.settle(space, folder) if folder else None, space.searched)
     enqueued = warm_start.enqueued_params(experiment.enqueue, space.searched)
     if warm:  # told first, they take Optuna's numbers 0..len-1: the trials still number from 0
@@ -56,17 +58,19 @@ def make_searcher(space: Space, folder: RunFolder | None = None) -> Searcher:
     # a space with `when:` keys keeps the pinned TPE settings: group=True (each branch modelled
     # jointly) did no better on a conditional problem (bench/conditional_tpe.py, docs/conditional.md)
     if experiment.reproducible:
-        searcher = OrderedSearch(ask, metric=experiment.metric, mode=experiment.mode,
+        searcher = OrderedSearch(ask, metric=objectives.metrics[0], mode=objectives.modes[0],
                                  experiment_seed=experiment.seed, sampler=experiment.sampler,
-                                 lag=experiment.max_concurrent, enqueued=enqueued, warm=warm)
-    else:  # Tune's OptunaSearch loads the study made here, with the warm start told and the configs enqueued
+                                 lag=experiment.max_concurrent, enqueued=enqueued, warm=warm, objectives=objectives)
+    else:  # Tune's OptunaSearch loads the study made here, with the warm start told and the configs enqueued;
+        # several objectives: it tells each trial's last result (the point, search/objectives.py)
         storage = InMemoryStorage()
-        study = optuna.create_study(storage=storage, study_name="optuna",
-                                    direction="maximize" if experiment.mode == "max" else "minimize")
+        study = optuna.create_study(storage=storage, study_name="optuna", directions=objectives.directions)
         study.add_trials(warm)
         for params in enqueued:
             study.enqueue_trial(params)
-        searcher = OptunaSearch(space=ask, metric=experiment.metric, mode=experiment.mode,
+        metric, mode = (list(objectives.metrics), list(objectives.modes)) if objectives.several else \
+            (objectives.metrics[0], objectives.modes[0])
+        searcher = OptunaSearch(space=ask, metric=metric, mode=mode,
                                 sampler=make_sampler(experiment.sampler, experiment.seed, 0),
                                 storage=storage, study_name="optuna")
     # Tune lets a searcher that is not a ConcurrencyLimiter have one pending trial at a time,

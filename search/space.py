@@ -28,6 +28,7 @@ from typing import Any, Mapping
 
 from optuna.distributions import FloatDistribution, IntDistribution
 
+from search.objectives import problems as objective_problems
 from search.schema import DataRoot, Experiment, Resources, Searched, field_value, label, parse_searched, validated
 from trainable.config import (FACTORY_KEY, FIELDS, MODEL, MOVED, MUTABLE, TrialConfig, absolute_reference,
                               cross_field_problems, fields_in, is_plain_data, is_reference, keyword_of, model_key,
@@ -162,6 +163,7 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
     base = _base_folder(source)
     experiment = validated(Experiment, "experiment", _section(raw, "experiment", problems), problems)
     resources = validated(Resources, "resources", _section(raw, "resources", problems), problems)
+    problems += objective_problems(experiment)
 
     fixed: dict[str, Any] = {}
     for key, value in _section(raw, MODEL, problems).items():
@@ -300,6 +302,9 @@ def _parse_function_space(raw: Mapping[str, Any], source: str) -> Space:
     experiment = validated(Experiment, "experiment", settings, problems).model_copy(update={"metric": metric})
     if not isinstance(metric, str) or not metric:
         problems.append(problem("experiment.metric", "must name a metric the function reports", metric))
+    if experiment.constraints:  # docs/multi-objective.md: on the canonical loop's metrics only, for now
+        problems.append(problem("experiment.constraints", "are not supported with a function trainable",
+                                list(experiment.constraints)))
     resources = validated(Resources, "resources", _section(raw, "resources", problems), problems)
     if resources.gpus == "auto":
         problems.append(problem("resources.gpus", "auto measures the canonical loop's model; give a number with a "

@@ -15,6 +15,7 @@ import optuna
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
+from search.objectives import objectives_of, point_row
 from search.results import INTERRUPTED, best_of, is_json, results_schema, score
 from search.schema import conditions, not_drawn
 from search.space import Space
@@ -37,28 +38,36 @@ def frozen_trial(rows: pd.DataFrame, space: Space, schema=None, *, live: bool = 
     trial not yet ended (status RUNNING or INTERRUPTED) is RUNNING with its curve so far, and one
     not yet started (PENDING) is WAITING.
     """
-    metric, mode = space.experiment.metric, space.experiment.mode
+    objectives = objectives_of(space.experiment)
+    metric, mode = objectives.metrics[0], objectives.modes[0]
     first = rows.iloc[0]
     json_columns = {f.name for f in (schema or results_schema(space)) if is_json(f)}
     curve = {int(r["epoch"]): score(r[metric]) for _, r in rows.iterrows()
              if not pd.isna(r["epoch"]) and score(r[metric]) is not None}
     value = best_of(curve.values(), mode)
+    # several objectives, constraints: the trial's point (search/objectives.py) gives its values and constraints
+    point = point_row(rows, objectives) if objectives.several or objectives.constraints else None
+    values = (None if point is None else objectives.values(point)) if objectives.several else \
+        None if value is None else [value]
     status = str(first["status"])
     if status == "ERROR":  # it raised, as a failed Optuna trial does: never the best, as in best.yaml
-        value = None
-    state = TrialState.COMPLETE if value is not None else TrialState.FAIL
+        values = None
+    state = TrialState.COMPLETE if values is not None else TrialState.FAIL
     if live and status in UNENDED:
-        state, value = UNENDED[status], None
+        state, values = UNENDED[status], None
+    measured = {} if point is None else {m: score(point.get(m)) for m in objectives.measured}
     cells = {d.name: _cell(first[d.name], d.name in json_columns) for d in space.searched}
     drawn = [d for d in space.searched if d.name not in not_drawn(conditions(space.searched), cells)]  # `when:`
     return create_trial(
         state=state,
-        value=value,
+        values=values,
+        constraints=dict(zip(map(str, objectives.constraints), objectives.violations(point)))
+        if point is not None and objectives.constraints and state == TrialState.COMPLETE else None,
         params={d.name: d.param(cells[d.name]) for d in drawn},
         distributions={d.name: d.distribution for d in drawn},
         intermediate_values=curve or None,
         user_attrs={"trial_number": None if pd.isna(first["trial_number"]) else int(first["trial_number"]),
-                    "trial_id": str(first["trial_id"]), "seed": int(first["seed"]), "status": status},
+                    "trial_id": str(first["trial_id"]), "seed": int(first["seed"]), "status": status, **measured},
     )
 
 
@@ -67,7 +76,7 @@ def make_study(frame: pd.DataFrame, space: Space, storage: optuna.storages.BaseS
     """A study of every trial in `frame`, in trial-number order."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True,
-                                direction="maximize" if space.experiment.mode == "max" else "minimize")
+                                directions=objectives_of(space.experiment).directions)
     schema = results_schema(space)
     for _, rows in sorted(frame.groupby("trial_id"), key=lambda kv: kv[1]["trial_number"].iloc[0]):
         study.add_trial(frozen_trial(rows, space, schema))

@@ -21,6 +21,7 @@ from search.disk_guard import DiskGuard
 from search.halving import RECORD_FILE as HALVING_RECORD, OrderedHalving, bracket_count
 from search.pbt import make_pbt, population_space
 from search.phases import first_trial_started
+from search.objectives import first, several
 from search.progress import Progress, flush_all
 from search.results import RECORD_FILE
 from search.run_folder import RunFolder
@@ -76,7 +77,7 @@ def tracker_callbacks(space: Space, folder: RunFolder) -> list:
         uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{folder.path}/{MLFLOW_DB}"
         from search.mlflow_logger import TrialValueLogger
 
-        callbacks.append(TrialValueLogger(space.experiment.metric, space.experiment.mode, tracking_uri=uri,
+        callbacks.append(TrialValueLogger(first(space.experiment.metric), first(space.experiment.mode), tracking_uri=uri,
                                           experiment_name=folder.name, save_artifact=False))
     if "wandb" in space.experiment.loggers:
         from ray.air.integrations.wandb import WandbLoggerCallback
@@ -139,8 +140,9 @@ def build_tuner(space: Space, folder: RunFolder, data: Data | None, trial_functi
             # Tune deleted a checkpoint its last snapshot names resumes that trial from an
             # earlier one that reads, or from the start (adapter.newest_readable_state)
             checkpoint_config=tune.CheckpointConfig(num_to_keep=experiment.num_to_keep,
-                                                    checkpoint_score_attribute=experiment.metric,
-                                                    checkpoint_score_order=experiment.mode),
+                                                    # several objectives: a trial's point is its last epoch
+                                                    checkpoint_score_attribute=None if several(experiment)
+                                                    else first(experiment.metric), checkpoint_score_order=first(experiment.mode)),
             failure_config=tune.FailureConfig(max_failures=experiment.max_failures),
             # Tune snapshots its state by its own rule, at most ~5% of the driver's time (max(10 s,
             # 19x a snapshot's cost)). A SIGKILLed driver loses the trials that ended since: a

@@ -50,8 +50,8 @@ def run_records(config: TrialConfig, data: Data, device: torch.device = CPU) -> 
 
 
 def metrics(record: EpochRecord) -> dict:
-    """Everything a record says except its wall times (*_seconds), which are never reproducible."""
-    return {k: v for k, v in dataclasses.asdict(record).items() if not k.endswith("_seconds")}
+    """Everything a record says except its wall times (*_seconds, latency_ms), which are never reproducible."""
+    return {k: v for k, v in dataclasses.asdict(record).items() if not k.endswith("_seconds") and k != "latency_ms"}
 
 
 def memory_batches(arrays, batch_size: int, device: torch.device = CPU, **kwargs) -> InMemoryBatches:

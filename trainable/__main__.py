@@ -4,6 +4,7 @@ The debugging path before a search: same code, same seed, same numbers as a tria
 `python -m trainable --config runs/<name>/best.yaml` re-runs a search's best trial (a function
 trainable's best.yaml: the user's function, called with that config; trainable/function.py); a PBT
 search's best.yaml has a `schedule:` too, the hyperparameter changes the trial's weights went through.
+`--config runs/<name>/pareto.yaml --pick N` re-runs trial N of a search's Pareto front (several objectives).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="python -m trainable",
         description="Train one model once. Precedence: defaults < --config file < flags.")
     parser.add_argument("--config", help="YAML file of trial config fields (a search's best.yaml works)")
+    parser.add_argument("--pick", type=int, metavar="N",
+                        help="with --config pareto.yaml: the config of trial N of the Pareto front")
     parser.add_argument("--data-root", help="dataset folder (default: $HPSEARCH_DATA or ~/.cache/hpsearch)")
     parser.add_argument("--model", metavar="FACTORY",
                         help="model.factory: mlp, cnn, FILE.py:CALLABLE or package.module:CALLABLE")
@@ -51,11 +54,27 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def picked(document, number: int) -> dict:
+    """pareto.yaml's config of trial `number` (its `trials` entry with that trial_number)."""
+    trials = document.get("trials") if isinstance(document.get("trials"), list) else []
+    for entry in trials:
+        if isinstance(entry, dict) and entry.get("trial_number") == number and isinstance(entry.get("config"), dict):
+            return entry["config"]
+    held = [e.get("trial_number") for e in trials if isinstance(e, dict)]
+    raise ConfigError([problem("--pick", f"must be a trial_number of the front in --config (it holds {held})",
+                               number)])
+
+
 def trial_config(args: argparse.Namespace) -> TrialConfig:
     values = {}
     if args.config:
-        values = TrialConfig.from_mapping({k: v for k, v in read_yaml_mapping(args.config).items()
+        document = read_yaml_mapping(args.config)
+        if args.pick is not None:
+            document = picked(document, args.pick)
+        values = TrialConfig.from_mapping({k: v for k, v in document.items()
                                            if k not in (*INFORMATIONAL_KEYS, SCHEDULE_KEY)}).to_flat()
+    elif args.pick is not None:
+        raise ConfigError([problem("--pick", "needs --config pareto.yaml", args.pick)])
     values.update({name: getattr(args, name) for name in FIELDS
                    if name not in NESTED and getattr(args, name) is not None})
     if args.model is not None:

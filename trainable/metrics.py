@@ -9,6 +9,9 @@ import math
 from typing import Any
 
 METRICS = ("train_loss", "train_acc", "val_loss", "val_acc")
+# measured beside them (loop.EpochRecord, report.epoch_report): objectives and constraints too
+MEASURED = ("params", "latency_ms", "epoch_seconds", "gpu_memory_reserved_mb")
+OBJECTIVES = METRICS + MEASURED
 
 
 def score(value: Any) -> float | None:

@@ -70,9 +70,10 @@ def epoch_report(record: EpochRecord, placement: Placement, device: torch.device
         **(dataclasses.asdict(phases) if phases is not None else {c: None for c in PHASE_COLUMNS}),
         # peaks since the trial started (reset then): allocated is what its tensors held; reserved
         # is what the caching allocator took from the GPU for them (allocated + cached blocks), the
-        # figure that decides how many trials fit one GPU (without the ~0.5 GB CUDA context)
-        "gpu_memory_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
-        "gpu_memory_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20 if device.type == "cuda" else None,
+        # figure that decides how many trials fit one GPU (without the ~0.5 GB CUDA context); 0 on the CPU,
+        # so a constraint such as "gpu_memory_reserved_mb <= 2000" reads a number everywhere
+        "gpu_memory_allocated_mb": torch.accelerator.max_memory_allocated(device) / 2**20 if device.type != "cpu" else 0.0,
+        "gpu_memory_reserved_mb": torch.accelerator.max_memory_reserved(device) / 2**20 if device.type != "cpu" else 0.0,
         "finished_at": time.time(),
     }
 

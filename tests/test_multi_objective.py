@@ -1,0 +1,195 @@
+"""Several objectives and constraints (docs/multi-objective.md): the space file's rules, a trial's
+point, the Pareto front, the searcher's study, and one search end to end."""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import pandas as pd
+import pytest
+
+from search.objectives import non_dominated, objectives_of, pareto_front, parse_constraint
+from search.ordered import OrderedSearch
+from search.searcher import suggest
+from search.space import parse_space
+from trainable.errors import ConfigError
+
+LR = {"lr": {"distribution": "float", "low": 0.01, "high": 0.3, "log": True}}
+
+
+def problems_of(experiment: dict) -> str:
+    with pytest.raises(ConfigError) as caught:
+        parse_space({"experiment": experiment, "space": LR})
+    return str(caught.value)
+
+
+def test_a_list_of_metrics_with_a_mode_each_and_constraints_parse():
+    space = parse_space({"experiment": {"metric": ["val_acc", "params"], "mode": ["max", "min"],
+                                        "constraints": ["params <= 200000", "latency_ms>=0.5"]}, "space": LR})
+    objectives = objectives_of(space.experiment)
+    assert objectives.several and objectives.directions == ["maximize", "minimize"]
+    assert [str(c) for c in objectives.constraints] == ["params <= 200000", "latency_ms >= 0.5"]
+    one = parse_space({"experiment": {"metric": "val_loss", "mode": "min", "constraints": ["params <= 10"]},
+                       "space": LR})
+    assert one.experiment.metric == "val_loss" and not objectives_of(one.experiment).several
+
+
+def test_each_broken_rule_is_said_with_its_key():
+    text = problems_of({"metric": ["val_acc", "params"], "mode": "max", "scheduler": "asha", "sampler": "cmaes",
+                        "constraints": ["params < 3", "speed <= 2", "params <= x", 3, "params <= 1e3"]})
+    assert "experiment.mode: must have one mode per metric (2: val_acc, params), got 'max'" in text
+    for i, value in enumerate(["'params < 3'", "'speed <= 2'", "'params <= x'", "3"]):
+        assert f"experiment.constraints[{i}]: must read 'METRIC <= NUMBER' or 'METRIC >= NUMBER'" in text
+        assert f"got {value}" in text
+    assert "experiment.constraints[4]" not in text
+    assert "experiment.scheduler: must be fifo with several objectives" in text
+    assert "experiment.sampler: must not be cmaes with several objectives" in text
+    assert "experiment.metric: must be a metric" in problems_of({"metric": ["val_acc", "val_acc"]})
+    assert "experiment.constraints: need experiment.reproducible: true" in problems_of(
+        {"reproducible": False, "constraints": ["params <= 5"]})
+
+
+def test_a_constraint_reads_as_optuna_wants_it():
+    at_most, at_least = parse_constraint("params <= 100"), parse_constraint(" val_acc >= 0.9 ")
+    assert at_most.violation(90) == -10 and at_most.violation(110) == 10
+    assert at_least.violation(0.95) < 0 < at_least.violation(0.5)
+    assert at_most.violation(None) == float("inf"), "a metric not measured breaks its constraint"
+
+
+def test_the_front_holds_exactly_the_non_dominated_points():
+    points = [(0.9, 100), (0.8, 50), (0.85, 120), (0.9, 100), (0.7, 50), (0.95, 300)]
+    assert non_dominated(points, ["max", "min"]) == [0, 1, 3, 5], "equal points both stay; dominated ones go"
+
+
+def rows(trial: int, epochs: list[tuple[float, int]], status: str = "COMPLETED") -> list[dict]:
+    return [{"trial_id": f"t{trial}", "trial_number": trial, "status": status, "epoch": e + 1, "val_acc": acc,
+             "params": params} for e, (acc, params) in enumerate(epochs)]
+
+
+def test_a_trials_point_is_its_last_epoch_with_several_objectives_and_infeasible_ones_are_never_on_the_front():
+    space = parse_space({"experiment": {"metric": ["val_acc", "params"], "mode": ["max", "min"],
+                                        "constraints": ["params <= 1000"]}, "space": LR})
+    frame = pd.DataFrame(rows(0, [(0.99, 500), (0.5, 500)]) + rows(1, [(0.8, 400), (0.9, 400)])
+                         + rows(2, [(0.95, 2000), (0.99, 2000)]) + rows(3, [(0.95, 100)], status="ERROR")
+                         + rows(4, [(0.6, 300)]))
+    front = pareto_front(frame, objectives_of(space.experiment))
+    # trial 0's point is its last epoch (0.5 at 500 params), dominated by trial 1; trial 2 breaks the
+    # constraint; trial 3 errored
+    assert front["trial_number"].tolist() == [1, 4]
+    assert front["val_acc"].tolist() == [0.9, 0.6]
+
+
+def test_infeasible_trials_are_never_best_with_one_objective():
+    from search.objectives import feasible_only, mark_feasible
+
+    objectives = objectives_of(parse_space({"experiment": {"constraints": ["params <= 1000"]}, "space": LR})
+                               .experiment)
+    marked = [*mark_feasible(rows(0, [(0.99, 5000)]), objectives), *mark_feasible(rows(1, [(0.7, 10)]), objectives)]
+    assert [r["feasible"] for r in marked] == [False, True]
+    assert feasible_only(pd.DataFrame(marked))["trial_number"].tolist() == [1]
+    assert list(feasible_only(pd.DataFrame(marked).iloc[0:0]).columns) == list(marked[0]), "none: an empty table"
+
+
+MULTI = parse_space({"experiment": {"metric": ["val_acc", "params"], "mode": ["max", "min"],
+                                    "constraints": ["params <= 60000"]},
+                     "space": {**LR, "model.hidden_sizes": {"distribution": "choice",
+                                                            "values": [[16], [32], [64], [128]]}}})
+
+
+def drive(order_seed: int, lag: int = 3, total: int = 14, sampler: str = "tpe", restore_at: int | None = None,
+          tmp_path=None) -> dict[int, dict]:
+    """An OrderedSearch of MULTI driven as Tune would, trials finishing in an order drawn from order_seed;
+    restore_at: save the searcher after that many suggestions and continue with a restored one."""
+    def make():
+        ask = functools.partial(suggest, searched=MULTI.searched, experiment_seed=7)
+        return OrderedSearch(ask, metric="val_acc", mode="max", experiment_seed=7, sampler=sampler, lag=lag,
+                             objectives=objectives_of(MULTI.experiment))
+    s, order, running, configs = make(), random.Random(order_seed), [], {}
+    while len(configs) < total or running:
+        if restore_at is not None and len(configs) == restore_at:
+            s.save(str(tmp_path / "state.json"))
+            s = make()
+            s.restore(str(tmp_path / "state.json"))
+            restore_at = None
+        config = s.suggest(f"t{len(configs)}") if len(configs) < total else None
+        if config is not None:
+            configs[config["trial_number"]] = config
+            running.append((f"t{config['trial_number']}", config))
+            continue
+        trial_id, config = running.pop(order.randrange(len(running)))
+        params = 784 * config["model.hidden_sizes"][0] * 2
+        for epoch in (1, 2):
+            s.on_trial_result(trial_id, {"epoch": epoch, "val_acc": 1 - abs(config["lr"] - 0.05) / epoch,
+                                         "params": params})
+        s.on_trial_complete(trial_id, {})
+    return configs
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "nsga2"])
+def test_the_searcher_asks_the_same_trials_in_any_finishing_order_and_after_a_restore(sampler, tmp_path):
+    first = drive(1, sampler=sampler)
+    assert drive(2, sampler=sampler) == first
+    assert drive(3, sampler=sampler, restore_at=8, tmp_path=tmp_path) == first
+    assert len({c["model.hidden_sizes"][0] for c in first.values()}) > 1
+
+
+def test_a_search_with_two_objectives_and_a_constraint_writes_its_front(ray_local, tmp_path, data_root, capsys):
+    import math
+
+    import optuna
+    import yaml
+    from optuna.storages.journal import JournalFileBackend
+
+    from search.driver import run_search
+    from trainable.__main__ import main as trainable_main
+
+    sizes = {8: 784 * 8 + 8 + 8 * 10 + 10, 32: 784 * 32 + 32 + 32 * 10 + 10, 128: 784 * 128 + 128 + 128 * 10 + 10}
+    space = parse_space({
+        "experiment": {"name": "front", "num_samples": 6, "max_concurrent": 3, "seed": 7, "storage_path": str(tmp_path),
+                       "metric": ["val_acc", "params"], "mode": ["max", "min"], "constraints": ["params <= 60000"]},
+        "resources": {"cpus": 0.5}, "training": {"epochs": 2},
+        "data": {"root": str(data_root), "train_size": 500, "val_size": 200},
+        "space": {"lr": {"distribution": "float", "low": 0.01, "high": 0.3, "log": True},
+                  "model.hidden_sizes": {"distribution": "choice", "values": [[8], [32], [128]]}}}, source="tests")
+    outcome = run_search(space, name="front")
+    run = tmp_path / "front"
+    frame = pd.read_parquet(run / "results.parquet")
+    assert sorted(frame["trial_number"].unique()) == list(range(6))
+    assert set(frame["params"]) <= set(sizes.values()) and len(set(frame["params"])) > 1, "params varies"
+    assert frame["latency_ms"].map(lambda v: math.isfinite(v) and v > 0).all()
+
+    # recomputed from results.parquet alone: each trial at its last epoch, feasible, non-dominated
+    last = frame.sort_values("epoch").groupby("trial_number").last()
+    assert (last["feasible"] == (last["params"] <= 60000)).all(), "infeasible trials are marked"
+    assert (frame.groupby("trial_number")["feasible"].nunique() == 1).all(), "on every row of a trial"
+    feasible = last[last["params"] <= 60000]
+    front = [n for n, t in feasible.iterrows()
+             if not any(o["val_acc"] >= t["val_acc"] and o["params"] <= t["params"]
+                        and (o["val_acc"] > t["val_acc"] or o["params"] < t["params"])
+                        for _, o in feasible.iterrows())]
+    pareto = yaml.safe_load((run / "pareto.yaml").read_text())
+    assert [t["trial_number"] for t in pareto["trials"]] == front and front
+    for entry in pareto["trials"]:
+        assert entry["metrics"]["val_acc"] == last.loc[entry["trial_number"], "val_acc"]
+        assert entry["config"]["model"]["hidden_sizes"] == [[k for k, v in sizes.items()
+                                                             if v == entry["metrics"]["params"]][0]]
+    assert not (run / "best.yaml").exists() and outcome.best is None
+    assert "pareto.yaml" in outcome.summary and "no best.yaml" in outcome.summary
+
+    study = optuna.load_study(study_name="front",
+                              storage=optuna.storages.JournalStorage(JournalFileBackend(str(run / "optuna.journal"))))
+    assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
+    assert sorted(t.number for t in study.best_trials) == front, "Optuna's own front of the journal agrees"
+    constraints = {t.number: t.constraints["params <= 60000"] for t in study.trials}
+    assert {n for n, v in constraints.items() if v > 0} == set(last.index[~last["feasible"].astype(bool)]), \
+        "the journal holds each trial's constraint (optuna-dashboard greys infeasible trials)"
+    assert 'id="pareto"' in (run / "report.html").read_text()
+
+    # the replay of a front trial prints the epochs its record holds
+    number = front[0]
+    capsys.readouterr()
+    assert trainable_main(["--config", str(run / "pareto.yaml"), "--pick", str(number),
+                           "--data-root", str(data_root)]) == 0
+    printed = capsys.readouterr().out
+    assert f"val_acc {last.loc[number, 'val_acc']:.4f}" in printed.splitlines()[-1]
