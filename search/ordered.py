@@ -127,13 +127,17 @@ class OrderedSearch(Searcher):
     """Tune searcher: reproducible suggestions at up to `lag` trials at once.
 
     `tpe_settings` replaces TPE_SETTINGS (the sampler "tpe" only): the knobs that bound
-    TPE's cost per suggestion at thousands of trials (bench/tpe_scale.py).
+    TPE's cost per suggestion at thousands of trials (bench/tpe_scale.py). `unseen` (default
+    `lag`): trial n is asked on the results of trials 0 .. n-unseen-1, the rest running to it.
+    Fewer unseen trials give trial n more results and fewer liars, and make a slot wait more
+    often: whenever trial n-unseen-1 is still running when a later trial ends. At lag 1,
+    unseen 0 never waits (docs/search-quality.md measures both).
     """
 
     def __init__(self, ask: Callable[[optuna.Trial], dict[str, Any]], *, metric: str, mode: str,
                  experiment_seed: int, sampler: str, lag: int, tpe_settings: Mapping[str, Any] | None = None,
                  enqueued: Sequence[Mapping[str, Any]] = (), warm: Sequence[FrozenTrial] = (),
-                 objectives: Objectives | None = None):
+                 objectives: Objectives | None = None, unseen: int | None = None):
         super().__init__(metric=first(metric), mode=first(mode))
         # several objectives or constraints (search/objectives.py): a trial's point, not its best epoch
         self.objectives = objectives or Objectives((metric,), (mode,))
@@ -141,6 +145,7 @@ class OrderedSearch(Searcher):
         # settings, like the rest of the constructor's: pickled with the searcher, not in the record
         self.enqueued = [dict(params) for params in enqueued]  # trial n < len: Optuna's params it starts from
         self.warm = list(warm)  # told before trial 0; Optuna's number of trial n is n + len(warm)
+        self.unseen = lag if unseen is None else unseen  # trials n-unseen .. n-1 are running to trial n
         self.tpe_settings = dict(TPE_SETTINGS if tpe_settings is None else tpe_settings)
         self.numbers: dict[str, int] = {}  # Tune trial id -> trial number
         # by number: params, distributions, system attrs (where a sampler such as CMA-ES keeps its state)
@@ -162,7 +167,7 @@ class OrderedSearch(Searcher):
         running = n - len(self.finished)
         if running >= self.lag:
             return None  # every slot is busy
-        if self._result_out_before(n - self.lag):
+        if self._result_out_before(n - self.unseen):
             self._waiting_since = self._waiting_since or time.monotonic()
             return None  # an earlier result that trial n must see is still out
         if self._waiting_since is not None:
@@ -210,8 +215,8 @@ class OrderedSearch(Searcher):
         values): no sampler here reads them, and Study has no public way to set them afterwards.
         """
         if self._kept is None:
-            self._kept, self._told = self._built(n), max(0, n - self.lag)
-        for k in range(self._told, n - self.lag):
+            self._kept, self._told = self._built(n), max(0, n - self.unseen)
+        for k in range(self._told, n - self.unseen):
             self._tell(self._kept, k)
             self._told = k + 1
         return self._kept
@@ -228,7 +233,7 @@ class OrderedSearch(Searcher):
         study.add_trials(self.warm)
         for k in range(n):
             params, distributions, system_attrs = self.asked[k]
-            if k < n - self.lag:
+            if k < n - self.unseen:
                 value, point = self.finished[k], self._point(k)
                 study.add_trial(create_trial(
                     state=TrialState.COMPLETE if value is not None else TrialState.FAIL,
@@ -349,4 +354,5 @@ class OrderedSearch(Searcher):
         self.__dict__.setdefault("warm", [])
         self.__dict__.setdefault("objectives", Objectives((self.metric,), (self.mode,)))
         self.__dict__.setdefault("measures", {})
+        self.__dict__.setdefault("unseen", self.lag)
         self._drop_caches()
