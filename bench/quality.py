@@ -145,7 +145,8 @@ class Ordered:
                  unseen: int | None = None):
         ask = functools.partial(suggest, searched=table.searched, experiment_seed=seed)
         self.searcher = OrderedSearch(ask, metric="loss", mode="min", experiment_seed=seed, sampler=sampler,
-                                      lag=lag, tpe_settings=tpe_settings, unseen=unseen)
+                                      lag=lag, tpe_settings=tpe_settings,
+                                      unseen=lag - 1 if unseen is None else unseen)  # the service's default lag
         self.count = 0
 
     def ask(self) -> tuple[str, dict[str, Any]] | None:
@@ -217,12 +218,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 SEARCHERS |= {f"hpsearch tpe @4 {name}": (4, functools.partial(Ordered, sampler="tpe", lag=4, tpe_settings=settings))
               for name, settings in VARIANTS.items()}
-SEARCHERS |= {f"hpsearch tpe @{lag} unseen {lag - 1}": (lag, functools.partial(Ordered, sampler="tpe", lag=lag,
-                                                                              unseen=lag - 1)) for lag in (1, 4, 8)}
+# the lag before it was max_concurrent - 1: trial n asked without trials n-max_concurrent .. n-1
+SEARCHERS |= {f"hpsearch tpe @{lag} lag {lag}": (lag, functools.partial(Ordered, sampler="tpe", lag=lag,
+                                                                         unseen=lag)) for lag in (1, 4, 8)}
 QUICK = (DEFAULT, SEQUENTIAL, TUNE, "random")
 # gp is left out of the default set: 2-5 s of CPU per suggestion here (its acquisition is optimised
 # from many starts), hours for 100 trials x 120 runs; `--searchers "hpsearch gp @4"` runs it
-DEFAULT_SET = tuple(label for label in SEARCHERS if " gp " not in label and " unseen " not in label
+DEFAULT_SET = tuple(label for label in SEARCHERS if " gp " not in label and " lag " not in label
                     and not any(label.endswith(f" {v}") for v in VARIANTS))
 
 

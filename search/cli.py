@@ -242,7 +242,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         space = load_space(args.space, resume_assignments(args))
+        from search.schema import run_name_problem
         from search.storage import Storage, check_storage
+
+        if args.name is not None and (wrong := run_name_problem(args.name)):
+            raise ConfigError([wrong])
 
         check_storage(Storage.at(space.experiment.storage_path))  # before a local Ray begins to start
     except ConfigError as error:

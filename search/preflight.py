@@ -27,7 +27,7 @@ from search.capacity import CapacityError, trials_fit
 from search.phases import Phases
 from search.budget import resume_changes
 from search.run_folder import RUN_SECTION, SPEC_FILE, RunFolder, spec_hash
-from search.schema import is_run_name
+from search.schema import run_name_problem
 from search.space import Space, example_config, to_raw
 from search.storage import Storage, check_storage, is_uri
 from search.warm_start import read as read_warm_start
@@ -77,9 +77,8 @@ def newest_run(names: list[str], experiment_name: str) -> str | None:
 def run_folder_name(space: Space, storage: Storage, name: str | None, resume: bool) -> str:
     """The run's folder name; resuming without --name picks the newest run of this space."""
     if name is not None:
-        if not is_run_name(name):
-            raise ConfigError([problem("--name", "must be letters, digits, '_', '.' or '-', at most 128, "
-                                                 "starting with a letter or digit (it names one folder)", name)])
+        if wrong := run_name_problem(name):
+            raise ConfigError([wrong])
         exists = storage.exists(name)
         if resume and not exists:
             raise ConfigError([problem("--name", f"no search to resume at {storage.join(name)}", name)])

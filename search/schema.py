@@ -67,6 +67,14 @@ def is_run_name(value: Any) -> bool:
     return isinstance(value, str) and NAME_PATTERN.fullmatch(value) is not None and value not in (".", "..")
 
 
+def run_name_problem(name: Any) -> str | None:
+    """Why --name cannot name a run folder, or None: said by the CLI before Ray starts, and by the driver."""
+    if is_run_name(name):
+        return None
+    return problem("--name", "must be letters, digits, '_', '.' or '-', at most 128, starting with a letter or "
+                             "digit (it names one folder)", name)
+
+
 def _finite(v: float) -> bool:
     return math.isfinite(v)
 
@@ -132,6 +140,10 @@ class Experiment(Section):
     #: Optuna's samplers; their settings are pinned in search/ordered.py
     reproducible: Annotated[bool, rule("must be true or false")] = True
     #: trial n's config depends only on seed and n, whatever finishes first (search/ordered.py)
+    lag: Annotated[int | None, rule("must be null (max_concurrent - 1) or an integer in [0, 10000]",
+                                    lambda v: v is None or 0 <= v <= 10_000)] = None
+    #: reproducible: trial n is asked on the results of trials 0 .. n-lag-1; a fixed lag gives the same
+    #: trials at any max_concurrent; below max_concurrent - 1 free slots wait longer for results (search/searcher.py lag_of)
     scheduler: Annotated[Scheduler, rule(f"must be one of {', '.join(SCHEDULERS)}")] = "fifo"
     #: fifo (every trial runs all epochs), asha (stops poor trials early) or hyperband (asha in brackets
     #: that start at different epochs); reproducible with experiment.reproducible (search/halving.py);

@@ -44,6 +44,18 @@ def suggest(trial: optuna.Trial, searched: tuple[Searched, ...], experiment_seed
     return {"seed": derive_seed(experiment_seed, trial.number), "trial_number": trial.number, **drawn}
 
 
+def lag_of(experiment) -> int:
+    """experiment.lag, or its default: trial n is asked on the results of trials 0 .. n-lag-1.
+
+    max_concurrent - 1 by default: when a slot frees, one of the last max_concurrent trials has
+    ended, so trial n-max_concurrent's result is the latest one a reproducible searcher can wait
+    for without holding slots long (bench/quality.py: 0.049 against 0.068 mean regret at 50
+    trials for the lag max_concurrent of before, docs/search-quality.md). A lag that does not
+    follow max_concurrent gives the same trials at any max_concurrent (docs/reproducibility.md).
+    """
+    return max(0, experiment.max_concurrent - 1) if experiment.lag is None else experiment.lag
+
+
 def make_searcher(space: Space, folder: RunFolder | None = None) -> Searcher:
     """The search's searcher, seeded, at most `max_concurrent` trials at once; it starts with the
     enqueued configs and, for a run in `folder` with a warm start, the earlier run's trials (search/warm_start.py)."""
@@ -60,7 +72,8 @@ def make_searcher(space: Space, folder: RunFolder | None = None) -> Searcher:
     if experiment.reproducible:
         searcher = OrderedSearch(ask, metric=objectives.metrics[0], mode=objectives.modes[0],
                                  experiment_seed=experiment.seed, sampler=experiment.sampler,
-                                 lag=experiment.max_concurrent, enqueued=enqueued, warm=warm, objectives=objectives)
+                                 lag=experiment.max_concurrent, unseen=lag_of(experiment), enqueued=enqueued,
+                                 warm=warm, objectives=objectives)
     else:  # Tune's OptunaSearch loads the study made here, with the warm start told and the configs enqueued;
         # several objectives: it tells each trial's last result (the point, search/objectives.py)
         storage = InMemoryStorage()

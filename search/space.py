@@ -206,6 +206,9 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
                                     f"({experiment.grace_period}) for a reproducible {experiment.scheduler}: a trial "
                                     "that waits at a rung resumes from that rung's checkpoint",
                                     experiment.checkpoint_every))
+    if experiment.lag is not None and not experiment.reproducible:
+        problems.append(problem("experiment.lag", "applies to the reproducible searcher only (experiment.reproducible: "
+                                "true); Tune's OptunaSearch tells each result as it arrives", experiment.lag))
     if not problems and experiment.scheduler == "pbt":
         problems += pbt_problems(experiment, tuple(searched), TrialConfig.from_mapping(fixed).epochs)
         # every checkpoint kept: an exploit restores one the copied trial has moved past

@@ -99,3 +99,22 @@ def test_a_restored_searcher_continues_as_if_never_stopped(tmp_path):
             restored.on_trial_result(trial_id, {"val_acc": score(config) * epoch / 2, "epoch": epoch})
         restored.on_trial_complete(trial_id, {"val_acc": score(config)})
     assert resumed == straight
+
+
+def at(max_concurrent: int, lag: int | None, sampler: str = "tpe") -> OrderedSearch:
+    """The searcher make_searcher builds for this max_concurrent and experiment.lag."""
+    from search.searcher import lag_of
+
+    space = parse_space({"experiment": {"max_concurrent": max_concurrent, "lag": lag},
+                         "space": {d.name: d.to_raw() for d in SPACE.searched}})
+    ask = functools.partial(suggest, searched=space.searched, experiment_seed=5)
+    return OrderedSearch(ask, metric="val_acc", mode="max", experiment_seed=5, sampler=sampler,
+                         lag=max_concurrent, unseen=lag_of(space.experiment))
+
+
+def test_a_set_lag_gives_the_same_trials_at_any_max_concurrent():
+    # 20 trials: TPE's 10 random ones, then trials asked on results (trial n on 0 .. n-4)
+    assert run(at(2, lag=3), order_seed=1, total=20) == run(at(4, lag=3), order_seed=2, total=20)
+    # the default lag follows max_concurrent: past the random start, the trials differ
+    assert run(at(2, lag=None), order_seed=1, total=20) != run(at(4, lag=None), order_seed=1, total=20)
+
