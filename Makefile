@@ -9,16 +9,30 @@ MNIST_RAW ?= ../shared/data/MNIST/raw
 
 .PHONY: run test install browser data bench gpu-check clean
 
-# TORCH=cpu: PyTorch's CPU-only wheels from PyTorch's own index (no CUDA libraries, which are over
-# half of the ~6 GB venv), for machines without an NVIDIA GPU; that index must be reachable. The
-# default is pip's choice: on Linux x86_64, the CUDA build. See docs/testing.md.
-TORCH ?= default
+# Which PyTorch build the venv gets. TORCH=cpu: PyTorch's CPU-only wheels from PyTorch's own index
+# (no CUDA libraries, which are over half of the ~6.5 GB venv). TORCH=cuda (or default): pip's
+# choice, on Linux x86_64 the CUDA build. TORCH=auto, the default: cpu on a machine with no NVIDIA
+# GPU (no nvidia-smi, no /dev/nvidia0) when PyTorch's CPU index answers, else pip's choice, said
+# aloud. See docs/testing.md.
+TORCH ?= auto
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
+# The search needs the project; the tests add its test extra (pytest, mlflow-skinny, onnx, ...).
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	if [ "$(TORCH)" = cpu ]; then $(PY) -m pip install --quiet --index-url $(TORCH_CPU_INDEX) torch torchvision; fi
+	@torch="$(TORCH)"; \
+	if [ "$$torch" = auto ]; then \
+	  if command -v nvidia-smi >/dev/null 2>&1 || [ -e /dev/nvidia0 ]; then torch=cuda; \
+	  elif $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=10)" 2>/dev/null; then torch=cpu; \
+	  else torch=cuda; echo "No NVIDIA GPU here, but PyTorch's CPU index ($(TORCH_CPU_INDEX)) does not answer:" \
+	    "installing pip's default torch (on Linux x86_64 the CUDA build, about 6.5 GB in .venv)."; fi; fi; \
+	if [ "$$torch" = cpu ]; then echo "Installing PyTorch's CPU-only build from $(TORCH_CPU_INDEX) (TORCH=cuda for the CUDA build)."; \
+	  $(PY) -m pip install --quiet --index-url $(TORCH_CPU_INDEX) torch torchvision; fi
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
@@ -44,7 +58,7 @@ browser:
 
 # Two test files at a time (pytest-xdist, whole files per worker so module fixtures are made
 # once): most of a test's time is Ray and processes starting, so two cores overlap it.
-test: install browser
+test: $(VENV)/.installed-test browser
 	$(PY) -m pytest -n 2 --dist loadfile
 
 bench: install data
