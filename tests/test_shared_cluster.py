@@ -8,6 +8,7 @@ says so when others hold what a trial needs.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -31,12 +32,37 @@ RAY = str(Path(sys.executable).parent / "ray")
 
 @pytest.fixture(scope="module")
 def shared_head():
-    """A head with 2 CPUs and Ray's job server, started as a user would; stopped by its process group."""
+    """A head with 2 CPUs and Ray's job server, started as a user would; stopped by its process group.
+    Yields (the job server's address, the cluster's address)."""
     # as from an activated venv: a job's `python` is the venv's, which has the project's dependencies
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     with own_head("hp-sh-", "--num-cpus=2", "--num-gpus=0", "--include-dashboard=true",
-                  "--dashboard-host=127.0.0.1", env=env) as (_, _, dashboard):
-        yield f"http://127.0.0.1:{dashboard}"
+                  "--dashboard-host=127.0.0.1", env=env) as (port, _, dashboard):
+        yield f"http://127.0.0.1:{dashboard}", f"127.0.0.1:{port}"
+
+
+# Run in a process of its own: the test process may hold the session's local Ray. Prints what a
+# finished search could have left on a long-lived cluster: live actors, objects in the store, and
+# resources not given back.
+LEFT_OVER = """
+import json, sys, ray
+from ray.util.state import list_actors, list_objects
+ray.init(address=sys.argv[1], logging_level="ERROR")
+print(json.dumps({
+    "actors": [a.class_name for a in list_actors(address=sys.argv[2], filters=[("state", "=", "ALIVE")])],
+    "objects": len(list_objects(address=sys.argv[2])),
+    "held": {k: v - ray.available_resources().get(k, 0) for k, v in ray.cluster_resources().items()
+             if k in ("CPU", "GPU") and v != ray.available_resources().get(k, 0)},
+}))
+"""
+
+
+def left_over(address: str, dashboard: str) -> dict:
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    probe = subprocess.run([sys.executable, "-c", LEFT_OVER, address, dashboard], env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    return json.loads(probe.stdout.strip().splitlines()[-1])
 
 
 def most_at_once(frame: pd.DataFrame) -> int:
@@ -47,7 +73,9 @@ def most_at_once(frame: pd.DataFrame) -> int:
 
 
 @pytest.mark.slow
-def test_two_searches_submitted_at_once_both_finish_in_their_own_folders(shared_head, tmp_path, data_root):
+def test_two_searches_submitted_at_once_both_finish_in_their_own_folders_and_leave_nothing_behind(
+        shared_head, tmp_path, data_root):
+    job_server, address = shared_head
     raw = copy.deepcopy(SMALL)
     raw["experiment"].update(num_samples=3, max_concurrent=1, storage_path=str(tmp_path / "runs"))
     raw["data"].update(root=str(data_root), train_size=300, val_size=100)
@@ -56,13 +84,13 @@ def test_two_searches_submitted_at_once_both_finish_in_their_own_folders(shared_
     env = {**os.environ, "RAY_AUTH_MODE": "token"}  # the job server of a Ray 2.60 head wants the token too
 
     def submit(name: str) -> subprocess.Popen:
-        return subprocess.Popen([RAY, "job", "submit", "--address", shared_head, "--working-dir", str(REPO), "--",
+        return subprocess.Popen([RAY, "job", "submit", "--address", job_server, "--working-dir", str(REPO), "--",
                                  "python", "-m", "search", "--space", str(tmp_path / "space.yaml"),
                                  "--address", "auto", "--name", name],
                                 cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     for _ in range(30):  # the head's job agent comes up after the node; Ray answers "try again later" till then
-        probe = subprocess.run([RAY, "job", "list", "--address", shared_head], env=env, capture_output=True, text=True)
+        probe = subprocess.run([RAY, "job", "list", "--address", job_server], env=env, capture_output=True, text=True)
         if probe.returncode == 0:
             break
         time.sleep(2)
@@ -74,6 +102,8 @@ def test_two_searches_submitted_at_once_both_finish_in_their_own_folders(shared_
         assert frame["trial_id"].nunique() == 3 and set(frame["status"]) == {COMPLETED}, name
         assert most_at_once(frame) <= 1, f"{name}: more trials at once than its max_concurrent"
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["alice", "bob"]
+    # a long-lived cluster runs search after search: none may leave actors, data or resources behind
+    assert left_over(address, job_server) == {"actors": [], "objects": 0, "held": {}}
 
 
 @pytest.mark.slow
