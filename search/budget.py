@@ -88,6 +88,13 @@ def targets_of(experiment) -> tuple[Target, ...]:
     return tuple(out)
 
 
+def trial_number(result: dict) -> int | None:
+    """A result's trial number: the stopper is given Tune's result, the searcher's on_trial_complete
+    the same flattened ('config/trial_number')."""
+    found = result.get("trial_number", result.get("config/trial_number"))
+    return found if found is not None else (result.get("config") or {}).get("trial_number")
+
+
 def describe(seconds: float) -> str:
     """90 -> '90s', 5400 -> '1.5h': the budget as the summary says it."""
     if seconds >= 3600:
@@ -146,7 +153,7 @@ class Budget:
             if self.ended is None and target.reached(value):
                 self._end({"ended_by": "stop_when", "metric": target.metric, "op": target.op, "target": target.value,
                            "value": float(value),
-                           "trial_number": result.get("trial_number", (result.get("config") or {}).get("trial_number")),
+                           "trial_number": trial_number(result),
                            "epoch": result.get("epoch")})
         return self.ended is not None
 

@@ -157,6 +157,16 @@ def test_time_budget_ends_the_search_with_a_prefix_of_its_trials(tmp_path, data_
     assert run["resumed_with"][0]["experiment.num_samples"] == len(numbers) + 1
     assert read_run(folder).state == "finished"
 
+    # a resume with a target: Tune brings back its own copy of the stopper, which takes the new
+    # target from spec.yaml and stops the one new trial at its first epoch end
+    target = small_space(tmp_path, data_root, experiment={"num_samples": len(numbers) + 2,
+                                                          "stop_when": {"val_loss": "<= 1000"}},
+                         data={"train_size": 300, "val_size": 100}, training={"epochs": 3})
+    ended = run_search(target, name="budget", resume=True)
+    new = ended.results[ended.results["trial_number"] == len(numbers) + 1]
+    assert list(new["epoch"]) == [1] and set(new["status"]) == {"STOPPED"}
+    assert f"ended by stop_when val_loss: <= 1000 (trial #{len(numbers) + 1} reached" in ended.summary
+
 
 def test_a_resume_may_change_only_the_budget_keys(tmp_path):
     from search.cli import main
@@ -243,4 +253,6 @@ def test_a_resume_gets_spec_yamls_budget_and_more_trials_and_its_stopper_copy_fo
     assert not stopper_copy("t1", {"val_acc": 0.95, "val_loss": 0.5})  # the old target is gone
     assert stopper_copy.budget.started == started == searcher_copy.searcher.budget.started  # one clock
     assert stopper_copy("t1", {"val_loss": 0.05, "epoch": 1}) and read_ended(folder) is None  # the copy writes nothing
+    searcher_copy.searcher.on_trial_complete("t1", {"val_loss": 0.05, "epoch": 1, "config/trial_number": 1})
+    assert read_ended(folder)["trial_number"] == 1 and searcher_copy.searcher.suggest("t3") == Searcher.FINISHED
     assert searcher_copy.searcher.budget.num_samples == 3
