@@ -307,8 +307,9 @@ def _parse_function_space(raw: Mapping[str, Any], source: str) -> Space:
     if not stop_when_valid(stop_when, None):
         problems.append(problem("experiment.stop_when", STOP_WHEN_RULE.format(metrics="a metric the function reports"),
                                 stop_when))
+        stop_when = None
     experiment = validated(Experiment, "experiment", settings, problems).model_copy(
-        update={"metric": metric, "stop_when": dict(stop_when) if stop_when_valid(stop_when, None) and stop_when else None})
+        update={"metric": metric, "stop_when": dict(stop_when) if stop_when else None})
     if not isinstance(metric, str) or not metric:
         problems.append(problem("experiment.metric", "must name a metric the function reports", metric))
     if experiment.constraints:  # docs/multi-objective.md: on the canonical loop's metrics only, for now
