@@ -35,41 +35,51 @@ def has_autoscaler() -> bool:
 
     Asked in order: HPSEARCH_AUTOSCALER=1/0 (the user says so, for a provider we cannot see);
     `ray up`'s bootstrap config on the head (Ray Tune's own test, insufficient_resources_manager);
-    then the cluster itself: an autoscaler reports its status into Ray's GCS every round, the
-    report `ray status` prints. Autoscaler v1 (`ray up`, KubeRay's autoscaler container, the fake
-    provider) writes it under Ray's DEBUG_AUTOSCALING_STATUS key; v2 reports a state version.
+    then the cluster itself, as `ray status` reads it (autoscaler_status).
     """
     setting = os.environ.get(AUTOSCALER_SETTING, "").strip()
     if setting in ("0", "1"):
         return setting == "1"
     if os.path.exists(os.path.expanduser("~/ray_bootstrap_config.yaml")):
         return True
-    return ray.is_initialized() and autoscaler_reports()
+    if not ray.is_initialized():
+        return False
+    node_types, version = autoscaler_status()
+    # every head runs Ray's monitor; without an autoscaling config (ray.init, a plain `ray start
+    # --head`) it runs a read-only one that names each node's type `node_<id>` and adds none.
+    # An autoscaler with a config reports the node types of that config (head, gpu, headgroup...)
+    return any(not name.startswith("node_") for name in node_types) or version not in (None, "", "0")
 
 
-def autoscaler_reports() -> bool:
-    """True if an autoscaler that can add nodes reports to this cluster (read as `ray status` reads it).
+def autoscaler_status() -> tuple[set[str], str | None]:
+    """The node types the cluster's autoscaler reports, and the version an autoscaler v2 reports.
 
-    Every head runs Ray's monitor; without an autoscaling config (ray.init, a plain `ray start
-    --head`) it runs a read-only one, which names each node's type `node_<id>` and adds none.
-    An autoscaler with a config reports the node types of that config (head, gpu, headgroup...).
+    The one place hpsearch reads Ray's private state, on purpose: Ray 2.60 has no public API that
+    says whether an autoscaler runs. ray.autoscaler.sdk launches clusters and requests resources;
+    ray.nodes(), ray.cluster_resources() and ray.util.state list what runs now, not what may be
+    added; `ray status` itself reads these two records. Autoscaler v1 (`ray up`, KubeRay's
+    autoscaler container, the fake provider) writes its report under DEBUG_AUTOSCALING_STATUS in
+    the GCS's key-value store; v2 answers get_cluster_status. HPSEARCH_AUTOSCALER is the public
+    way around both. Any failure (an older GCS, a client without access) is no evidence of one.
     """
-    from ray._private import ray_constants
-    from ray.experimental import internal_kv
-
+    types: set[str] = set()
     try:
+        from ray._private import ray_constants
+        from ray.experimental import internal_kv
+
         status = internal_kv._internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS)
         report = (json.loads(status) if status else {}).get("autoscaler_report") or {}
         types = {*(report.get("active_nodes") or {}), *(report.get("idle_nodes") or {}),
                  *(report.get("pending_launches") or {})}
-        if any(not name.startswith("node_") for name in types):
-            return True
+    except Exception:
+        pass
+    try:
         from ray.autoscaler.v2.sdk import get_cluster_status
 
-        stats = get_cluster_status(ray.get_runtime_context().gcs_address).stats
-        return stats.autoscaler_version not in (None, "", "0")
-    except Exception:  # an older GCS, a client without access: no evidence of one
-        return False
+        version = get_cluster_status(ray.get_runtime_context().gcs_address).stats.autoscaler_version
+    except Exception:
+        version = None
+    return types, version
 
 
 def trials_fit(node_resources: dict[str, float], resources: Resources) -> int:

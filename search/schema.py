@@ -29,7 +29,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Literal, Mapping, TypeVar, get_args
+from typing import Annotated, Any, Callable, Collection, Literal, Mapping, TypeVar, get_args
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
@@ -95,6 +95,37 @@ def budget_seconds(value: Any) -> float | None:
     else:
         return None
     return seconds if _finite(seconds) and 0 < seconds <= 10 * 365 * 86400 else None
+
+
+# ---- experiment.stop_when: {METRIC: 0.99} or {METRIC: '<= 0.05'} ----------------------------
+
+STOP_WHEN_RULE = ("must be null or a mapping of {metrics} to a target: a finite number (reached in the "
+                  "objective's direction) or '<= NUMBER' / '>= NUMBER', e.g. {{val_acc: 0.99}} or "
+                  "{{val_loss: '<= 0.1'}}")
+TARGET = re.compile(r"\s*(<=|>=)\s*(\S+)\s*")
+
+
+def stop_target(value: Any) -> tuple[str | None, float] | None:
+    """A stop_when target as (op, number): 0.99 -> (None, 0.99), '<= 0.05' -> ('<=', 0.05); None if neither."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        op, number = None, float(value)
+    elif isinstance(value, str) and (match := TARGET.fullmatch(value)):
+        try:
+            op, number = match[1], float(match[2])
+        except ValueError:
+            return None
+    else:
+        return None
+    return (op, number) if _finite(number) else None
+
+
+def stop_when_valid(value: Any, metrics: Collection[str] | None) -> bool:
+    """experiment.stop_when's rule; `metrics` None: any name (a function trainable's own metrics)."""
+    return value is None or (isinstance(value, Mapping) and len(value) > 0 and all(
+        isinstance(k, str) and k != "" and (metrics is None or k in metrics) and stop_target(t) is not None
+        for k, t in value.items()))
 
 
 T = TypeVar("T")
@@ -181,11 +212,11 @@ class Experiment(Section):
         "must be null (no limit), a number of seconds or a duration like 90s, 30m, 2h, in (0, 10 years]",
         lambda v: v is None or budget_seconds(v) is not None)] = None
     #: once spent (from the search's start), no new trial starts; running ones stop at their next epoch end
-    stop_when: Annotated[dict[str, float] | None, Field(strict=False), rule(
-        f"must be null or a mapping of a reported metric ({', '.join(METRICS)}) to a finite target, "
-        "e.g. {val_acc: 0.99}", lambda v: v is None or (len(v) > 0 and all(
-            k in METRICS and isinstance(t, (int, float)) and _finite(t) for k, t in v.items())))] = None
-    #: the search ends as with time_budget once a trial reaches a target (acc: at or above; loss: at or below)
+    stop_when: Annotated[dict[str, float | str] | None, Field(strict=False), rule(
+        STOP_WHEN_RULE.format(metrics=f"a reported metric ({', '.join(METRICS)})"),
+        lambda v: stop_when_valid(v, METRICS))] = None
+    #: the search ends as with time_budget once a trial reaches a target: a number, in the objective's
+    #: direction, or '<= NUMBER' / '>= NUMBER' (search/budget.py targets_of, docs/budgets.md)
     # a YAML list arrives as a list: the tuple is the frozen form
     loggers: Annotated[tuple[Logger, ...], Field(strict=False), rule(f"must be a list of {', '.join(LOGGERS)}")] \
         = ("tensorboard",)  #: trackers: tensorboard (always written), mlflow, wandb (offline)

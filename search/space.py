@@ -29,7 +29,8 @@ from typing import Any, Mapping
 from optuna.distributions import FloatDistribution, IntDistribution
 
 from search.objectives import problems as objective_problems
-from search.schema import DataRoot, Experiment, Resources, Searched, field_value, label, parse_searched, validated
+from search.schema import (STOP_WHEN_RULE, DataRoot, Experiment, Resources, Searched, field_value, label, parse_searched,
+                           stop_when_valid, validated)
 from trainable.config import (FACTORY_KEY, FIELDS, MODEL, MOVED, MUTABLE, TrialConfig, absolute_reference,
                               cross_field_problems, fields_in, is_plain_data, is_reference, keyword_of, model_key,
                               plain, searchable, section)
@@ -302,7 +303,13 @@ def _parse_function_space(raw: Mapping[str, Any], source: str) -> Space:
                                               f"{', '.join(FUNCTION_SECTIONS)}, {TRAINABLE_KEY})", raw[key]))
     settings = dict(_section(raw, "experiment", problems))
     metric = settings.pop("metric", Experiment().metric)  # any name: checked on the function's first report
-    experiment = validated(Experiment, "experiment", settings, problems).model_copy(update={"metric": metric})
+    stop_when = settings.pop("stop_when", None)  # targets on any name the function reports
+    if not stop_when_valid(stop_when, None):
+        problems.append(problem("experiment.stop_when", STOP_WHEN_RULE.format(metrics="a metric the function reports"),
+                                stop_when))
+        stop_when = None
+    experiment = validated(Experiment, "experiment", settings, problems).model_copy(
+        update={"metric": metric, "stop_when": dict(stop_when) if stop_when else None})
     if not isinstance(metric, str) or not metric:
         problems.append(problem("experiment.metric", "must name a metric the function reports", metric))
     if experiment.constraints:  # docs/multi-objective.md: on the canonical loop's metrics only, for now

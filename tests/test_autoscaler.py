@@ -170,3 +170,14 @@ def test_the_autoscaler_setting_overrides_detection(monkeypatch, setting, expect
     """HPSEARCH_AUTOSCALER=1 for a provider Ray cannot see; =0 to refuse a search no node can hold."""
     monkeypatch.setenv(AUTOSCALER_SETTING, setting)
     assert has_autoscaler() is expected
+
+
+def test_a_local_ray_has_no_autoscaler(monkeypatch, ray_local):
+    """ray.init's head runs Ray's read-only monitor: node types node_<id>, no autoscaler v2 version."""
+    from search.capacity import autoscaler_status
+
+    monkeypatch.delenv(AUTOSCALER_SETTING, raising=False)
+    monkeypatch.setenv("HOME", "/nonexistent")  # no ~/ray_bootstrap_config.yaml
+    types, version = autoscaler_status()
+    assert all(name.startswith("node_") for name in types) and version in (None, "", "0")
+    assert has_autoscaler() is False

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from search.budget import ended_note, reached
+from search.budget import ended_note
 from search.schema import budget_seconds
 from search.space import parse_space
 from tests.helpers import small_space
@@ -28,9 +28,63 @@ def test_bad_budgets_name_the_key(key, value):
         parse_space({"experiment": {key: value}})
 
 
-def test_targets_follow_the_metric():
-    assert reached("val_acc", 0.99, 0.99) and not reached("val_acc", 0.98, 0.99)
-    assert reached("val_loss", 0.1, 0.2) and not reached("val_loss", 0.3, 0.2)
+LR = {"space": {"lr": {"distribution": "float", "low": 0.01, "high": 0.3, "log": True}}}
+
+
+@pytest.mark.parametrize("experiment, stop_when, op", [
+    ({}, {"val_acc": 0.99}, ">="),                                              # the objective, max
+    ({}, {"val_loss": 0.2}, "<="),                                              # no objective: by name
+    ({"metric": "val_loss", "mode": "min"}, {"val_loss": 0.2}, "<="),
+    ({"metric": ["val_acc", "latency_ms"], "mode": ["max", "min"]}, {"val_acc": 0.9}, ">="),
+    ({"metric": "val_acc", "mode": "min"}, {"val_acc": 0.2}, "<="),             # the search's mode, not the name
+    ({}, {"val_loss": ">= 0.5"}, ">="),                                         # an explicit direction wins
+    ({}, {"val_acc": "<= 0.1"}, "<="),
+])
+def test_a_targets_direction_comes_from_the_search(experiment, stop_when, op):
+    from search.budget import targets_of
+
+    (target,) = targets_of(parse_space({"experiment": {**experiment, "stop_when": stop_when}, **LR}).experiment)
+    assert target.op == op
+    assert target.reached(target.value) and target.reached(target.value + (1 if op == ">=" else -1))
+    assert not target.reached(target.value + (-1 if op == ">=" else 1)) and not target.reached(float("nan"))
+
+
+def test_a_plain_number_on_a_metric_no_objective_names_falls_back_to_its_name():
+    from search.budget import direction
+
+    experiment = parse_space(LR).experiment
+    assert direction(experiment, "val_mean_absolute_error") == "<=" and direction(experiment, "val_f1") == ">="
+
+
+@pytest.mark.parametrize("value", [{"val_acc": "> 0.9"}, {"val_acc": "<= x"}, {"val_acc": "<= nan"},
+                                   {"val_acc": True}, {"val_acc": None}, {"": 0.5}])
+def test_a_bad_target_names_the_key_the_rule_and_the_value(value):
+    with pytest.raises(ConfigError) as error:
+        parse_space({"experiment": {"stop_when": value}, **LR})
+    text = str(error.value)
+    assert "experiment.stop_when: must be null or a mapping" in text and "'<= NUMBER' / '>= NUMBER'" in text
+    assert "got" in text
+
+
+def test_a_bad_target_exits_2_before_ray_starts(tmp_path, capsys):
+    from search.cli import main
+
+    space = tmp_path / "space.yaml"
+    space.write_text("experiment: {stop_when: {val_acc: '=> 0.9'}}\n")
+    assert main(["--space", str(space)]) == 2
+    err = capsys.readouterr().err
+    assert "experiment.stop_when" in err and "=> 0.9" in err and "Traceback" not in err
+
+
+def test_a_function_trainables_own_metric_may_be_a_target(tmp_path):
+    from search.budget import targets_of
+
+    raw = {"trainable": "train.py:train", "experiment": {"metric": "mae", "mode": "min", "stop_when": {"mae": 0.05}},
+           "space": {"lr": {"distribution": "float", "low": 0.1, "high": 1.0}}}
+    assert targets_of(parse_space(raw, source=str(tmp_path / "s.yaml")).experiment)[0].op == "<="
+    raw["experiment"]["stop_when"] = {"mae": "less than 0.05"}
+    with pytest.raises(ConfigError, match=r"experiment\.stop_when: must be null or a mapping of a metric the function"):
+        parse_space(raw, source=str(tmp_path / "s.yaml"))
 
 
 def test_the_summary_says_what_ended_it():
@@ -103,6 +157,16 @@ def test_time_budget_ends_the_search_with_a_prefix_of_its_trials(tmp_path, data_
     assert run["resumed_with"][0]["experiment.num_samples"] == len(numbers) + 1
     assert read_run(folder).state == "finished"
 
+    # a resume with a target: Tune brings back its own copy of the stopper, which takes the new
+    # target from spec.yaml and stops the one new trial at its first epoch end
+    target = small_space(tmp_path, data_root, experiment={"num_samples": len(numbers) + 2,
+                                                          "stop_when": {"val_loss": "<= 1000"}},
+                         data={"train_size": 300, "val_size": 100}, training={"epochs": 3})
+    ended = run_search(target, name="budget", resume=True)
+    new = ended.results[ended.results["trial_number"] == len(numbers) + 1]
+    assert list(new["epoch"]) == [1] and set(new["status"]) == {"STOPPED"}
+    assert f"ended by stop_when val_loss: <= 1000 (trial #{len(numbers) + 1} reached" in ended.summary
+
 
 def test_a_resume_may_change_only_the_budget_keys(tmp_path):
     from search.cli import main
@@ -128,9 +192,9 @@ def test_more_trials_adds_to_the_stored_num_samples(tmp_path, data_root):
 
 
 def test_a_target_or_a_spent_budget_ends_the_search_and_stops_running_trials(tmp_path, data_root):
-    import time
+    from ray.tune.search import Searcher
 
-    from search.budget import BudgetStop, budgeted, read_ended
+    from search.budget import budgeted, read_ended
     from search.run_folder import RunFolder
     from search.searcher import make_searcher
     from search.storage import Storage
@@ -139,18 +203,56 @@ def test_a_target_or_a_spent_budget_ends_the_search_and_stops_running_trials(tmp
     folder = RunFolder(Storage.at(str(tmp_path)), "target")
     folder.claim()
     search, stop = budgeted(make_searcher(space), folder, space)
-    search.next_trial()  # the first ask starts the clock
+    assert search.searcher.suggest("t0")["trial_number"] == 0  # the first ask starts the clock
     assert not stop("t0", {"val_loss": 0.25, "epoch": 1, "config": {"trial_number": 0}})
     assert stop("t1", {"val_loss": 0.19, "epoch": 2, "config": {"trial_number": 1}})
     assert stop("t0", {"val_loss": 0.3, "epoch": 2, "config": {"trial_number": 0}})  # at its next epoch end
-    assert search.is_finished() and search.next_trial() is None
+    assert search.is_finished() and search.searcher.suggest("t2") == Searcher.FINISHED
     ended = read_ended(folder)
     assert (ended["ended_by"], ended["trial_number"], ended["epoch"], ended["value"]) == ("stop_when", 1, 2, 0.19)
+    assert ended["op"] == "<=" and "val_loss: <= 0.2 (trial #1 reached 0.1900" in ended_note(ended, 2)
 
     spent = RunFolder(Storage.at(str(tmp_path)), "spent")
     spent.claim()
     search, stop = budgeted(make_searcher(space), spent, space)
-    search.next_trial()
-    search.started -= 3601  # an hour and a second ago
+    search.searcher.suggest("t0")
+    stop.budget.started -= 3601  # an hour and a second ago
     assert stop("t0", {"val_loss": 0.5, "epoch": 1}) and read_ended(spent)["ended_by"] == "time_budget"
-    assert BudgetStop(spent).stop_all() is False  # running trials end at their epoch end, not at once
+    assert search.is_finished() and stop.stop_all() is False  # running trials end at their epoch end, not at once
+
+
+def test_a_resume_gets_spec_yamls_budget_and_more_trials_and_its_stopper_copy_follows(tmp_path, data_root):
+    """Tune brings back the searcher (tuner.pkl, then set_state) and the stopper (its runner snapshot)
+    as separate copies; both take spec.yaml's settings and one clock, and the trials started stand."""
+    import ray.cloudpickle as pickle  # as Tune pickles tuner.pkl and its runner snapshot
+
+    from ray.tune.search import Searcher
+
+    from search.budget import budgeted, read_ended, read_record
+    from search.run_folder import RunFolder
+    from search.searcher import make_searcher
+    from search.storage import Storage
+
+    space = small_space(tmp_path, data_root, experiment={"num_samples": 2, "stop_when": {"val_acc": 0.9}})
+    folder = RunFolder(Storage.at(str(tmp_path)), "resumed")
+    folder.claim()
+    folder.write_spec(space)
+    search, stop = budgeted(make_searcher(space), folder, space)
+    for t in range(2):
+        assert search.searcher.suggest(f"t{t}")["trial_number"] == t
+    assert search.searcher.suggest("t2") == Searcher.FINISHED and search.is_finished() and read_ended(folder) is None
+    saved = search.searcher.get_state()
+
+    # the resume: num_samples 3, a 30 s budget, a target on val_loss instead
+    folder.write_spec(small_space(tmp_path, data_root, experiment={"num_samples": 3, "time_budget": 30,
+                                                                   "stop_when": {"val_loss": "<= 0.1"}}))
+    searcher_copy, stopper_copy = pickle.loads(pickle.dumps(search)), pickle.loads(pickle.dumps(stop))
+    searcher_copy.searcher.set_state(saved)
+    assert not searcher_copy.is_finished() and searcher_copy.searcher.budget.trials_started == 2
+    started = read_record(folder)["started_at"]
+    assert not stopper_copy("t1", {"val_acc": 0.95, "val_loss": 0.5})  # the old target is gone
+    assert stopper_copy.budget.started == started == searcher_copy.searcher.budget.started  # one clock
+    assert stopper_copy("t1", {"val_loss": 0.05, "epoch": 1}) and read_ended(folder) is None  # the copy writes nothing
+    searcher_copy.searcher.on_trial_complete("t1", {"val_loss": 0.05, "epoch": 1, "config/trial_number": 1})
+    assert read_ended(folder)["trial_number"] == 1 and searcher_copy.searcher.suggest("t3") == Searcher.FINISHED
+    assert searcher_copy.searcher.budget.num_samples == 3
