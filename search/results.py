@@ -145,7 +145,9 @@ def best_of(values: Iterable[Any], mode: str) -> float | None:
 
 def ranked(frame: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame:
     """Rows with a finite metric, best first; ties keep the frame's order (trial number, epoch)."""
-    scored = frame[frame[metric].map(lambda v: score(v) is not None)]
+    # astype(bool): on a frame with no rows (no trial started) an empty object Series would
+    # select columns, not rows
+    scored = frame[frame[metric].map(lambda v: score(v) is not None).astype(bool)]
     return scored.sort_values(metric, ascending=(mode == "min"), kind="stable")
 
 

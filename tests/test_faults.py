@@ -18,7 +18,7 @@ import pytest
 import torch
 import yaml
 
-from search.results import COMPLETED, INTERRUPTED
+from search.results import COMPLETED, INTERRUPTED, ranked
 from tests.helpers import SMALL, assert_outputs_agree
 from tests.test_resume import wait_for
 from tests.test_trainable_data import write_idx
@@ -350,3 +350,11 @@ def test_automatic_names_taken_in_the_same_second_get_a_suffix_given_names_do_no
     assert names == ["mnist-20261130-101500", "mnist-20261130-101500-2", "mnist-20261130-101500-3"]
     with pytest.raises(ConfigError, match="already holds a search"):
         claim(folder, automatic=False)
+
+
+def test_a_search_where_no_trial_started_ranks_no_row_instead_of_crashing():
+    # every trial's actor cancelled before it ran (seen on a loaded cluster): results have no row;
+    # pandas reads an empty object mask as a column list, which crashed the summary with KeyError
+    frame = pd.DataFrame({"trial_number": pd.Series([], dtype="int64"), "val_acc": pd.Series([], dtype="float64")})
+    assert ranked(frame, "val_acc", "max").empty
+    assert list(ranked(frame, "val_acc", "max").columns) == ["trial_number", "val_acc"]
