@@ -202,7 +202,7 @@ def spec_for_resume(space: Space, folder: RunFolder) -> tuple[Space, dict[str, A
 
 def record_changes(folder: RunFolder, stored: Space, run: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     """spec.yaml with a resume's changes: the new values, their history in the run section, a new hash."""
-    run = {**run, "spec_sha256": spec_hash(stored),
+    run = {**run, "spec_sha256": spec_hash(to_raw(stored)),
            "resumed_with": [*run.get("resumed_with", []), {"at": time.strftime("%Y-%m-%d %H:%M:%S"),
                                                            **{f"experiment.{k}": v for k, v in changes.items()}}]}
     header = (f"# The resolved spec of search {folder.name}: {stored.source} after defaults and flags, and the\n"

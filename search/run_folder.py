@@ -49,10 +49,13 @@ LOCK_FILE = ".lock"  # held by the process that searches the run (RunFolder.held
 RUN_SECTION = "run"  # spec.yaml's record of where and with what the run started; not part of the space
 
 
-def spec_hash(space: Space) -> str:
-    """A hash of what a run searches: the space as spec.yaml writes it, less data.root (where the
-    files are, which a resume may change; the data's fingerprint checks what they are)."""
-    raw = to_raw(space)
+def spec_hash(raw: dict[str, Any]) -> str:
+    """A hash of what a run searches: spec.yaml's space section as written (to_raw), less data.root
+    (where the files are, which a resume may change; the data's fingerprint checks what they are).
+
+    Taken of the file's text as written, not of the space parsed again, so a spec written by an
+    earlier release, before a key with a default existed, still matches and resumes."""
+    raw = dict(raw)
     if "data" in raw:  # a function trainable's space has none
         raw["data"] = {k: v for k, v in raw["data"].items() if k != "root"}
     return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()
@@ -154,7 +157,7 @@ class RunFolder:
         """spec.yaml: the space as resolved, and how the run started (where, with what versions, the
         data's fingerprint, and a hash of the space that a resume checks: an edited spec is refused)."""
         run = {"name": self.name, "path": self.path, "source": space.source, "versions": versions(),
-               "data": data, "spec_sha256": spec_hash(space)}
+               "data": data, "spec_sha256": spec_hash(to_raw(space))}
         header = (f"# The resolved spec of search {self.name}: {space.source} after defaults and flags.\n"
                   f"# --resume runs this file, not the space file. Do not edit: a resume refuses an edited spec.\n")
         text = yaml.safe_dump({RUN_SECTION: run, **to_raw(space)}, sort_keys=False)
@@ -171,6 +174,7 @@ class RunFolder:
         try:
             raw = yaml.load(data.decode("utf-8"), Loader=Loader)
             run = raw.pop(RUN_SECTION)
+            written = spec_hash(raw)
             # messages and the printed commands name the space file the run was started from
             space = parse_space(raw, source=run.get("source") or where)
         except ConfigError:
@@ -178,7 +182,7 @@ class RunFolder:
         except Exception as error:
             raise ConfigError([problem("--resume", f"{where} cannot be read ({type(error).__name__}: {error}); "
                                                    "start a new run", self.name)]) from None
-        if run.get("spec_sha256") not in (None, spec_hash(space)):  # runs from before the hash pass
+        if run.get("spec_sha256") not in (None, written):  # runs from before the hash pass
             raise ConfigError([problem("--resume", f"{where} was edited after the run started; a resume runs the "
                                                    "search as it started (Tune's record holds its trials and their "
                                                    "count), so undo the edit, or start a new run from a space file "

@@ -17,7 +17,7 @@ import yaml
 
 from search.driver import run_search
 from search.preflight import check_same_data, data_fingerprint
-from search.run_folder import RunFolder
+from search.run_folder import RunFolder, spec_hash
 from search.space import parse_space
 from search.storage import Storage
 from search.study import JOURNAL_FILE, journal
@@ -204,3 +204,16 @@ def test_a_full_disk_stops_the_search_as_ctrl_c_does_and_it_resumes_once_space_i
         assert_outputs_agree(disk / "full")
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_spec_written_before_a_key_existed_still_resumes(tmp_path, data_root):
+    # a release adds a key with a default (experiment.lag came so); the spec.yaml of a run started
+    # before it lacks the key, and its hash was taken of what that release wrote
+    folder = spec_folder(tmp_path, data_root)
+    spec = Path(folder.path) / "spec.yaml"
+    raw = yaml.safe_load(spec.read_text())
+    lag = raw["experiment"].pop("lag")
+    raw["run"]["spec_sha256"] = spec_hash({k: v for k, v in raw.items() if k != "run"})
+    spec.write_text(yaml.safe_dump(raw, sort_keys=False))
+    space, _ = folder.read_spec()
+    assert space.experiment.lag == lag
