@@ -207,17 +207,11 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
                                     f"({experiment.grace_period}) for a reproducible {experiment.scheduler}: a trial "
                                     "that waits at a rung resumes from that rung's checkpoint",
                                     experiment.checkpoint_every))
-    if experiment.lag is not None and not experiment.reproducible:
-        problems.append(problem("experiment.lag", "applies to the reproducible searcher only (experiment.reproducible: "
-                                "true); Tune's OptunaSearch tells each result as it arrives", experiment.lag))
     if not problems and experiment.scheduler == "pbt":
         problems += pbt_problems(experiment, tuple(searched), TrialConfig.from_mapping(fixed).epochs)
         # every checkpoint kept: an exploit restores one the copied trial has moved past
         experiment = experiment.model_copy(update={"num_to_keep": None})
-    if not problems:  # experiment.enqueue's values, against the distributions just parsed
-        from search.warm_start import enqueue_problems
-
-        problems += enqueue_problems(experiment.enqueue, searched, experiment.num_samples)
+    problems += searcher_problems(experiment, searched, problems)
     if not problems and not searched:
         problems.append(problem("space", "must search at least one field (e.g. lr: {distribution: float, "
                                          "low: 0.01, high: 0.3, log: true})", raw.get("space")))
@@ -287,6 +281,21 @@ FUNCTION_SECTIONS = ("experiment", "resources", "training", "space")
 NOT_FOR_FUNCTIONS = "does not apply with a function trainable: the function loads its own model and data"
 
 
+def searcher_problems(experiment: Experiment, searched: list[Searched], problems: list[str],
+                      free_names: bool = False) -> list[str]:
+    """What the searcher is given besides the space (lag, enqueue), checked against the space; the
+    canonical loop's and a function trainable's (`free_names`) alike. `problems`: those found so far."""
+    found = []
+    if experiment.lag is not None and not experiment.reproducible:
+        found.append(problem("experiment.lag", "applies to the reproducible searcher only (experiment.reproducible: "
+                             "true); Tune's OptunaSearch tells each result as it arrives", experiment.lag))
+    if not problems and not found:  # experiment.enqueue's values, against the distributions just parsed
+        from search.warm_start import enqueue_problems
+
+        found += enqueue_problems(experiment.enqueue, searched, experiment.num_samples, free_names)
+    return found
+
+
 def _parse_function_space(raw: Mapping[str, Any], source: str) -> Space:
     """A space file with `trainable: FILE.py:FUNCTION`: free names in training and space, checked as plain data."""
     problems: list[str] = []
@@ -343,6 +352,7 @@ def _parse_function_space(raw: Mapping[str, Any], source: str) -> Space:
             else:
                 fixed[key] = plain(value)
     problems += when_problems(searched, fixed)
+    problems += searcher_problems(experiment, searched, problems, free_names=True)
     if not problems and experiment.scheduler in ("asha", "hyperband"):
         epochs = max_epochs(tuple(searched), FunctionConfig(reference, fixed).epochs or 0)
         if not epochs:

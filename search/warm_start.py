@@ -29,6 +29,7 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from search.schema import Searched, field_value, label
 from trainable.errors import ConfigError, problem
+from trainable.config import model_key
 
 WARM_START_FILE = "warm_start.json"  #: in the new run folder: the trials told, and what was left out
 FROM, NUMBER = "warm_start_from", "warm_start_trial_number"  #: user attributes of a told trial
@@ -44,7 +45,7 @@ def outside(d: Searched, param: Any) -> str | None:
         return None if param in dist.choices else f"must be one of {list(d.values)}"
     step = dist.step
     grid = "" if step is None or (isinstance(dist, IntDistribution) and step == 1) else f" on steps of {step} from {dist.low}"
-    rule = f"must be in [{dist.low}, {dist.high}]{grid}"
+    rule = f"must be {'an integer ' if isinstance(dist, IntDistribution) else ''}in [{dist.low}, {dist.high}]{grid}"
     if isinstance(param, bool) or not isinstance(param, (int, float)) or not math.isfinite(param):
         return rule
     if isinstance(dist, IntDistribution) and param != int(param):
@@ -58,8 +59,14 @@ def outside(d: Searched, param: Any) -> str | None:
     return None
 
 
+def typed_as(key: str, free_names: bool) -> str:
+    """The name whose type `key`'s value is checked as: its own trial config field, or, for a
+    function trainable's free names, plain data (as such a space parses its searched keys)."""
+    return model_key(key) if free_names else key
+
+
 def enqueue_problems(enqueue: Sequence[Mapping[str, Any]], searched: Sequence[Searched],
-                     num_samples: int) -> list[str]:
+                     num_samples: int, free_names: bool = False) -> list[str]:
     """Every problem with experiment.enqueue, as `experiment.enqueue[i].KEY: rule, got value`."""
     by_name = {d.name: d for d in searched}
     problems: list[str] = []
@@ -73,11 +80,11 @@ def enqueue_problems(enqueue: Sequence[Mapping[str, Any]], searched: Sequence[Se
                 problems.append(problem(path, f"must be a searched key ({', '.join(by_name)})", value))
                 continue
             before = len(problems)
-            typed = field_value(path, key, value, problems)
+            typed = field_value(path, typed_as(key, free_names), value, problems)
             if len(problems) > before:
                 continue
-            try:
-                rule = outside(by_name[key], by_name[key].param(typed))
+            try:  # a range's value as given (param() would make 2.5 the int 2), a choice's as its label
+                rule = outside(by_name[key], by_name[key].param(typed) if by_name[key].is_choice else typed)
             except (TypeError, ValueError):
                 rule = outside(by_name[key], None)
             if rule:
@@ -85,10 +92,12 @@ def enqueue_problems(enqueue: Sequence[Mapping[str, Any]], searched: Sequence[Se
     return problems
 
 
-def enqueued_params(enqueue: Sequence[Mapping[str, Any]], searched: Sequence[Searched]) -> list[dict[str, Any]]:
+def enqueued_params(enqueue: Sequence[Mapping[str, Any]], searched: Sequence[Searched],
+                    free_names: bool = False) -> list[dict[str, Any]]:
     """The enqueued configs as Optuna's params (a choice's label), for Study.enqueue_trial; values checked."""
     by_name = {d.name: d for d in searched}
-    return [{key: by_name[key].param(field_value(key, key, value, [])) for key, value in config.items()}
+    return [{key: by_name[key].param(field_value(key, typed_as(key, free_names), value, []))
+             for key, value in config.items()}
             for config in enqueue]
 
 

@@ -138,3 +138,17 @@ def test_a_toy_function_searches_restarts_from_its_checkpoint_and_reproduces(ray
     table = lambda f: f.sort_values(["trial_number", "epoch"])[columns].reset_index(drop=True)  # noqa: E731
     pd.testing.assert_frame_equal(table(frame), table(again))
     assert not math.isnan(again["score"].iloc[0])
+
+
+def test_enqueued_configs_of_a_function_space_are_checked_against_its_free_names(tmp_path):
+    raw = toy_space(tmp_path)
+    raw["space"]["units"] = {"distribution": "int", "low": 1, "high": 8}
+    raw["experiment"]["enqueue"] = [{"lr": 0.5, "units": 3}]
+    assert parse_space(raw, source=str(tmp_path / "space.yaml")).experiment.enqueue == ({"lr": 0.5, "units": 3},)
+    raw["experiment"]["enqueue"] = [{"lr": 5, "units": 2.5, "nope": 1}]
+    said = problems(raw, tmp_path)
+    assert "experiment.enqueue[0].lr: must be in [0.1, 0.9], got 5" in said
+    assert "experiment.enqueue[0].units: must be an integer in [1, 8], got 2.5" in said
+    assert "experiment.enqueue[0].nope: must be a searched key (lr, units), got 1" in said
+    raw["experiment"].update(enqueue=[], lag=1, reproducible=False)
+    assert "experiment.lag: applies to the reproducible searcher only" in problems(raw, tmp_path)
