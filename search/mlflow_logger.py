@@ -26,7 +26,7 @@ class TrialValueLogger(MLflowLoggerCallback):
     def log_trial_end(self, trial, failed: bool = False):
         seen = self._seen.pop(trial.trial_id, [])
         value = best_of([v for v, _ in seen], self.mode)
-        if value is not None and value != seen[-1][0] and trial in self._trial_runs:
-            self.mlflow_util.log_metrics(run_id=self._trial_runs[trial], metrics_to_log={self.metric: value},
-                                         step=seen[-1][1])
+        if value is not None and value != seen[-1][0]:  # seen: the trial has a run (its results were logged)
+            # through the callback's own public method, at the last step, so it is the run's latest value
+            super().log_trial_result(seen[-1][1], trial, {self.metric: value, "training_iteration": seen[-1][1]})
         super().log_trial_end(trial, failed)
