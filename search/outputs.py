@@ -19,7 +19,7 @@ import yaml
 from search.budget import ended_note, read_ended
 from search.capacity import GpuPlan
 from search.results import ERROR, INTERRUPTED, LOST, RECORD_FILE, config_from_row, ranked, read_record, results_schema, to_frame, trial_rows
-from search.objectives import feasible_only, first, mark_feasible, objectives_of
+from search.objectives import feasible_only, first, mark_feasible, names, objectives_of
 from search.pareto import write_pareto
 from search.run_folder import RunFolder
 from search.space import Space
@@ -318,6 +318,7 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
         folder.write_best(best_yaml(entry, best_path, space))
     summary = format_summary(frame, entry, timing, no_best=no_best if succeeded else no_success(frame, metric), metric=metric, mode=first(experiment.mode),
                              searched=[d.name for d in space.searched], gpus_per_trial=gpu_plan.gpus,
+                             also=tuple(names(experiment.metric)[1:]),
                              gpu_notes=(auto_note, gpu_plan.note), rerun=rerun_command(best_path, space))
     for result in grid:
         if result.error is not None:  # after max_failures restarts; Tune keeps the traceback

@@ -128,8 +128,9 @@ def time_breakdown(frame: pd.DataFrame) -> str | None:
     return "\n".join(lines)
 
 
-def format_table(frame: pd.DataFrame, metric: str, mode: str, searched: list[str], top: int = 5) -> str:
-    """The top trials by their best epoch, one line each."""
+def format_table(frame: pd.DataFrame, metric: str, mode: str, searched: list[str], top: int = 5,
+                 also: tuple[str, ...] = ()) -> str:
+    """The top trials by their best epoch, one line each; `also`: more metrics shown (the other objectives)."""
     per_trial = []
     for trial_id, rows in frame.groupby("trial_id"):
         row = best_row(rows, metric, mode)
@@ -141,7 +142,8 @@ def format_table(frame: pd.DataFrame, metric: str, mode: str, searched: list[str
     table = pd.DataFrame(per_trial)
     table = table.sort_values(metric, ascending=(mode == "min"), na_position="last").head(top)
     table["trial_number"] = table["trial_number"].map(lambda v: "-" if pd.isna(v) else f"#{int(v)}")
-    columns = ["trial_number", "trial_id", "status", "epoch", metric, *[c for c in searched if c != metric]]
+    shown = [metric, *[c for c in also if c != metric and c in table]]
+    columns = ["trial_number", "trial_id", "status", "epoch", *shown, *[c for c in searched if c not in shown]]
     return table[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}")
 
 
@@ -164,15 +166,17 @@ def searched_values(config: dict[str, Any], searched: list[str]) -> str:
 
 def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Timing, *,
                    metric: str, mode: str, searched: list[str], gpus_per_trial: float,
-                   rerun: str, gpu_notes: tuple[str, ...] = (), no_best: str | None = None) -> str:
+                   rerun: str, gpu_notes: tuple[str, ...] = (), no_best: str | None = None,
+                   also: tuple[str, ...] = ()) -> str:
     """`gpu_notes`: how the GPUs per trial were chosen (auto's probe, spreading), one line each;
-    `no_best`: why no trial succeeded (said where the best trial would be)."""
+    `no_best`: why no trial succeeded (said where the best trial would be); `also`: the other
+    objectives, shown in the table beside `metric`."""
     counts = frame.drop_duplicates("trial_id")["status"].value_counts().to_dict()
     lines = [
         "",
         f"Top trials by {metric} ({mode}), {frame['trial_id'].nunique()} trials: "
         + ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items())),
-        format_table(frame, metric, mode, searched),
+        format_table(frame, metric, mode, searched, also=also),
         "",
     ]
     if no_best:

@@ -195,6 +195,8 @@ def test_a_search_with_two_objectives_a_constraint_conditional_keys_enqueued_con
                                                              if v == entry["metrics"]["params"]][0]]
     assert not (run / "best.yaml").exists() and outcome.best is None
     assert "pareto.yaml" in outcome.summary and "no best.yaml" in outcome.summary
+    header = outcome.summary.split("Top trials by val_acc")[1].splitlines()[1].split()
+    assert header[:6] == ["trial_number", "trial_id", "status", "epoch", "val_acc", "params"], "both objectives shown"
 
     study = optuna.load_study(study_name="front",
                               storage=optuna.storages.JournalStorage(JournalFileBackend(str(run / "optuna.journal"))))
