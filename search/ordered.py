@@ -261,7 +261,8 @@ class OrderedSearch(Searcher):
                 point = self._point(k)
                 study.add_trial(create_trial(
                     state=state, values=None if value is None else value if isinstance(value, list) else [value],
-                    intermediate_values=curve, params=params, distributions=distributions, user_attrs=point or {}, system_attrs=system_attrs,
+                    intermediate_values=curve, params=params, distributions=distributions, user_attrs=point or {},
+                    system_attrs=system_attrs,
                     constraints=self._constraints(point, value)))
             else:
                 study.add_trial(create_trial(state=TrialState.RUNNING, params=params, distributions=distributions,
