@@ -15,7 +15,9 @@ earlier run's finished trials, the same for every n. Trial n < k of k enqueued c
 
 So trial n waits only while one of trials 0 .. n-L-1 is unfinished; those waits are counted
 (`waits`: trial number -> seconds) and reported. A trial's value is its best epoch's metric
-(the epoch best.yaml picks); a trial whose metric never was finite is FAIL to Optuna.
+(the epoch best.yaml picks); a trial whose metric never was finite is FAIL to Optuna. A trial
+that ended short of its epochs (stopped at a rung, diverged) is told as `multifidelity` says
+(MULTIFIDELITY below): under halving, TPE gets it PRUNED with its curve (docs/schedulers.md).
 
 That study is kept in memory from one suggestion to the next, since trial n+1's study is
 trial n's plus trial n, with trial n-L told: rebuilding it per suggestion cost O(n) storage
