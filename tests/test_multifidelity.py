@@ -26,14 +26,18 @@ def curve(n: int, epoch: int) -> float:
     return 0.5 + 0.01 * n + 0.1 * epoch
 
 
+def searcher(multifidelity: str) -> OrderedSearch:
+    ask = functools.partial(suggest, searched=SPACE.searched, experiment_seed=3)
+    return OrderedSearch(ask, metric="val_acc", mode="max", experiment_seed=3, sampler="tpe", lag=LAG,
+                         multifidelity=multifidelity, epochs=EPOCHS)
+
+
 def run(order_seed: int, multifidelity: str) -> OrderedSearch:
     """Drive the searcher as Tune does, trials finishing in an order drawn from `order_seed`, and each stop
     reaching it one of Tune's two ways, drawn too: STOP at the rung (the rung's result comes with
     on_trial_complete only) or PAUSE there first (on_trial_result, then on_trial_complete without a result)."""
     draw = random.Random(order_seed)
-    ask = functools.partial(suggest, searched=SPACE.searched, experiment_seed=3)
-    s = OrderedSearch(ask, metric="val_acc", mode="max", experiment_seed=3, sampler="tpe", lag=LAG,
-                      multifidelity=multifidelity, epochs=EPOCHS)
+    s = searcher(multifidelity)
     running, asked = [], 0
     while asked < TRIALS or running:
         config = s.suggest(f"t{asked}") if asked < TRIALS else None
@@ -76,6 +80,14 @@ def test_pruned_tells_a_stopped_trial_as_pruned_with_its_curve_the_same_for_any_
             assert (state, intermediate) == (TrialState.COMPLETE, {})
             assert value == pytest.approx(curve(number, EPOCHS))
     assert first == told(run(2, "pruned"), TRIALS)
+
+
+def test_a_restored_searcher_tells_the_stopped_trials_the_same(tmp_path):
+    s = run(1, "pruned")
+    s.save(str(tmp_path / "searcher.json"))
+    restored = searcher("pruned")
+    restored.restore(str(tmp_path / "searcher.json"))
+    assert told(restored, TRIALS) == told(s, TRIALS)
 
 
 def test_final_tells_a_stopped_trial_its_rung_value_either_way_tune_stops_it():
