@@ -23,6 +23,9 @@ No deadlock: the lowest-numbered trial that has not passed a rung never waits, a
 trial holds no slot (it is PAUSED); Tune resumes a paused trial only when choose_trial_to_run
 picks it, and it picks those cleared to go on, lowest number first.
 
+What TPE learns from a trial stopped here is OrderedSearch's part (search/ordered.py
+MULTIFIDELITY: PRUNED, with its curve), told in trial-number order like every result.
+
 The decisions and waits are also written to `halving.json` in the run folder: the summary
 reads the waits there, and a resumed search takes the decisions back (a trial rerun from an
 earlier checkpoint reaches the same values, so the same decisions, but this saves its waits).

@@ -15,7 +15,9 @@ earlier run's finished trials, the same for every n. Trial n < k of k enqueued c
 
 So trial n waits only while one of trials 0 .. n-L-1 is unfinished; those waits are counted
 (`waits`: trial number -> seconds) and reported. A trial's value is its best epoch's metric
-(the epoch best.yaml picks); a trial whose metric never was finite is FAIL to Optuna.
+(the epoch best.yaml picks); a trial whose metric never was finite is FAIL to Optuna. A trial
+that ended short of its epochs (stopped at a rung, diverged) is told as `multifidelity` says
+(MULTIFIDELITY below): under halving, TPE gets it PRUNED with its curve (docs/schedulers.md).
 
 That study is kept in memory from one suggestion to the next, since trial n+1's study is
 trial n's plus trial n, with trial n-L told: rebuilding it per suggestion cost O(n) storage
@@ -56,9 +58,18 @@ TPE_SETTINGS = {"multivariate": True, "constant_liar": True, "n_startup_trials":
 SAMPLER_STREAM = 1  # derive_seed stream of sampler seeds (stream 0 seeds the trials)
 # What save() writes: the record. The rest comes from the constructor, so a resumed search
 # takes its settings from its spec, and the in-memory study is never pickled.
-RECORD = ("numbers", "asked", "curves", "finished", "study_attrs", "waits", "suggested", "measures")
+RECORD = ("numbers", "asked", "curves", "finished", "study_attrs", "waits", "suggested", "measures", "planned")
+# How a trial that ended short of its epochs (stopped at a rung, diverged) is told to the study;
+# bench/multifidelity.py measures them (docs/schedulers.md):
+# - "final": COMPLETE with its best epoch's value, as a full trial (what hpsearch did before);
+# - "pruned": PRUNED with its curve as intermediate values; TPE puts a pruned trial after every
+#   complete one, pruned ones ranked by their last epoch, then their value there;
+# - "rung": as BOHB: the model is fit at the highest epoch that RUNG_POINTS told trials reached,
+#   each trial that reached it told with its best value up to it, the others PRUNED as above.
+MULTIFIDELITY = ("final", "pruned", "rung")
+RUNG_POINTS = TPE_SETTINGS["n_startup_trials"]  # trials at a fidelity before "rung" fits the model there
 RECORD_FILE = "searcher.json"  # in Tune's experiment folder, beside its experiment state
-CACHES = ("_kept", "_told", "_settled")  # derived from the record, see _drop_caches
+CACHES = ("_kept", "_told", "_settled", "_fidelity")  # derived from the record, see _drop_caches
 
 
 class KeptStudy(NamedTuple):
@@ -99,6 +110,7 @@ def record_from_json(text: str | bytes) -> dict[str, Any]:
             "waits": by_number(raw["waits"]),
             "suggested": {n: tuple(pair) for n, pair in by_number(raw["suggested"]).items()},
             "measures": {n: by_number(m) for n, m in by_number(raw.get("measures", {})).items()},  # absent before
+            "planned": by_number(raw.get("planned", {})),  # absent before
         }
     except (KeyError, TypeError, AttributeError) as error:  # valid JSON, not our record
         raise ValueError(f"not a searcher record ({type(error).__name__}: {error})") from None
@@ -137,7 +149,8 @@ class OrderedSearch(Searcher):
     def __init__(self, ask: Callable[[optuna.Trial], dict[str, Any]], *, metric: str, mode: str,
                  experiment_seed: int, sampler: str, lag: int, tpe_settings: Mapping[str, Any] | None = None,
                  enqueued: Sequence[Mapping[str, Any]] = (), warm: Sequence[FrozenTrial] = (),
-                 objectives: Objectives | None = None, unseen: int | None = None):
+                 objectives: Objectives | None = None, unseen: int | None = None,
+                 multifidelity: str = "final", epochs: int | None = None):
         super().__init__(metric=first(metric), mode=first(mode))
         # several objectives or constraints (search/objectives.py): a trial's point, not its best epoch
         self.objectives = objectives or Objectives((metric,), (mode,))
@@ -147,6 +160,11 @@ class OrderedSearch(Searcher):
         self.warm = list(warm)  # told before trial 0; Optuna's number of trial n is n + len(warm)
         self.unseen = lag if unseen is None else unseen  # trials n-unseen .. n-1 are running to trial n
         self.tpe_settings = dict(TPE_SETTINGS if tpe_settings is None else tpe_settings)
+        if multifidelity not in MULTIFIDELITY:
+            raise ValueError(f"multifidelity: one of {MULTIFIDELITY}, got {multifidelity!r}")
+        # how a trial that ended short of its epochs is told (MULTIFIDELITY); `epochs`: a trial's
+        # epochs when its config does not search them
+        self.multifidelity, self.epochs = multifidelity, epochs
         self.numbers: dict[str, int] = {}  # Tune trial id -> trial number
         # by number: params, distributions, system attrs (where a sampler such as CMA-ES keeps its state)
         self.asked: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = []
@@ -159,6 +177,7 @@ class OrderedSearch(Searcher):
         self.suggested: dict[int, tuple[float, float]] = {}
         # number -> epoch -> the objectives.measured metrics (several objectives or constraints only)
         self.measures: dict[int, dict[int, list[float | None]]] = {}
+        self.planned: dict[int, int] = {}  # number -> the epochs it was to run (multifidelity only)
         self._waiting_since: float | None = None
         self._drop_caches()
 
@@ -195,6 +214,8 @@ class OrderedSearch(Searcher):
         self.study_attrs = copy.deepcopy(kept.storage.get_study_system_attrs(kept.key))
         self.asked.append((dict(asked.params), dict(asked.distributions), dict(asked.system_attrs)))
         self.numbers[trial_id] = n
+        if self.multifidelity != "final" and (constants.get("epochs") or self.epochs):
+            self.planned[n] = int(constants.get("epochs") or self.epochs)
         self.suggested[n] = (time.time(), time.perf_counter() - asking)
         return {**trial.params, **constants}
 
@@ -211,10 +232,14 @@ class OrderedSearch(Searcher):
         after_trial, which a study built from the record never saw; for the five samplers here
         (no constraints) it does nothing, so both studies are the same. Trials are told in
         trial-number order, as the build adds them, so the best trial (ties to the earlier) and
-        the trial list read the same either way. Neither holds the trials' curves (intermediate
-        values): no sampler here reads them, and Study has no public way to set them afterwards.
+        the trial list read the same either way. A PRUNED trial (MULTIFIDELITY) has its curve as
+        intermediate values either way: Trial.report before the tell, create_trial's in a build.
         """
+        fidelity = self._fidelity_for(n)
+        if self._kept is not None and fidelity != self._fidelity:
+            self._drop_caches()  # "rung" moved up: every told trial's value changes, build it again
         if self._kept is None:
+            self._fidelity = fidelity
             self._kept, self._told = self._built(n), max(0, n - self.unseen)
         for k in range(self._told, n - self.unseen):
             self._tell(self._kept, k)
@@ -234,11 +259,12 @@ class OrderedSearch(Searcher):
         for k in range(n):
             params, distributions, system_attrs = self.asked[k]
             if k < n - self.unseen:
-                value, point = self.finished[k], self._point(k)
+                state, value, curve = self._outcome(k)
+                point = self._point(k)
                 study.add_trial(create_trial(
-                    state=TrialState.COMPLETE if value is not None else TrialState.FAIL,
-                    values=None if value is None else value if isinstance(value, list) else [value],
-                    params=params, distributions=distributions, user_attrs=point or {}, system_attrs=system_attrs,
+                    state=state, values=None if value is None else value if isinstance(value, list) else [value],
+                    intermediate_values=curve, params=params, distributions=distributions, user_attrs=point or {},
+                    system_attrs=system_attrs,
                     constraints=self._constraints(point, value)))
             else:
                 study.add_trial(create_trial(state=TrialState.RUNNING, params=params, distributions=distributions,
@@ -247,7 +273,8 @@ class OrderedSearch(Searcher):
 
     def _tell(self, kept: KeptStudy, k: int) -> None:
         """Trial k, running in the study, gets its result: as create_trial made it in a build."""
-        value, number, point = self.finished[k], k + len(self.warm), self._point(k)
+        state, value, curve = self._outcome(k)
+        number, point = k + len(self.warm), self._point(k)
         trial = optuna.Trial(kept.study, kept.storage.get_trial_id_from_study_id_trial_number(kept.key, number))
         # as create_trial made them in a build: the point's metrics, and the constraints (TPE, NSGA-II and
         # GP read a finished trial's constraints; Optuna 5 replaced constraints_func by set_constraint)
@@ -255,10 +282,35 @@ class OrderedSearch(Searcher):
             trial.set_user_attr(name, measured)
         for name, violation in (self._constraints(point, value) or {}).items():
             trial.set_constraint(name, violation)
-        if value is None:
-            kept.study.tell(number, state=TrialState.FAIL)
-        else:
+        for epoch, measured in curve.items():
+            trial.report(measured, epoch)
+        if state == TrialState.COMPLETE:
             kept.study.tell(number, value)
+        else:  # a PRUNED trial's value is its last intermediate value, as create_trial was given it
+            kept.study.tell(number, state=state)
+
+    def _outcome(self, k: int) -> tuple[TrialState, Any, dict[int, float]]:
+        """How finished trial k is told: its state, its value(s), its curve as intermediate values (PRUNED only)."""
+        value, curve = self.finished[k], self.curves.get(k, {})
+        if value is None:
+            return TrialState.FAIL, None, {}
+        last = max(curve, default=None)
+        if self.multifidelity == "final" or last is None or self.objectives.several:
+            return TrialState.COMPLETE, value, {}
+        if self._fidelity is not None and last >= self._fidelity:  # "rung": its value at the model's fidelity
+            return TrialState.COMPLETE, best_of((v for e, v in curve.items() if e <= self._fidelity), self.mode), {}
+        if last < self.planned.get(k, last):
+            return TrialState.PRUNED, curve[last], dict(sorted(curve.items()))
+        return TrialState.COMPLETE, value, {}
+
+    def _fidelity_for(self, n: int) -> int | None:
+        """"rung": the epoch trial n's model is fit at, the highest that RUNG_POINTS of the trials told
+        to it reached (None before there are that many, or for another multifidelity)."""
+        if self.multifidelity != "rung":
+            return None
+        lasts = sorted((max(self.curves[k]) for k in range(max(0, n - self.unseen))
+                        if self.finished.get(k) is not None and self.curves.get(k)), reverse=True)
+        return lasts[RUNG_POINTS - 1] if len(lasts) >= RUNG_POINTS else None
 
     def _point(self, k: int) -> dict[str, float | None] | None:
         """Trial k's point: its objectives.measured metrics at its point epoch; None without constraints
@@ -278,6 +330,7 @@ class OrderedSearch(Searcher):
         self._kept: KeptStudy | None = None
         self._told = 0  # trials 0 .. _told-1 have their results in the study
         self._settled = 0  # trials 0 .. _settled-1 are finished
+        self._fidelity: int | None = None  # "rung": the epoch the kept study's values are at
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         value = score(result.get(self.metric))
@@ -292,6 +345,10 @@ class OrderedSearch(Searcher):
         if trial_id not in self.numbers:
             return
         n = self.numbers[trial_id]
+        if result and not error:
+            # a scheduler's STOP: Tune gives the stopping epoch's result here only, not to on_trial_result
+            # (a trial paused at the rung first had it there), so both ways the curve holds it
+            self.on_trial_result(trial_id, result)
         self.finished[n] = None if error else best_of(self.curves.get(n, {}).values(), self.mode)
         if self.objectives.several and not error:  # the point's values: its last epoch's (objectives.py)
             point = self._point(n)
@@ -355,4 +412,7 @@ class OrderedSearch(Searcher):
         self.__dict__.setdefault("objectives", Objectives((self.metric,), (self.mode,)))
         self.__dict__.setdefault("measures", {})
         self.__dict__.setdefault("unseen", self.lag)
+        self.__dict__.setdefault("multifidelity", "final")
+        self.__dict__.setdefault("epochs", None)
+        self.__dict__.setdefault("planned", {})
         self._drop_caches()

@@ -70,10 +70,17 @@ def make_searcher(space: Space, folder: RunFolder | None = None) -> Searcher:
     # a space with `when:` keys keeps the pinned TPE settings: group=True (each branch modelled
     # jointly) did no better on a conditional problem (bench/conditional_tpe.py, docs/conditional.md)
     if experiment.reproducible:
+        # under halving, TPE is told a stopped trial as PRUNED with its curve (search/ordered.py MULTIFIDELITY):
+        # as good as or better than telling its value as a full trial's, and BOHB's model at a rung did
+        # no better (bench/multifidelity.py, docs/schedulers.md). CMA-ES and GP would not see a PRUNED
+        # trial at all, so they keep "final"
+        halving, tpe = experiment.scheduler in ("asha", "hyperband"), experiment.sampler == "tpe"
+        multifidelity = "pruned" if halving and tpe else "final"
         searcher = OrderedSearch(ask, metric=objectives.metrics[0], mode=objectives.modes[0],
                                  experiment_seed=experiment.seed, sampler=experiment.sampler,
                                  lag=experiment.max_concurrent, unseen=lag_of(experiment), enqueued=enqueued,
-                                 warm=warm, objectives=objectives)
+                                 warm=warm, objectives=objectives, multifidelity=multifidelity,
+                                 epochs=space.trial_defaults().epochs)
     else:  # Tune's OptunaSearch loads the study made here, with the warm start told and the configs enqueued;
         # several objectives: it tells each trial's last result (the point, search/objectives.py)
         storage = InMemoryStorage()
