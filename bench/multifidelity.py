@@ -61,7 +61,7 @@ from ray.tune.schedulers import TrialScheduler
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
-from bench.quality import Table, load_table, table_names  # noqa: E402
+from bench.quality import Table, in_workers, load_table, table_names  # noqa: E402
 from search.halving import OrderedHalving, bracket_count  # noqa: E402
 from search.ordered import MULTIFIDELITY, OrderedSearch  # noqa: E402
 from search.searcher import suggest  # noqa: E402
@@ -157,12 +157,7 @@ def run(tables: list[tuple[str, str]], seeds: int, trials: int, workers: int, he
         schedulers: tuple[str, ...] = SCHEDULERS) -> dict[tuple[str, str, str, int], tuple[float, int]]:
     jobs = [(family, name, seed, s, t, trials, height) for family, name in tables for seed in range(seeds)
             for s, t in variants(schedulers)]
-    if workers > 1:
-        context = multiprocessing.get_context("fork")
-        with context.Pool(workers, os.environ.setdefault, ("OMP_NUM_THREADS", "1")) as pool:
-            done = list(pool.imap_unordered(run_one, jobs))
-    else:
-        done = [run_one(job) for job in jobs]
+    done = in_workers(run_one, jobs, workers)
     return {key: (regret, spent) for key, regret, spent in done}
 
 

@@ -294,18 +294,22 @@ class Results:
         return dict(zip(labels, ranks.mean(axis=0)))
 
 
+def in_workers(function, jobs: list, workers: int) -> list:
+    """function(job) for every job, in `workers` forked processes (1: this one), in any order."""
+    if workers <= 1:
+        return [function(job) for job in jobs]
+    # one core per worker: torch (gp's sampler) reads it on its first import, in the worker
+    context = multiprocessing.get_context("fork")
+    with context.Pool(workers, os.environ.setdefault, ("OMP_NUM_THREADS", "1")) as pool:
+        return list(pool.imap_unordered(function, jobs))
+
+
 def run(labels: list[str], tables: list[tuple[str, str]], seeds: int, trials: int, workers: int) -> Results:
     """Every searcher on every table with seeds 0..seeds-1; `workers` processes (1: this one)."""
     jobs = [(label, family, name, seed, trials) for (family, name) in tables for seed in range(seeds)
             for label in labels]
     jobs.sort(key=lambda job: " gp " not in job[0] + " ")  # the slowest first, so the workers end together
-    if workers > 1:
-        # one core per worker: torch (gp's sampler) reads it on its first import, in the worker
-        context = multiprocessing.get_context("fork")
-        with context.Pool(workers, os.environ.setdefault, ("OMP_NUM_THREADS", "1")) as pool:
-            done = list(pool.imap_unordered(run_one, jobs))
-    else:
-        done = [run_one(job) for job in jobs]
+    done = in_workers(run_one, jobs, workers)
     results = Results({f"{f}/{n}": load_table(f, n) for f, n in tables}, {}, {label: [] for label in labels},
                       {label: [] for label in labels})
     for label, table, seed, best, ms, busy in done:
