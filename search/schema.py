@@ -38,7 +38,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, Valid
 from trainable.config import check_value, coerce, is_integer_field, plain
 from trainable.errors import problem
 from search.objectives import names
-from trainable.metrics import METRICS, OBJECTIVES
+from trainable.config import LOSSES
+from trainable.metrics import MEASURED, METRICS, OBJECTIVES, epoch_metrics, metric_problems, reports_accuracy
 
 
 def rule(text: str, check: Callable[[Any], bool] = lambda value: True) -> AfterValidator:
@@ -122,9 +123,12 @@ class Experiment(Section):
     name: Annotated[str, rule("must be letters, digits, '_', '.' or '-' (it names a folder)", is_run_name)] = "search"
     #: run folder prefix; a run is <storage_path>/<name>-<time> unless --name is given
     metric: Annotated[str | AList[str], rule(
-        f"must be a metric the trainable reports, or a list of distinct ones: {', '.join(OBJECTIVES)}",
-        lambda v: all(m in OBJECTIVES for m in names(v)) and 0 < len(names(v)) == len(set(names(v)))), ONE] = "val_acc"
-    #: the reported metric to optimise; a list: several objectives (search/objectives.py, pareto.yaml)
+        f"must be a metric the trainable reports, or a list of distinct ones: {', '.join(OBJECTIVES)}, or "
+        "train_/val_<name> of training.metrics", lambda v: all(m in OBJECTIVES or EPOCH_METRIC.fullmatch(m)
+                                                               for m in names(v))
+        and 0 < len(names(v)) == len(set(names(v)))), ONE] = "val_acc"
+    #: the reported metric to optimise; a list: several objectives (search/objectives.py, pareto.yaml);
+    #: checked against training.loss and training.metrics by training_metric_problems
     mode: Annotated[Mode | AList[Mode], rule("must be max or min, or a list of them"), ONE] = "max"
     #: one per metric
     constraints: Annotated[AList[Any], rule(
@@ -195,6 +199,30 @@ class Experiment(Section):
     warm_start: Annotated[str | None, rule("must be null or an earlier run folder (runs/<name>, or a URI)",
                                            lambda v: v is None or v != "")] = None
     #: an earlier run whose finished trials the new study is told before trial 0 (search/warm_start.py)
+
+
+EPOCH_METRIC = re.compile(r"(train|val)_[a-z0-9_]+")  #: the form of a canonical-loop metric column
+
+
+def training_metric_problems(experiment: Experiment, fixed: Mapping[str, Any]) -> tuple[Experiment, list[str]]:
+    """experiment.metric against the columns the canonical loop reports for training.loss and training.metrics.
+
+    Without an experiment.metric, a loss other than cross_entropy (no accuracy) optimises val_loss, mode min.
+    """
+    loss, metrics = fixed.get("loss", LOSSES[0]), fixed.get("metrics", {})
+    if not isinstance(loss, str) or not isinstance(metrics, Mapping):  # their own problems are said already
+        return experiment, []
+    problems = [problem(*p) for p in metric_problems(loss, metrics)]
+    if "metric" not in experiment.model_fields_set and not reports_accuracy(loss):
+        experiment = experiment.model_copy(update={"metric": "val_loss", **(
+            {} if "mode" in experiment.model_fields_set else {"mode": "min"})})
+    reported = (*epoch_metrics(loss, metrics), *MEASURED)
+    missing = [m for m in names(experiment.metric) if m not in reported]
+    if missing:
+        why = "" if reports_accuracy(loss) else " (accuracy is reported with training.loss cross_entropy only)"
+        problems.append(problem("experiment.metric", f"must be a metric the canonical loop reports with training.loss "
+                                                     f"{loss}{why}: {', '.join(reported)}", experiment.metric))
+    return experiment, problems
 
 
 class Resources(Section):

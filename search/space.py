@@ -29,7 +29,8 @@ from typing import Any, Mapping
 from optuna.distributions import FloatDistribution, IntDistribution
 
 from search.objectives import problems as objective_problems
-from search.schema import DataRoot, Experiment, Resources, Searched, field_value, label, parse_searched, validated
+from search.schema import (DataRoot, Experiment, Resources, Searched, field_value, label, parse_searched,
+                           training_metric_problems, validated)
 from trainable.config import (FACTORY_KEY, FIELDS, MODEL, MOVED, MUTABLE, TrialConfig, absolute_reference,
                               cross_field_problems, fields_in, is_plain_data, is_reference, keyword_of, model_key,
                               plain, searchable, section)
@@ -179,7 +180,7 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
                 problems.append(_key_problem(sec, key, value))
             else:
                 fixed[name] = field_value(f"{sec}.{key}", name, absolute_reference(value, base)
-                                           if name == "dataset" else value, problems)
+                                           if name in ("dataset", "loss") else value, problems)
 
     searched = []
     for key, value in _section(raw, "space", problems).items():
@@ -194,6 +195,8 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
         else:
             fixed[key] = field_value(f"space.{key}", key, value, problems)
     problems += when_problems(searched, fixed)
+    experiment, metric_problems = training_metric_problems(experiment, fixed)  # experiment.metric vs the columns
+    problems += metric_problems
     if not problems:
         problems += cross_field_problems(fixed, "data.")
     if not problems and experiment.scheduler in ("asha", "hyperband"):
@@ -336,6 +339,8 @@ def _parse_function_space(raw: Mapping[str, Any], source: str) -> Space:
             else:
                 fixed[key] = plain(value)
     problems += when_problems(searched, fixed)
+    experiment, metric_problems = training_metric_problems(experiment, fixed)  # experiment.metric vs the columns
+    problems += metric_problems
     if not problems and experiment.scheduler in ("asha", "hyperband"):
         epochs = max_epochs(tuple(searched), FunctionConfig(reference, fixed).epochs or 0)
         if not epochs:

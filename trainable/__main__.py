@@ -17,6 +17,7 @@ from typing import Sequence
 from trainable.config import FACTORY_KEY, FIELDS, SCHEDULE_KEY, TrialConfig, parse_schedule, schedule_note
 from trainable.data import load_data
 from trainable.factories import check_model
+from trainable.measures import check_measures
 from trainable.function import is_function, replay
 from trainable.device import get_default_device
 from trainable.errors import ConfigError, DataError, problem
@@ -104,6 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         data = load_data(config, args.data_root, root_key="--data-root", with_test=False)
         # the model once on two inputs: a bad keyword or output shape is exit 2, not a crash mid-epoch
         check_model(config, data.sample(), data.num_classes)
+        check_measures(config, data)
     except (ConfigError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -117,8 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = build_run(config, data, device)
     width = len(str(config.epochs))
     for r in train_and_evaluate(run, schedule):
-        print(f"Epoch [{r.epoch:>{width}}/{config.epochs}] | loss {r.train_loss:.4f} | acc {r.train_acc:.4f}"
-              f" | val_loss {r.val_loss:.4f} | val_acc {r.val_acc:.4f} | lr {r.epoch_lr:.5f}"
+        # training's columns without train_ (loss, acc, ...), validation's as they are (val_loss, val_acc, ...)
+        shown = " | ".join(f"{name.removeprefix('train_')} {value:.4f}" for name, value in r.metrics.items())
+        print(f"Epoch [{r.epoch:>{width}}/{config.epochs}] | {shown} | lr {r.epoch_lr:.5f}"
               f" | {r.epoch_seconds:.2f}s", flush=True)
         if r.diverged:
             print("stopped: the training loss is no longer finite (diverged)", flush=True)
