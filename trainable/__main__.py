@@ -10,6 +10,7 @@ search's best.yaml has a `schedule:` too, the hyperparameter changes the trial's
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Sequence
@@ -35,6 +36,11 @@ def yaml_text(value) -> str:
     return json.dumps(list(value) if isinstance(value, tuple) else value)
 
 
+def default_of(f: dataclasses.Field):
+    """A field's default, made by its factory where it has one (training.metrics: {})."""
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m trainable",
@@ -51,7 +57,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for name, f in FIELDS.items():
         if name not in NESTED:
             fields.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar="VALUE",
-                                type=flag_value, help=f"default {yaml_text(f.default)}")
+                                type=flag_value, help=f"default {yaml_text(default_of(f))}")
     return parser.parse_args(argv)
 
 
