@@ -111,7 +111,9 @@ def _space_key_problem(key: Any, value: Any, fixed: Mapping[str, Any]) -> str | 
             or key in ("model", "model_args"):
         rule = f"moved to {MOVED_KEYS[key]}" if key in MOVED_KEYS else "unknown field of the trial config"
         return problem(path, rule, value)
-    where = {"data": "the data section", "model": "the model section", "driver": "the driver"}
+    where = {"data": "the data section", "model": "the model section", "driver": "the driver",
+             "training": "the training section, the same for every trial (training.loss and training.metrics "
+                         "decide the reported columns and their scale)"}
     if not searchable(key):
         return problem(path, f"cannot be searched: it is set by {where[section(key)]}", value)
     if key in fixed:

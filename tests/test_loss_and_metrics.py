@@ -95,6 +95,12 @@ def test_unknown_loss_and_unreported_or_colliding_metrics_are_said_at_once(tmp_p
                "val_f1_score" in p for p in problems)
 
 
+def test_the_loss_is_fixed_for_a_search_not_searched(tmp_path):
+    raw = space_with(tmp_path)
+    raw["space"]["loss"] = {"distribution": "choice", "values": ["mse", "smooth_l1"]}
+    assert problems_of(raw)[0].startswith("space.loss: cannot be searched: it is set by the training section")
+
+
 def test_a_torchmetrics_class_is_built_once_with_num_classes_from_the_data():
     config = TrialConfig.from_mapping({"metrics": {"MulticlassF1Score": {"average": "macro"}}})
     metrics = build_metrics(config, 10, CPU)
