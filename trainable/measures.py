@@ -23,7 +23,7 @@ from torch import nn
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 
-from trainable.config import LOSSES, TrialConfig, is_reference
+from trainable.config import LOSSES, REGRESSION_LOSSES, TrialConfig, is_reference
 from trainable.errors import ConfigError, problem
 from trainable.metrics import metric_column, metric_problems, reports_accuracy
 
@@ -93,14 +93,14 @@ def metric_arguments(cls: type[Metric], args: Mapping[str, Any] | None, num_clas
 def build_metrics(config: TrialConfig, num_classes: int, device: torch.device) -> dict[str, Metric]:
     """column name (acc, f1_score, ...) -> a fresh metric on `device`; ConfigError naming every bad one.
 
-    num_classes is filled in for class targets only (cross_entropy): with float targets it is the
+    num_classes is filled in except for mse and smooth_l1: with their float targets it is the
     target width, no class count.
     """
     problems = [problem(*p) for p in metric_problems(config.loss, config.metrics)]
     metrics: dict[str, Metric] = {}
     if reports_accuracy(config.loss):
         metrics[ACCURACY] = accuracy_metric(num_classes, device)
-    classes = num_classes if reports_accuracy(config.loss) else None
+    classes = None if config.loss in REGRESSION_LOSSES else num_classes
     for name, args in config.metrics.items():
         key = f"{METRICS_KEY}.{name}"
         try:
@@ -113,14 +113,10 @@ def build_metrics(config: TrialConfig, num_classes: int, device: torch.device) -
             metrics[metric_column(name)] = cls(**kwargs).to(device)
         except Exception as error:  # torchmetrics raises ValueError / TypeError for bad arguments
             problems.append(problem(key, f"{name}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}) failed: "
-                                         f"{type(error).__name__}: {error}", plain_args(args)))
+                                         f"{type(error).__name__}: {error}", dict(args or {})))
     if problems:
         raise ConfigError(problems)
     return metrics
-
-
-def plain_args(args: Mapping[str, Any] | None) -> dict[str, Any]:
-    return dict(args or {})
 
 
 def check_measures(config: TrialConfig, data: Data, n: int = 8) -> None:
