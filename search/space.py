@@ -341,8 +341,6 @@ def _parse_function_space(raw: Mapping[str, Any], source: str) -> Space:
             else:
                 fixed[key] = plain(value)
     problems += when_problems(searched, fixed)
-    experiment, metric_problems = training_metric_problems(experiment, fixed)  # experiment.metric vs the columns
-    problems += metric_problems
     if not problems and experiment.scheduler in ("asha", "hyperband"):
         epochs = max_epochs(tuple(searched), FunctionConfig(reference, fixed).epochs or 0)
         if not epochs:
