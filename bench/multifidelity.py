@@ -42,8 +42,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import multiprocessing
-import os
 import statistics
 import sys
 import time

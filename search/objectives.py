@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from trainable.errors import problem
-from trainable.metrics import OBJECTIVES, score
+from trainable.metrics import OBJECTIVES, metric_name, score
 
 FEASIBLE = "feasible"  #: results.parquet's column: the trial's point meets every constraint
 # samplers that optimise one objective only (schema.Sampler names)
@@ -74,13 +74,13 @@ class Constraint:
 
 
 CONSTRAINT_RULE = (f"must read 'METRIC <= NUMBER' or 'METRIC >= NUMBER' with a METRIC the trainable reports "
-                   f"({', '.join(OBJECTIVES)})")
+                   f"({', '.join(OBJECTIVES)}, or train_/val_<name> of training.metrics)")
 
 
 def parse_constraint(text: Any) -> Constraint | None:
     """'params <= 200000' as a Constraint; None if it is not one (CONSTRAINT_RULE says why)."""
     match = _CONSTRAINT.fullmatch(text) if isinstance(text, str) else None
-    if match is None or match.group(1) not in OBJECTIVES:
+    if match is None or not metric_name(match.group(1)):
         return None
     try:
         bound = float(match.group(3))

@@ -33,8 +33,8 @@ from search.phases import TIMING_FILE, Phases
 from search.summary import Timing, format_summary, journal_note, wall_line
 from trainable.data import Data
 from trainable.device import get_default_device
-from trainable.loop import evaluate_model
-from trainable.metrics import METRICS
+from trainable.loop import metrics_on
+from trainable.metrics import METRICS, epoch_metrics
 from trainable.function import load_state
 from trainable.report import CheckpointError, load_checkpoint
 
@@ -121,9 +121,10 @@ def kept_rows(folder: RunFolder, trial_id: str, derived: list[dict[str, Any]], s
 
 
 def best_with_test(grid, rows: pd.DataFrame, data: Data | None, metric: str | None = None
-                   ) -> tuple[pd.Series | None, tuple[float, float] | None, str]:
+                   ) -> tuple[pd.Series | None, dict[str, float] | None, str]:
     """The best row whose checkpoint reads (its `checkpoint`: the folder, relative to the run folder),
-    its test (loss, acc), and a note on any skipped.
+    its test metrics (test_loss, test_acc with cross_entropy, test_<column> of training.metrics), and a
+    note on any skipped.
 
     A corrupt checkpoint at the best epoch falls back to the next best row, said in the note;
     rows without a checkpoint that only tie it (Tune keeps the newest of equals) are not "better".
@@ -157,15 +158,15 @@ def best_with_test(grid, rows: pd.DataFrame, data: Data | None, metric: str | No
         row.attrs["lineage"] = saved.state.get("lineage")  # where its weights come from: best.yaml replays it
         if data.test is None:
             return row, None, "; ".join(["the dataset has no test part", *notes])
-        score = evaluate_model(saved.config, saved.state["model"], saved.input_shape, saved.num_classes,
-                               data.test, data.standardize, get_default_device())
+        score = metrics_on(saved.config, saved.state["model"], saved.input_shape, saved.num_classes,
+                           data.test, data.standardize, get_default_device())
         return row, score, "; ".join(notes)
     return ((rows.iloc[0] if len(rows) else None), None,
             "no readable checkpoint" + (f" ({len(unsaved)} epoch(s) had none kept)" if unsaved else "")
             + "".join(f"; {s}" for s in skipped))
 
 
-def best_entry(best: pd.Series, test: tuple[float, float] | None, note: str, metric: str, name: str,
+def best_entry(best: pd.Series, test: dict[str, float] | None, note: str, metric: str, name: str,
                schema, metrics: tuple[str, ...] = METRICS) -> dict[str, Any]:
     return {
         "config": replay_config(config_from_row(best, schema), best.attrs.get("lineage")),
@@ -175,8 +176,10 @@ def best_entry(best: pd.Series, test: tuple[float, float] | None, note: str, met
             "epoch": int(best["epoch"]),
             "metric": metric,
             **{m: float(best[m]) for m in metrics},
-            "test_acc": None if test is None else float(test[1]),
-            "test_loss": None if test is None else float(test[0]),
+            # the trial's metrics on the test part; test_acc null where accuracy is not reported (regression)
+            "test_acc": None if test is None else test.get("test_acc"),
+            "test_loss": None if test is None else test["test_loss"],
+            **(test or {}),
             "checkpoint": best.get("checkpoint"),  #: its folder, relative to the run folder; null: none read
             **({"note": note} if note else {}),
             "search": name,
@@ -186,13 +189,15 @@ def best_entry(best: pd.Series, test: tuple[float, float] | None, note: str, met
 
 def best_yaml(entry: dict[str, Any], path: str, space: Space) -> str:
     result = entry["result"]
+    shown = result["metric"] if isinstance(result["metric"], str) and result["metric"] in result else "val_loss"
     header = (f"# Best trial of search {result['search']} ({space.source}), by {result['metric']} "
               f"at epoch {result['epoch']}.\n"
               f"# Re-run it: {rerun_command(path, space)}{' (download it first)' if is_uri(path) else ''}\n"
               + (f"# It prints {result['metric']} {result[result['metric']]:.4f} on epoch {result['epoch']} if the "
                  "function is deterministic (no test accuracy: the function has no test split).\n" if space.trainable else
-                 f"# It prints val_acc {result['val_acc']:.4f} on epoch {result['epoch']} (same machine).\n"
-                 f"# test_acc: the checkpoint of that epoch on the dataset's test part (null if it has none).\n"))
+                 f"# It prints {shown} {result[shown]:.4f} on epoch {result['epoch']} "
+                 "(same machine).\n"
+                 f"# test_*: the checkpoint of that epoch on the dataset's test part (null if it has none).\n"))
     return header + yaml.safe_dump({**entry["config"], "result": result}, sort_keys=False)
 
 
@@ -313,7 +318,7 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
     if best is not None:
         schema = results_schema(space)  # a function's metrics: every reported column beyond the schema's
         metrics = tuple(c for c in frame.columns if c not in schema.names or c == metric) \
-            if space.trainable else METRICS
+            if space.trainable else epoch_metrics(space.trial_defaults().loss, space.trial_defaults().metrics)
         entry = best_entry(best, test, note, metric, folder.name, schema, metrics)
         folder.write_best(best_yaml(entry, best_path, space))
     summary = format_summary(frame, entry, timing, no_best=no_best if succeeded else no_success(frame, metric), metric=metric, mode=first(experiment.mode),

@@ -52,7 +52,7 @@ def pareto_entries(frame: pd.DataFrame, space: Space, objectives: Objectives, gr
             "trial_id": str(row["trial_id"]),
             "epoch": int(row["epoch"]),
             "metrics": {m: (int(v) if m == "params" and v is not None else v)
-                        for m, v in ((m, score(row.get(m))) for m in OBJECTIVES)},
+                        for m, v in ((m, score(row.get(m))) for m in dict.fromkeys([*OBJECTIVES, *objectives.metrics]))},
             "checkpoint": checkpoints.get((str(row["trial_id"]), int(row["epoch"]))),
             "config": config_from_row(row, schema),
         })

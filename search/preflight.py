@@ -35,6 +35,7 @@ from trainable.config import keyword_of, schedule_note
 from trainable.data import Data, load_data
 from trainable.errors import ConfigError, problem
 from trainable.factories import check_model
+from trainable.measures import check_measures
 from trainable.function import resolve_function
 
 # tracker -> (module it needs, the pip extra that installs it)
@@ -130,6 +131,7 @@ def check_search(space: Space) -> Data | None:
     data = load_data(space.trial_defaults(), space.data_root, key="data.dataset")
     searched_keys = tuple(keyword_of(d.name) for d in space.searched if keyword_of(d.name) is not None)
     check_model(example_config(space), data.sample(), data.num_classes, searched_keys)
+    check_measures(example_config(space), data)  # training.loss and training.metrics, once on a few examples
     note = schedule_note(space.trial_defaults())  # a fixed t_max below epochs; a searched one is the user's choice
     if note:
         print(f"note: {note}", file=sys.stderr, flush=True)

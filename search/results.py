@@ -31,7 +31,9 @@ from trainable.config import FACTORY_KEY, FIELDS, TrialConfig, field_of, json_te
 from trainable.metrics import score  # noqa: F401  (search's modules read it from here)
 from trainable.function import (DRIVER_KEYS, FUNCTION_REPORT_COLUMNS, METRIC_NAMES, TRAINABLE_KEY, FunctionConfig,
                                 is_function, trial_config)
+from trainable.metrics import epoch_metrics
 from trainable.report import EPOCH_COLUMNS, REPORT_COLUMNS
+from trainable.report import report_columns as epoch_report_columns
 
 RESULTS_FILE = "results.parquet"
 RECORD_FILE = "result.json"  # Tune's per-trial record: one JSON line per report
@@ -69,7 +71,8 @@ def report_columns(space: Space) -> list[str]:
     """The columns of a trial's reports that every trial has (a function's own metrics join them as reported)."""
     if space.trainable:
         return [*FUNCTION_REPORT_COLUMNS, space.experiment.metric, *REPORT_COLUMNS[len(EPOCH_COLUMNS) + 1:]]
-    return REPORT_COLUMNS
+    defaults = space.trial_defaults()  # training.loss and training.metrics decide the metric columns
+    return epoch_report_columns(epoch_metrics(defaults.loss, defaults.metrics))
 
 
 def columns(space: Space) -> list[str]:
@@ -212,7 +215,9 @@ def trial_rows(trial_id: str, config: Mapping[str, Any], reports: Iterable[Mappi
         return [{**base, **{c: r.get(c) for c in [*REPORT_COLUMNS[len(EPOCH_COLUMNS):], *FUNCTION_REPORT_COLUMNS,
                                                  *r.get(METRIC_NAMES, [])]},
                  **search_phases(r, suggested, first=i == 0)} for i, r in enumerate(ordered)]
-    return [{**base, **_epoch_config(r, config), **{c: r.get(c) for c in REPORT_COLUMNS},
+    # training.metrics' columns (train_<name>, val_<name>) beside the fixed ones; the schema keeps what the space reports
+    metric_columns = [c for c in (ordered[0] if ordered else {}) if c.startswith(("train_", "val_"))]
+    return [{**base, **_epoch_config(r, config), **{c: r.get(c) for c in [*REPORT_COLUMNS, *metric_columns]},
              **search_phases(r, suggested, first=i == 0)} for i, r in enumerate(ordered)]
 
 

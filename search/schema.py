@@ -37,8 +37,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, Valid
 
 from trainable.config import check_value, coerce, is_integer_field, plain
 from trainable.errors import problem
-from search.objectives import names
-from trainable.metrics import METRICS, OBJECTIVES
+from search.objectives import names, parse_constraint
+from trainable.config import LOSSES
+from trainable.metrics import (MEASURED, METRICS, OBJECTIVES, epoch_metrics, metric_name, metric_problems,
+                               reports_accuracy)
 
 
 def rule(text: str, check: Callable[[Any], bool] = lambda value: True) -> AfterValidator:
@@ -153,9 +155,11 @@ class Experiment(Section):
     name: Annotated[str, rule("must be letters, digits, '_', '.' or '-' (it names a folder)", is_run_name)] = "search"
     #: run folder prefix; a run is <storage_path>/<name>-<time> unless --name is given
     metric: Annotated[str | AList[str], rule(
-        f"must be a metric the trainable reports, or a list of distinct ones: {', '.join(OBJECTIVES)}",
-        lambda v: all(m in OBJECTIVES for m in names(v)) and 0 < len(names(v)) == len(set(names(v)))), ONE] = "val_acc"
-    #: the reported metric to optimise; a list: several objectives (search/objectives.py, pareto.yaml)
+        f"must be a metric the trainable reports, or a list of distinct ones: {', '.join(OBJECTIVES)}, or "
+        "train_/val_<name> of training.metrics", lambda v: all(metric_name(m) for m in names(v))
+        and 0 < len(names(v)) == len(set(names(v)))), ONE] = "val_acc"
+    #: the reported metric to optimise; a list: several objectives (search/objectives.py, pareto.yaml);
+    #: checked against training.loss and training.metrics by training_metric_problems
     mode: Annotated[Mode | AList[Mode], rule("must be max or min, or a list of them"), ONE] = "max"
     #: one per metric
     constraints: Annotated[AList[Any], rule(
@@ -213,8 +217,9 @@ class Experiment(Section):
         lambda v: v is None or budget_seconds(v) is not None)] = None
     #: once spent (from the search's start), no new trial starts; running ones stop at their next epoch end
     stop_when: Annotated[dict[str, float | str] | None, Field(strict=False), rule(
-        STOP_WHEN_RULE.format(metrics=f"a reported metric ({', '.join(METRICS)})"),
-        lambda v: stop_when_valid(v, METRICS))] = None
+        STOP_WHEN_RULE.format(metrics=f"a reported metric ({', '.join(METRICS)}, or train_/val_<name> of "
+                                      "training.metrics)"),
+        lambda v: stop_when_valid(v, None) and all(metric_name(k) for k in v or {}))] = None
     #: the search ends as with time_budget once a trial reaches a target: a number, in the objective's
     #: direction, or '<= NUMBER' / '>= NUMBER' (search/budget.py targets_of, docs/budgets.md)
     # a YAML list arrives as a list: the tuple is the frozen form
@@ -226,6 +231,32 @@ class Experiment(Section):
     warm_start: Annotated[str | None, rule("must be null or an earlier run folder (runs/<name>, or a URI)",
                                            lambda v: v is None or v != "")] = None
     #: an earlier run whose finished trials the new study is told before trial 0 (search/warm_start.py)
+
+
+
+
+def training_metric_problems(experiment: Experiment, fixed: Mapping[str, Any]) -> tuple[Experiment, list[str]]:
+    """experiment.metric against the columns the canonical loop reports for training.loss and training.metrics.
+
+    Without an experiment.metric, a loss other than cross_entropy (no accuracy) optimises val_loss, mode min.
+    """
+    loss, metrics = fixed.get("loss", LOSSES[0]), fixed.get("metrics", {})
+    if not isinstance(loss, str) or not isinstance(metrics, Mapping):  # their own problems are said already
+        return experiment, []
+    problems = [problem(*p) for p in metric_problems(loss, metrics)]
+    if "metric" not in experiment.model_fields_set and not reports_accuracy(loss):
+        experiment = experiment.model_copy(update={"metric": "val_loss", **(
+            {} if "mode" in experiment.model_fields_set else {"mode": "min"})})
+    reported = (*epoch_metrics(loss, metrics), *MEASURED)
+    why = "" if reports_accuracy(loss) else " (accuracy is reported with training.loss cross_entropy only)"
+    rule = f"must be a metric the canonical loop reports with training.loss {loss}{why}: {', '.join(reported)}"
+    if any(m not in reported for m in names(experiment.metric)):
+        problems.append(problem("experiment.metric", rule, experiment.metric))
+    problems += [problem(f"experiment.stop_when.{m}", rule, target)
+                 for m, target in (experiment.stop_when or {}).items() if m not in reported]
+    problems += [problem("experiment.constraints", rule, text) for text in experiment.constraints
+                 if (c := parse_constraint(text)) is not None and c.metric not in reported]
+    return experiment, problems
 
 
 class Resources(Section):

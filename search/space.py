@@ -30,7 +30,7 @@ from optuna.distributions import FloatDistribution, IntDistribution
 
 from search.objectives import problems as objective_problems
 from search.schema import (STOP_WHEN_RULE, DataRoot, Experiment, Resources, Searched, field_value, label, parse_searched,
-                           stop_when_valid, validated)
+                           stop_when_valid, training_metric_problems, validated)
 from trainable.config import (FACTORY_KEY, FIELDS, MODEL, MOVED, MUTABLE, TrialConfig, absolute_reference,
                               cross_field_problems, fields_in, is_plain_data, is_reference, keyword_of, model_key,
                               plain, searchable, section)
@@ -111,7 +111,9 @@ def _space_key_problem(key: Any, value: Any, fixed: Mapping[str, Any]) -> str | 
             or key in ("model", "model_args"):
         rule = f"moved to {MOVED_KEYS[key]}" if key in MOVED_KEYS else "unknown field of the trial config"
         return problem(path, rule, value)
-    where = {"data": "the data section", "model": "the model section", "driver": "the driver"}
+    where = {"data": "the data section", "model": "the model section", "driver": "the driver",
+             "training": "the training section, the same for every trial (training.loss and training.metrics "
+                         "decide the reported columns and their scale)"}
     if not searchable(key):
         return problem(path, f"cannot be searched: it is set by {where[section(key)]}", value)
     if key in fixed:
@@ -180,7 +182,7 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
                 problems.append(_key_problem(sec, key, value))
             else:
                 fixed[name] = field_value(f"{sec}.{key}", name, absolute_reference(value, base)
-                                           if name == "dataset" else value, problems)
+                                           if name in ("dataset", "loss") else value, problems)
 
     searched = []
     for key, value in _section(raw, "space", problems).items():
@@ -195,6 +197,8 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
         else:
             fixed[key] = field_value(f"space.{key}", key, value, problems)
     problems += when_problems(searched, fixed)
+    experiment, metric_problems = training_metric_problems(experiment, fixed)  # experiment.metric vs the columns
+    problems += metric_problems
     if not problems:
         problems += cross_field_problems(fixed, "data.")
     if not problems and experiment.scheduler in ("asha", "hyperband"):

@@ -184,11 +184,13 @@ def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Tim
                                 "; no best.yaml"))
     if best is not None:
         result = best["result"]
+        # the test part's figure of the metric (test_acc for val_acc, test_mean_absolute_error for val_...)
+        test_key = next((k for k in (f"test_{str(metric).removeprefix('val_')}", "test_acc") if k in result), "test_acc")
         config = searched_values(best["config"], searched)
         lines += [
             f"Best: trial #{result['trial_number']} ({result['trial_id']}) epoch {result['epoch']}: "
             f"{metric} {result[metric]:.4f}, "
-            f"test_acc {'n/a' if result['test_acc'] is None else format(result['test_acc'], '.4f')} "
+            f"{test_key} {'n/a' if result.get(test_key) is None else format(result[test_key], '.4f')} "
             f"(seed {best['config']['seed']})" + (f"\n      note: {result['note']}" if result.get("note") else ""),
             f"      {config}",
             f"      re-run: {rerun}",

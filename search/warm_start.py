@@ -27,7 +27,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
-from search.schema import Searched, field_value, label
+from search.schema import Searched, field_value
 from trainable.errors import ConfigError, problem
 from trainable.config import model_key
 

@@ -10,6 +10,7 @@ search's best.yaml has a `schedule:` too, the hyperparameter changes the trial's
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Sequence
@@ -17,6 +18,7 @@ from typing import Sequence
 from trainable.config import FACTORY_KEY, FIELDS, SCHEDULE_KEY, TrialConfig, parse_schedule, schedule_note
 from trainable.data import load_data
 from trainable.factories import check_model
+from trainable.measures import check_measures
 from trainable.function import is_function, replay
 from trainable.device import get_default_device
 from trainable.errors import ConfigError, DataError, problem
@@ -32,6 +34,11 @@ NESTED = ("model", "model_args", "data_args")
 def yaml_text(value) -> str:
     """A default as the user would type it: [128], false, null."""
     return json.dumps(list(value) if isinstance(value, tuple) else value)
+
+
+def default_of(f: dataclasses.Field):
+    """A field's default, made by its factory where it has one (training.metrics: {})."""
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -50,7 +57,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for name, f in FIELDS.items():
         if name not in NESTED:
             fields.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar="VALUE",
-                                type=flag_value, help=f"default {yaml_text(f.default)}")
+                                type=flag_value, help=f"default {yaml_text(default_of(f))}")
     return parser.parse_args(argv)
 
 
@@ -104,6 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         data = load_data(config, args.data_root, root_key="--data-root", with_test=False)
         # the model once on two inputs: a bad keyword or output shape is exit 2, not a crash mid-epoch
         check_model(config, data.sample(), data.num_classes)
+        check_measures(config, data)
     except (ConfigError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -117,8 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = build_run(config, data, device)
     width = len(str(config.epochs))
     for r in train_and_evaluate(run, schedule):
-        print(f"Epoch [{r.epoch:>{width}}/{config.epochs}] | loss {r.train_loss:.4f} | acc {r.train_acc:.4f}"
-              f" | val_loss {r.val_loss:.4f} | val_acc {r.val_acc:.4f} | lr {r.epoch_lr:.5f}"
+        # training's columns without train_ (loss, acc, ...), validation's as they are (val_loss, val_acc, ...)
+        shown = " | ".join(f"{name.removeprefix('train_')} {value:.4f}" for name, value in r.metrics.items())
+        print(f"Epoch [{r.epoch:>{width}}/{config.epochs}] | {shown} | lr {r.epoch_lr:.5f}"
               f" | {r.epoch_seconds:.2f}s", flush=True)
         if r.diverged:
             print("stopped: the training loss is no longer finite (diverged)", flush=True)

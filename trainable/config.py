@@ -26,6 +26,8 @@ from trainable.errors import ConfigError, problem
 BUILTIN_DATASETS = ("mnist", "fashion_mnist", "kmnist", "cifar10")
 BUILTIN_MODELS = ("mlp", "cnn")
 OPTIMIZERS = ("sgd", "adam", "adamw")
+LOSSES = ("cross_entropy", "mse", "smooth_l1")  #: training.loss built-ins (trainable/measures.py)
+REGRESSION_LOSSES = ("mse", "smooth_l1")  #: float targets, no accuracy
 SOURCES = ("memory", "loader")
 MODEL = "model"  #: the nested key of the factory and its keyword arguments
 FACTORY = "factory"  #: model.factory: the factory reference
@@ -65,6 +67,13 @@ def fact(section: str, check: Callable[[Any], bool] | None = None, rule: str | N
     "batch_size must be > 0" reads the same everywhere) and whether `space:` may search it.
     Upper bounds keep values that would only crash later (or overflow Parquet) out."""
     return {"section": section, "rule": (check, rule) if check else None, "searchable": searchable}
+
+
+def metrics_are_valid(value: Any) -> bool:
+    """training.metrics: class names (identifiers) mapped to keyword arguments (a mapping, or null for none)."""
+    return isinstance(value, Mapping) and all(
+        isinstance(k, str) and KEYWORD.fullmatch(k) is not None and (v is None or isinstance(v, Mapping))
+        for k, v in value.items())
 
 
 def _reference_or(builtins: tuple[str, ...]) -> Callable[[str], bool]:
@@ -136,6 +145,16 @@ class TrialConfig:
     clip_norm: float | None = field(default=None, metadata=fact(
         "training", lambda v: v is None or (math.isfinite(v) and v > 0), "must be > 0 (or null to disable)"))
     #: max gradient L2 norm; None disables clipping
+    # what a trial minimises and measures: fixed for a search (other losses give other columns and scales)
+    loss: str = field(default="cross_entropy", metadata=fact(
+        "training", _reference_or(LOSSES),
+        f"must be one of {', '.join(LOSSES)} or FILE.py:CALLABLE / package.module:CALLABLE (loss(outputs, targets) "
+        "-> scalar tensor)", searchable=False))
+    #: cross_entropy (integer class targets), mse or smooth_l1 (float targets), or your own loss(outputs, targets)
+    metrics: Mapping[str, Any] = field(default_factory=frozen_mapping, metadata=fact(
+        "training", metrics_are_valid, "must map torchmetrics class names to their keyword arguments, e.g. "
+        "{MulticlassF1Score: {average: macro}, MeanAbsoluteError: {}}", searchable=False))
+    #: extra torchmetrics, reported as train_<name> and val_<name> (trainable/metrics.py metric_column)
     # run: set by the driver for each trial (seed from experiment.seed, threads from resources.cpus)
     seed: int = field(default=0, metadata=fact("driver", lambda v: 0 <= v <= MAX_INT, "must be in [0, 2**63)",
                                                searchable=False))  #: seeds weight init and shuffling
@@ -147,7 +166,7 @@ class TrialConfig:
         searchable=False))  #: the trial's number in its search (Optuna's); the key to compare searches on
 
     def __post_init__(self) -> None:
-        for name in ("data_args", "model_args"):  # a non-mapping is left for check_fields to name
+        for name in ("data_args", "model_args", "metrics"):  # a non-mapping is left for check_fields to name
             if isinstance(getattr(self, name), Mapping):
                 object.__setattr__(self, name, frozen_mapping(getattr(self, name)))
         problems = check_fields(self.to_flat())

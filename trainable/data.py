@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torchvision import datasets
 
-from trainable.config import TrialConfig
+from trainable.config import REGRESSION_LOSSES, TrialConfig
 from trainable.errors import ConfigError, DataError, problem
 
 # built-in name -> (torchvision class, per-channel mean and std of its training part)
@@ -45,7 +45,8 @@ RAW_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
 
 @dataclass(frozen=True)
 class Arrays:
-    """Inputs (N, ...) and integer labels (N,) int64 of one dataset part."""
+    """Inputs (N, ...) and targets of one dataset part: integer class labels (N,) int64, or float32
+    values (N,) or (N, k) with a regression loss (training.loss mse, smooth_l1, or a loss of your own)."""
 
     inputs: np.ndarray
     labels: np.ndarray
@@ -72,7 +73,7 @@ class Data:
     train: Arrays
     val: Arrays
     test: Arrays | None
-    num_classes: int
+    num_classes: int  #: outputs a model gives: classes, or the width of float targets (1 for (N,))
     input_shape: tuple[int, ...]  #: shape of one prepared input (e.g. (1, 28, 28)): what the model gets
     standardize: Standardize | None  #: None: inputs are used as given (float64 read as float32)
 
@@ -179,7 +180,7 @@ def looks_like_one_part(returned: Any) -> bool:
             and returned[1].ndim == 1 and returned[0].ndim >= 1 and len(returned[0]) == len(returned[1]))
 
 
-def as_arrays(part: Any, key: str, which: str, returned: Any = None) -> Arrays:
+def as_arrays(part: Any, key: str, which: str, returned: Any = None, values: str | None = None) -> Arrays:
     """A Dataset of (x, y) pairs or a pair (X, y) as Arrays; anything else is a ConfigError naming the contract."""
     if isinstance(part, (tuple, list)) and len(part) == 2 and all(
             isinstance(p, (torch.Tensor, np.ndarray)) for p in part):
@@ -189,7 +190,8 @@ def as_arrays(part: Any, key: str, which: str, returned: Any = None) -> Arrays:
         try:
             pairs = [part[i] for i in range(len(part))]
             inputs = np.stack([np.asarray(x.detach().cpu() if isinstance(x, torch.Tensor) else x) for x, _ in pairs])
-            labels = np.asarray([y.item() if isinstance(y, (torch.Tensor, np.generic)) else y for _, y in pairs])
+            labels = np.asarray([(y.item() if y.numel() == 1 else y.detach().cpu().numpy()) if isinstance(y, torch.Tensor)
+                                 else y.item() if isinstance(y, np.generic) else y for _, y in pairs])
         except Exception as error:
             raise ConfigError([problem(key, f"its {which} Dataset must yield (x, y) pairs of arrays and "
                                             f"integer labels ({type(error).__name__}: {error})", describe(part))]) from None
@@ -199,6 +201,8 @@ def as_arrays(part: Any, key: str, which: str, returned: Any = None) -> Arrays:
         raise ConfigError([problem(key, f"{CONTRACT}; its {which} part is {describe(part)}, of the returned "
                                         f"{describe(returned) if returned is not None else '?'}{hint}",
                                    describe(part))])
+    if values is not None:  # a loss that takes float targets (N,) or (N, k)
+        return value_targets(inputs, labels, key, which, values)
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer) or len(inputs) != len(labels) or not len(labels):
         raise ConfigError([problem(key, f"its {which} part must hold N >= 1 inputs and N integer labels (N,) "
                                         f"(inputs: {inputs.shape} {inputs.dtype}); labels", f"{labels.shape} {labels.dtype}")])
@@ -209,6 +213,25 @@ def as_arrays(part: Any, key: str, which: str, returned: Any = None) -> Arrays:
     if inputs.dtype == np.float64:
         inputs = inputs.astype(np.float32)  # models are float32; a float64 input would not run
     return Arrays(inputs, labels.astype(np.int64))
+
+
+def value_targets(inputs: np.ndarray, labels: np.ndarray, key: str, which: str, loss: str) -> Arrays:
+    """Arrays for a loss other than cross_entropy: float targets (N,) or (N, k) as float32. With a loss
+    of your own, integer targets (N,) stay int64 class labels; mse and smooth_l1 take any number as a value."""
+    if (labels.ndim not in (1, 2) or labels.dtype.kind not in NUMERIC_KINDS or len(inputs) != len(labels)
+            or not len(labels) or inputs.dtype.kind not in NUMERIC_KINDS):
+        raise ConfigError([problem(key, f"its {which} part must hold N >= 1 numeric inputs and N numeric targets, "
+                                        f"(N,) or (N, k), for training.loss {loss} (inputs: {inputs.shape} "
+                                        f"{inputs.dtype}); targets", f"{labels.shape} {labels.dtype}")])
+    inputs = inputs.astype(np.float32) if inputs.dtype == np.float64 else inputs
+    if is_class_targets(labels, loss):
+        return Arrays(inputs, labels.astype(np.int64))
+    return Arrays(inputs, labels.astype(np.float32))
+
+
+def is_class_targets(labels: np.ndarray, loss: str) -> bool:
+    """Integer targets (N,) given to a loss of your own are class labels; mse and smooth_l1 take values."""
+    return loss not in REGRESSION_LOSSES and labels.ndim == 1 and labels.dtype.kind in "biu"
 
 
 def call_dataset_function(function: Callable, config: TrialConfig, root: Path, key: str
@@ -236,7 +259,8 @@ def call_dataset_function(function: Callable, config: TrialConfig, root: Path, k
     parts = list(returned) + [None] * (3 - len(returned))
     if parts[0] is None:
         raise ConfigError([problem(key, "a dataset function must return a train part", describe(returned))])
-    return tuple(None if p is None else as_arrays(p, key, which, returned)  # type: ignore[return-value]
+    values = None if config.loss == "cross_entropy" else config.loss
+    return tuple(None if p is None else as_arrays(p, key, which, returned, values)  # type: ignore[return-value]
                  for p, which in zip(parts, ("train", "val", "test")))
 
 
@@ -297,6 +321,10 @@ def load_data(config: TrialConfig, root: str | Path | None = None, *, key: str =
         train_part, val_part = load_dataset(config.dataset, root, train=True), None
         test = load_dataset(config.dataset, root, train=False) if with_test else None
         num_classes, standardize = BUILTIN_CLASSES, Standardize(mean, std)
+        if config.loss in REGRESSION_LOSSES:  # the class index as a value: (N,) float targets, one output
+            train_part, test = (None if p is None else Arrays(p.inputs, p.labels.astype(np.float32))
+                                for p in (train_part, test))
+            num_classes = 1
     else:
         function = resolve(config.dataset, key)
         train_part, val_part, test = call_dataset_function(function, config, root, key)
@@ -304,6 +332,14 @@ def load_data(config: TrialConfig, root: str | Path | None = None, *, key: str =
         shapes = {p.inputs.shape[1:] for p in parts}
         if len(shapes) > 1:
             raise ConfigError([problem(key, "every part must hold inputs of one shape", sorted(shapes))])
+        standardize = None
+        test = test if with_test else None
+    if config.dataset not in TORCHVISION_SETS and train_part.labels.dtype.kind == "f":
+        kinds = sorted({f"{p.labels.dtype} targets {p.labels.shape[1:] or '(N,)'}" for p in parts})
+        if len(kinds) > 1:
+            raise ConfigError([problem(key, "every part must hold targets of one shape and type", kinds)])
+        num_classes = train_part.labels.shape[1] if train_part.labels.ndim == 2 else 1  # outputs: one per column
+    elif config.dataset not in TORCHVISION_SETS:
         if min(int(p.labels.min()) for p in parts) < 0:
             raise DataError(f"{key}: labels must be >= 0 (class indices), got a negative one")
         largest = max(int(p.labels.max()) for p in parts)
@@ -316,8 +352,6 @@ def load_data(config: TrialConfig, root: str | Path | None = None, *, key: str =
             warnings.warn(f"{key}: every training label is {int(present[0])} (one class): any model scores "
                           "accuracy 1.0 by always predicting it; check what the dataset function returns",
                           UserWarning, stacklevel=2)
-        standardize = None
-        test = test if with_test else None
     if val_part is None:
         train, val = split(train_part, config.train_size, config.val_size, config.split_seed)
     else:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from trainable.config import FACTORY_KEY, MODEL, REFERENCE, TrialConfig
+from trainable.config import FACTORY_KEY, MODEL, REFERENCE, REGRESSION_LOSSES, TrialConfig, is_reference
 from trainable.errors import ConfigError, problem
 from trainable.model import make_cnn, make_mlp
 
@@ -199,10 +199,20 @@ def check_model(config: TrialConfig, sample: torch.Tensor, num_classes: int,
         raise ConfigError([problem(key, f"building the model or running it on a batch of {tuple(sample.shape)} "
                                         f"failed: {what_happened(error)} ({where_it_failed(error)})",
                                    config.model)]) from None
-    expected = (len(sample), num_classes)
-    if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != expected:
-        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise ConfigError([problem(key, f"the model must return logits of shape {expected} for a batch of "
+    n = len(sample)
+    got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+    if config.loss in REGRESSION_LOSSES:  # float targets (n,) take (n, 1) or (n,); (n, k) take (n, k)
+        allowed = [(n, num_classes)] + ([(n,)] if num_classes == 1 else [])
+        if got not in allowed:
+            raise ConfigError([problem(key, f"the model must return outputs of shape {' or '.join(map(str, allowed))} "
+                                            f"for a batch of {tuple(sample.shape)} ({num_classes} target column(s) "
+                                            f"for training.loss {config.loss})", got)])
+    elif is_reference(config.loss):  # a loss of the user's: the shape is between the model and it
+        if not isinstance(logits, torch.Tensor) or logits.dim() == 0 or len(logits) != n:
+            raise ConfigError([problem(key, f"the model must return a tensor of {n} rows for a batch of "
+                                            f"{tuple(sample.shape)}", got)])
+    elif got != (n, num_classes):
+        raise ConfigError([problem(key, f"the model must return logits of shape {(n, num_classes)} for a batch of "
                                         f"{tuple(sample.shape)} ({num_classes} classes in the data)", got)])
 
 

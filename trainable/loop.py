@@ -17,29 +17,36 @@ from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
-from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics import Metric
 
 from trainable.batches import Batches, InMemoryBatches, make_loader
 from trainable.config import MUTABLE, TrialConfig, schedule_period
 from trainable.data import Arrays, Data, Standardize
 from trainable.factories import build_model
+from trainable.measures import ACCURACY, LossFunction, accuracy_metric, build_loss, build_metrics, fit_outputs
 from trainable.seed import global_rng_states, set_global_rng_states, set_seed
 
 
-def train(model: nn.Module, batches: Batches, loss_fn: nn.Module, optimizer: torch.optim.Optimizer,
-          metric: MulticlassAccuracy, device: torch.device,
-          clip_norm: float | None = None) -> tuple[float, float]:
-    """One epoch of training; returns (mean loss weighted by batch size, accuracy)."""
+Metrics = Mapping[str, Metric]  #: column name without train_/val_ (acc, f1_score, ...) -> its torchmetrics object
+
+
+def train(model: nn.Module, batches: Batches, loss_fn: LossFunction, optimizer: torch.optim.Optimizer,
+          metrics: Metric | Metrics, device: torch.device,
+          clip_norm: float | None = None) -> tuple[float, Any]:
+    """One epoch of training; returns (mean loss weighted by batch size, the metrics' values).
+
+    `metrics`: a mapping of names to metrics, whose values come back as a dict; or one metric
+    (accuracy), whose value comes back as a float.
+    """
     model.train()
-    metric.reset()
     # summed on the device: a .item() per batch would force a sync each step
     loss_sum = torch.zeros((), device=device)
     seen = 0
-    predictions, targets = [], []
+    kept, targets = [], []
     for X, y in batches:
         X, y = X.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        logits = model(X)
-        loss = loss_fn(logits, y)
+        outputs = fit_outputs(model(X), y)
+        loss = loss_fn(outputs, y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if clip_norm is not None:
@@ -47,56 +54,83 @@ def train(model: nn.Module, batches: Batches, loss_fn: nn.Module, optimizer: tor
         optimizer.step()
         loss_sum += loss.detach() * len(y)
         seen += len(y)
-        predictions.append(logits.detach().argmax(dim=1))
+        kept.append(keep_for(metrics, outputs.detach()))
         targets.append(y)
-    # one metric update per epoch, on the detached predictions: torchmetrics costs ~75 us a
-    # call, 10% of an MNIST epoch of this MLP if called per batch (bench/epoch.py)
-    if predictions:
-        metric.update(torch.cat(predictions), torch.cat(targets))
-    return (loss_sum / seen).item(), metric.compute().item()
+    return (loss_sum / seen).item(), compute(metrics, kept, targets)
 
 
-def evaluate(model: nn.Module, batches: Batches, loss_fn: nn.Module, metric: MulticlassAccuracy,
-             device: torch.device) -> tuple[float, float]:
-    """Loss (weighted by batch size) and accuracy over `batches`, without gradients."""
+def evaluate(model: nn.Module, batches: Batches, loss_fn: LossFunction, metrics: Metric | Metrics,
+             device: torch.device) -> tuple[float, Any]:
+    """Loss (weighted by batch size) and the metrics' values over `batches`, without gradients."""
     model.eval()
-    metric.reset()
     loss_sum = torch.zeros((), device=device)
     seen = 0
+    kept, targets = [], []
     with torch.inference_mode():
         for X, y in batches:
             X, y = X.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            logits = model(X)
-            loss_sum += loss_fn(logits, y) * len(y)
+            outputs = fit_outputs(model(X), y)
+            loss_sum += loss_fn(outputs, y) * len(y)
             seen += len(y)
-            metric.update(logits, y)
-    return (loss_sum / seen).item(), metric.compute().item()
+            kept.append(keep_for(metrics, outputs))
+            targets.append(y)
+    return (loss_sum / seen).item(), compute(metrics, kept, targets)
 
 
-def accuracy_metric(num_classes: int, device: torch.device) -> MulticlassAccuracy:
-    """Plain accuracy (micro average: correct / total); torchmetrics' default is macro.
+def keep_for(metrics: Metric | Metrics, outputs: torch.Tensor) -> torch.Tensor:
+    """What the metrics need of a batch's outputs: accuracy alone needs the predicted classes only
+    (a tenth of MNIST's logits to keep), other metrics the outputs (probabilities, regression values)."""
+    only_accuracy = isinstance(metrics, Metric) or set(metrics) == {ACCURACY}
+    return outputs.argmax(dim=1) if only_accuracy and outputs.dim() > 1 else outputs
 
-    validate_args=False: the check runs torch.unique on every update, a device sync per
-    batch; labels are checked once, when the dataset loads.
-    """
-    return MulticlassAccuracy(num_classes=num_classes, average="micro", validate_args=False).to(device)
+
+def compute(metrics: Metric | Metrics, kept: list[torch.Tensor], targets: list[torch.Tensor]) -> Any:
+    """Each metric over the epoch's kept outputs, updated once: torchmetrics costs ~75 us a call,
+    10% of an MNIST epoch of this MLP if called per batch (bench/epoch.py)."""
+    single = isinstance(metrics, Metric)
+    named = {ACCURACY: metrics} if single else metrics
+    outputs, wanted = (torch.cat(kept), torch.cat(targets)) if kept else (None, None)
+    values = {}
+    for name, metric in named.items():
+        metric.reset()
+        if outputs is not None:
+            metric.update(outputs, wanted)
+        value = metric.compute()
+        if value.numel() != 1:
+            raise ValueError(f"training.metrics: {type(metric).__name__} gave {tuple(value.shape)} values, not one "
+                             "number (set its average, e.g. average: macro)")
+        values[name] = value.item()
+    return values[ACCURACY] if single else values
 
 
 @dataclass(frozen=True)
 class EpochRecord:
-    """What one epoch produced. Field names are the metric names Tune and results use."""
+    """What one epoch produced. Field names are the metric names Tune and results use.
+
+    train_acc and val_acc are None where accuracy means nothing (training.loss other than
+    cross_entropy): the report leaves them out. `extra` holds training.metrics' values under their
+    columns (train_f1_score, val_f1_score, ...), reported beside the fields.
+    """
 
     epoch: int
     train_loss: float
-    train_acc: float
+    train_acc: float | None
     val_loss: float
-    val_acc: float
+    val_acc: float | None
     epoch_lr: float  #: learning rate used during this epoch (the config field lr is the initial one)
     epoch_seconds: float  #: wall time of training + validation in this epoch
     train_seconds: float  #: of which training
     evaluate_seconds: float  #: of which validation
     params: int | None = None  #: the model's parameter count
     latency_ms: float | None = None  #: median forward pass of one batch_size batch, after this epoch (forward_latency_ms)
+    extra: Mapping[str, float] = field(default_factory=dict)  #: training.metrics: column -> value
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """Every metric column of this epoch and its value: train_loss, [train_acc,] ..., val_loss, ..."""
+        own = {"train_loss": self.train_loss, "train_acc": self.train_acc,
+               "val_loss": self.val_loss, "val_acc": self.val_acc}
+        return {**{k: v for k, v in own.items() if v is not None}, **self.extra}
 
     @property
     def diverged(self) -> bool:
@@ -118,9 +152,9 @@ class Run:
     generator: torch.Generator
     train_batches: Batches
     val_batches: Batches
-    loss_fn: nn.Module
-    train_metric: MulticlassAccuracy
-    val_metric: MulticlassAccuracy
+    loss_fn: LossFunction
+    train_metric: Metrics  #: training's metrics (measures.build_metrics: acc with cross_entropy, training.metrics)
+    val_metric: Metrics  #: validation's: separate objects, so neither epoch's state leaks into the other
     epoch: int = 0  #: epochs completed
     # where the weights come from: the seed that drew them and, per epoch, the trial that trained
     # it and the MUTABLE values it used (PBT copies another trial's weights; best.yaml replays this)
@@ -219,9 +253,9 @@ def build_run(config: TrialConfig, data: Data, device: torch.device) -> Run:
         generator=generator,
         train_batches=make_batches(config, data.train, data.standardize, device, shuffle=True, generator=generator),
         val_batches=make_batches(config, data.val, data.standardize, device, shuffle=False, generator=None),
-        loss_fn=nn.CrossEntropyLoss(),
-        train_metric=accuracy_metric(data.num_classes, device),
-        val_metric=accuracy_metric(data.num_classes, device),
+        loss_fn=build_loss(config.loss),
+        train_metric=build_metrics(config, data.num_classes, device),
+        val_metric=build_metrics(config, data.num_classes, device),
         lineage={"seed": config.seed, "epochs": []},
     )
 
@@ -239,18 +273,21 @@ def train_and_evaluate(run: Run, schedule: Mapping[int, Mapping[str, Any]] | Non
             set_hyperparameters(run, schedule[run.epoch + 1])
         start = time.perf_counter()
         epoch_lr = run.optimizer.param_groups[0]["lr"]
-        train_loss, train_acc = train(run.model, run.train_batches, run.loss_fn, run.optimizer,
+        train_loss, train_values = train(run.model, run.train_batches, run.loss_fn, run.optimizer,
                                       run.train_metric, run.device, run.config.clip_norm)
         run.scheduler.step()  # after this epoch's optimizer.step() calls
         trained = time.perf_counter()
-        val_loss, val_acc = evaluate(run.model, run.val_batches, run.loss_fn, run.val_metric, run.device)
+        val_loss, val_values = evaluate(run.model, run.val_batches, run.loss_fn, run.val_metric, run.device)
         run.epoch += 1
         run.lineage["epochs"].append({"epoch": run.epoch, "trial_number": run.config.trial_number,
                                       **{name: getattr(run.config, name) for name in MUTABLE}})
         end = time.perf_counter()
-        record = EpochRecord(run.epoch, train_loss, train_acc, val_loss, val_acc, epoch_lr,
-                             end - start, trained - start, end - trained, parameter_count(run.model),
-                             forward_latency_ms(run.model, run.config.batch_size, run.input_shape, run.device))
+        record = EpochRecord(run.epoch, train_loss, train_values.get(ACCURACY), val_loss, val_values.get(ACCURACY),
+                             epoch_lr, end - start, trained - start, end - trained, parameter_count(run.model),
+                             forward_latency_ms(run.model, run.config.batch_size, run.input_shape, run.device),
+                             extra={f"{part}_{name}": value for part, values in (("train", train_values),
+                                                                                 ("val", val_values))
+                                    for name, value in values.items() if name != ACCURACY})
         yield record
         if record.diverged:
             return
@@ -288,9 +325,19 @@ def forward_latency_ms(model: nn.Module, batch_size: int, input_shape: tuple[int
 
 def evaluate_model(config: TrialConfig, model_state: dict[str, Any], input_shape: tuple[int, ...],
                    num_classes: int, arrays: Arrays, standardize: Standardize | None,
-                   device: torch.device) -> tuple[float, float]:
-    """Loss and accuracy on `arrays` (e.g. the test part) of a model saved by a run of `config`."""
+                   device: torch.device) -> tuple[float, float | None]:
+    """Loss and accuracy (None without one: training.loss other than cross_entropy) on `arrays`."""
+    values = metrics_on(config, model_state, input_shape, num_classes, arrays, standardize, device, prefix="")
+    return values["loss"], values.get(ACCURACY)
+
+
+def metrics_on(config: TrialConfig, model_state: dict[str, Any], input_shape: tuple[int, ...],
+                 num_classes: int, arrays: Arrays, standardize: Standardize | None, device: torch.device,
+                 prefix: str = "test_") -> dict[str, float]:
+    """Every metric a run of `config` reports (loss, acc with cross_entropy, training.metrics) on `arrays`
+    (e.g. the test part), of a model saved by that run: {test_loss: ..., test_acc: ..., test_f1_score: ...}."""
     model = build_model(config, input_shape, num_classes).to(device)
     model.load_state_dict(model_state)
     batches = make_batches(config, arrays, standardize, device, shuffle=False, generator=None)
-    return evaluate(model, batches, nn.CrossEntropyLoss(), accuracy_metric(num_classes, device), device)
+    loss, values = evaluate(model, batches, build_loss(config.loss), build_metrics(config, num_classes, device), device)
+    return {f"{prefix}{name}": value for name, value in {"loss": loss, **values}.items()}

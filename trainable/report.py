@@ -53,18 +53,31 @@ class Phases:
     checkpoint_seconds: float  #: writing this epoch's checkpoint (0 when checkpoint_every skips it)
 
 
-EPOCH_COLUMNS = [f.name for f in dataclasses.fields(EpochRecord)]
+# the record's fields as columns; `extra` (training.metrics) joins them under each metric's own column
+EPOCH_COLUMNS = [f.name for f in dataclasses.fields(EpochRecord) if f.name != "extra"]
 PLACEMENT_COLUMNS = [f.name for f in dataclasses.fields(Placement)]
 PHASE_COLUMNS = [f.name for f in dataclasses.fields(Phases)]
 GPU_MEMORY_COLUMNS = ["gpu_memory_allocated_mb", "gpu_memory_reserved_mb"]
 REPORT_COLUMNS = [*EPOCH_COLUMNS, "diverged", *PLACEMENT_COLUMNS, *GPU_MEMORY_COLUMNS, *PHASE_COLUMNS, "finished_at"]
 
 
+def report_columns(metric_columns: tuple[str, ...]) -> list[str]:
+    """REPORT_COLUMNS for a canonical loop that reports `metric_columns` (metrics.epoch_metrics): without
+    train_acc and val_acc where they are not reported, training.metrics' columns after val_acc's place."""
+    own = [c for c in REPORT_COLUMNS if c not in ("train_acc", "val_acc") or c in metric_columns]
+    extra = [c for c in metric_columns if c not in own]
+    at = own.index("val_loss") + (2 if "val_acc" in own else 1)
+    return [*own[:at], *extra, *own[at:]]
+
+
 def epoch_report(record: EpochRecord, placement: Placement, device: torch.device,
                  phases: Phases | None = None) -> dict[str, Any]:
     """One epoch's report: metrics (the names experiment.metric may use), placement, timing."""
+    fields = {f.name: getattr(record, f.name) for f in dataclasses.fields(record) if f.name not in ("extra", "train_acc",
+                                                                                                   "val_acc")}
     return {
-        **dataclasses.asdict(record),
+        **fields,
+        **record.metrics,  # train_acc and val_acc only where they mean something, training.metrics' columns
         "diverged": record.diverged,
         **dataclasses.asdict(placement),
         **(dataclasses.asdict(phases) if phases is not None else {c: None for c in PHASE_COLUMNS}),
