@@ -26,6 +26,7 @@ from search.results import RECORD_FILE, RESULTS_FILE
 from search.run_folder import BEST_FILE, SPEC_FILE, RunFolder
 from search.storage import Storage, is_uri
 from trainable.errors import ConfigError, problem
+from trainable.metrics import reports_accuracy
 
 #: --format -> the ending of the default output file
 FORMATS = {"state_dict": ".pt", "torchscript": ".torchscript.pt", "onnx": ".onnx"}
@@ -174,6 +175,13 @@ def input_preparation(dataset: str) -> dict[str, Any]:
     return {"from": "the dataset function's inputs", "to": "the same, float64 read as float32", "steps": "none"}
 
 
+def outputs_of(loss: str, width: int) -> str:
+    """What the model's outputs are: class logits under cross_entropy, else the values the loss was given."""
+    if reports_accuracy(loss):
+        return f"logits (N, {width})"
+    return f"predictions (N, {width}), compared with the targets by training.loss {loss}"
+
+
 def metadata(chosen: Chosen) -> dict[str, Any]:
     """What a user needs beside the weights: where they came from, what goes in, what comes out."""
     import torch
@@ -185,7 +193,7 @@ def metadata(chosen: Chosen) -> dict[str, Any]:
         "run": chosen.folder.path, "checkpoint": chosen.checkpoint, "trial_number": chosen.trial_number,
         "trial_id": chosen.trial_id, "epoch": chosen.epoch, "metrics": chosen.metrics,
         "input_shape": list(saved.input_shape), "num_classes": saved.num_classes,
-        "inputs": input_preparation(saved.config.dataset), "outputs": f"logits (N, {saved.num_classes})",
+        "inputs": input_preparation(saved.config.dataset), "outputs": outputs_of(saved.config.loss, saved.num_classes),
         "config": saved.config.to_dict(), "torch": str(torch.__version__),
     }))
 
