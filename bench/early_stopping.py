@@ -1,6 +1,6 @@
 """Early stopping side by side: FIFO, reproducible ASHA, Ray's ASHA, reproducible Hyperband and PBT.
 
-    python bench/early_stopping.py [--data-root DIR] [--seeds 3] [--quick]
+    python bench/early_stopping.py [--data-root DIR] [--seeds 3] [--quick] [--schedulers fifo,asha,hyperband]
 
 Runs one space once per scheduler and seed, interleaved, each run a whole `python -m search`
 command timed from outside. The issue's setting is 32 trials x 10 epochs of the MNIST MLP at 4
@@ -30,6 +30,7 @@ SCHEDULERS = {  # label -> (scheduler, reproducible)
     "hyperband (reproducible)": ("hyperband", True),
     "pbt (Ray's, synchronous)": ("pbt", True),
 }
+SHORT = dict(zip(("fifo", "asha", "asha-ray", "hyperband", "pbt"), SCHEDULERS))  #: --schedulers' names
 
 
 def run(label: str, seed: int, settings: list[str], storage: Path) -> dict:
@@ -58,7 +59,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="8 trials x 4 epochs on 5,000 images, one seed")
     parser.add_argument("--data-root", default=None)
+    parser.add_argument("--schedulers", default=",".join(SHORT),
+                        help=f"which to run, of {', '.join(SHORT)} (fifo always runs: the reference)")
     args = parser.parse_args()
+    wanted = {"fifo", *args.schedulers.split(",")}
+    if wanted - set(SHORT):
+        parser.error(f"--schedulers: unknown {', '.join(sorted(wanted - set(SHORT)))} (known: {', '.join(SHORT)})")
+    chosen = [label for short, label in SHORT.items() if short in wanted]
     trials, epochs = (8, 4) if args.quick else (32, 10)
     settings = ["--num-samples", str(trials), "--max-concurrent", "4", "--epochs", str(epochs),
                 "--cpus-per-trial", "0.5", "--set", "experiment.grace_period=1",
@@ -68,10 +75,10 @@ def main() -> None:
     if args.data_root:
         settings += ["--data-root", args.data_root]
     seeds = 1 if args.quick else args.seeds
-    runs: dict[str, list[dict]] = {label: [] for label in SCHEDULERS}
+    runs: dict[str, list[dict]] = {label: [] for label in chosen}
     with tempfile.TemporaryDirectory() as folder:
         for seed in range(seeds):
-            labels = list(SCHEDULERS) if seed % 2 == 0 else list(reversed(SCHEDULERS))
+            labels = chosen if seed % 2 == 0 else list(reversed(chosen))
             for label in labels:
                 runs[label].append(run(label, seed, settings, Path(folder)))
                 r = runs[label][-1]
