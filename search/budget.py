@@ -30,6 +30,7 @@ which would refuse the trials a resume adds; `Generator` asks the Budget instead
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -150,12 +151,25 @@ class Budget:
                 self._end({"ended_by": "time_budget", "time_budget": self.time_budget, "after_seconds": spent})
         for target in self.targets:
             value = (result or {}).get(target.metric)
+            if value is None and result and self.writes:
+                self._unreported(target.metric, result)
             if self.ended is None and target.reached(value):
                 self._end({"ended_by": "stop_when", "metric": target.metric, "op": target.op, "target": target.value,
                            "value": float(value),
                            "trial_number": trial_number(result),
                            "epoch": result.get("epoch")})
         return self.ended is not None
+
+    def _unreported(self, metric: str, result: dict) -> None:
+        """Say once that a trial's report lacks a target's metric: a function trainable's names are
+        known only from its reports (the canonical loop's are checked before the search)."""
+        said = self.__dict__.setdefault("said_unreported", set())
+        number = trial_number(result)
+        if metric in said or number is None:
+            return
+        said.add(metric)
+        print(f"note: experiment.stop_when names {metric}, which trial #{number}'s report does not hold; that "
+              f"target cannot end the search unless a later report holds it", file=sys.stderr, flush=True)
 
     @property
     def finished(self) -> bool:
@@ -269,7 +283,9 @@ def ended_note(ended: dict[str, Any] | None, trials: int) -> str | None:
     if not ended:
         return None
     if ended["ended_by"] == "time_budget":
-        how = f"ended by time_budget {describe(ended['time_budget'])}"
+        spent = ended.get("after_seconds")
+        how = f"ended by time_budget {describe(ended['time_budget'])}" + (
+            f" (noticed {spent:.1f} s after the search's start)" if isinstance(spent, (int, float)) else "")
     else:
         target = f"{ended['op']} {ended['target']:g}" if ended.get("op") else f"{ended['target']:g}"
         how = (f"ended by stop_when {ended['metric']}: {target} (trial #{ended['trial_number']} reached "

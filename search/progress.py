@@ -32,6 +32,7 @@ from search.results import read_record, results_schema, score, to_frame, trial_r
 from search.run_folder import RunFolder
 from search.space import Space
 from search.study import RUNNING
+from trainable.errors import ConfigError
 
 if TYPE_CHECKING:
     from search.journal import Journal
@@ -93,6 +94,10 @@ class Progress(Callback):
         # clock, the trials that already ended (their results parts), the journal reopened later
         self.__dict__.update(state, started=time.monotonic())
         self.ended = set(self.folder.ended_trials())
+        try:  # the total as the resume wrote it (--more-trials, --num-samples): spec.yaml, not the pickle
+            self.total = self.folder.read_spec()[0].experiment.num_samples
+        except ConfigError:
+            pass  # the resume itself reads and checks spec.yaml first; keep the old total
         self._reset()
 
     def setup(self, **info) -> None:

@@ -322,7 +322,9 @@ def _parse_function_space(raw: Mapping[str, Any], source: str) -> Space:
                                 stop_when))
         stop_when = None
     experiment = validated(Experiment, "experiment", settings, problems).model_copy(
-        update={"metric": metric, "stop_when": dict(stop_when) if stop_when else None})
+        # numbers as floats, as the field's validation makes them for the canonical loop (model_copy skips it)
+        update={"metric": metric, "stop_when": {k: float(v) if isinstance(v, int) else v
+                                                for k, v in stop_when.items()} if stop_when else None})
     if not isinstance(metric, str) or not metric:
         problems.append(problem("experiment.metric", "must name a metric the function reports", metric))
     if experiment.constraints:  # docs/multi-objective.md: on the canonical loop's metrics only, for now

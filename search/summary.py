@@ -7,6 +7,7 @@ from typing import Any
 
 import pandas as pd
 
+from search.objectives import FEASIBLE
 from search.results import ranked
 from search.storage import is_uri
 from search.study import JOURNAL_FILE
@@ -140,9 +141,14 @@ def format_table(frame: pd.DataFrame, metric: str, mode: str, searched: list[str
     if not per_trial:
         return "(no trials)"
     table = pd.DataFrame(per_trial)
-    table = table.sort_values(metric, ascending=(mode == "min"), na_position="last").head(top)
+    table = table.sort_values(metric, ascending=(mode == "min"), na_position="last")
+    # a trial that breaks experiment.constraints is never best: listed after the feasible ones, and marked
+    infeasible = FEASIBLE in table and table[FEASIBLE].eq(False).any()  # null: not judged
+    if infeasible:
+        table = table.sort_values(FEASIBLE, key=lambda f: f.eq(False), kind="stable")
+    table = table.head(top)
     table["trial_number"] = table["trial_number"].map(lambda v: "-" if pd.isna(v) else f"#{int(v)}")
-    shown = [metric, *[c for c in also if c != metric and c in table]]
+    shown = [metric, *[c for c in also if c != metric and c in table], *([FEASIBLE] if infeasible else [])]
     columns = ["trial_number", "trial_id", "status", "epoch", *shown, *[c for c in searched if c not in shown]]
     return table[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}")
 

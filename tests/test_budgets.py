@@ -3,6 +3,8 @@ that ran are the first trials of the same search without a budget."""
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 
 import pytest
@@ -87,9 +89,25 @@ def test_a_function_trainables_own_metric_may_be_a_target(tmp_path):
         parse_space(raw, source=str(tmp_path / "s.yaml"))
 
 
+def test_a_target_no_report_holds_is_said_once(tmp_path, capsys):
+    from search.budget import Budget
+    from search.run_folder import RunFolder
+    from search.storage import Storage
+
+    raw = {"trainable": "train.py:train", "experiment": {"metric": "mae", "mode": "min", "stop_when": {"maee": 0.05}},
+           "space": {"lr": {"distribution": "float", "low": 0.1, "high": 1.0}}}
+    budget = Budget(RunFolder(Storage.at(str(tmp_path)), "typo"), parse_space(raw, source=str(tmp_path / "s.yaml")).experiment)
+    for number in (0, 1):
+        assert not budget.observe({"mae": 0.01, "trial_number": number, "epoch": 1})
+    err = capsys.readouterr().err
+    assert err.count("note: experiment.stop_when names maee, which trial #0's report does not hold") == 1, err
+
+
 def test_the_summary_says_what_ended_it():
     note = ended_note({"ended_by": "time_budget", "time_budget": 60.0, "num_samples": 1000}, 7)
     assert note.startswith("ended by time_budget 60s after 7 of 1000 trials")
+    note = ended_note({"ended_by": "time_budget", "time_budget": 60.0, "num_samples": 1000, "after_seconds": 61.04}, 7)
+    assert note.startswith("ended by time_budget 60s (noticed 61.0 s after the search's start) after 7 of 1000 trials")
     note = ended_note({"ended_by": "stop_when", "metric": "val_acc", "target": 0.9, "value": 0.93,
                        "trial_number": 3, "epoch": 2, "num_samples": 16}, 5)
     assert note.startswith("ended by stop_when val_acc: 0.9 (trial #3 reached 0.9300 at epoch 2) after 5 of 16")
@@ -126,7 +144,8 @@ def test_time_budget_ends_the_search_with_a_prefix_of_its_trials(tmp_path, data_
     frame = outcome.results
     trials = frame.drop_duplicates("trial_id")
     assert not outcome.interrupted and outcome.succeeded  # the CLI exits 0
-    assert f"ended by time_budget 4s after {len(trials)} of 1000 trials" in outcome.summary
+    assert re.search(rf"ended by time_budget 4s \(noticed [0-9.]+ s after the search's start\) after {len(trials)} "
+                     "of 1000 trials", outcome.summary), outcome.summary
     assert read_ended(RunFolder(Storage.at(str(tmp_path)), "budget"))["ended_by"] == "time_budget"
     numbers = sorted(int(n) for n in trials["trial_number"])
     assert numbers == list(range(len(numbers))) and 0 < len(numbers) < 1000
@@ -256,3 +275,7 @@ def test_a_resume_gets_spec_yamls_budget_and_more_trials_and_its_stopper_copy_fo
     searcher_copy.searcher.on_trial_complete("t1", {"val_loss": 0.05, "epoch": 1, "config/trial_number": 1})
     assert read_ended(folder)["trial_number"] == 1 and searcher_copy.searcher.suggest("t3") == Searcher.FINISHED
     assert searcher_copy.searcher.budget.num_samples == 3
+    # so does the progress line's total (Tune restores its Progress callback pickled at the start)
+    from search.progress import Progress
+
+    assert pickle.loads(pickle.dumps(Progress(folder, space))).total == 3

@@ -80,6 +80,17 @@ def test_a_trials_point_is_its_last_epoch_with_several_objectives_and_infeasible
     assert front["val_acc"].tolist() == [0.9, 0.6]
 
 
+def test_the_summary_lists_infeasible_trials_after_the_feasible_ones_and_marks_them():
+    from search.summary import format_table
+
+    frame = pd.DataFrame({"trial_id": ["a", "b", "c"], "trial_number": [0, 1, 2], "status": ["COMPLETED"] * 3,
+                          "epoch": [1, 1, 1], "val_acc": [0.9, 0.8, 0.7], "params": [400000, 100000, 400000],
+                          "feasible": [False, True, False], "lr": [0.1, 0.1, 0.2]})
+    lines = format_table(frame, "val_acc", "max", ["lr"], also=("params",)).splitlines()
+    assert lines[0].split() == ["trial_number", "trial_id", "status", "epoch", "val_acc", "params", "feasible", "lr"]
+    assert [line.split()[0] for line in lines[1:]] == ["#1", "#0", "#2"]
+
+
 def test_infeasible_trials_are_never_best_with_one_objective():
     from search.objectives import feasible_only, mark_feasible
 
