@@ -9,11 +9,12 @@ MNIST_RAW ?= ../shared/data/MNIST/raw
 
 .PHONY: run test install browser data bench gpu-check clean
 
-# Which PyTorch build the venv gets. TORCH=cpu: PyTorch's CPU-only wheels from PyTorch's own index
-# (no CUDA libraries, which are over half of the ~6.5 GB venv). TORCH=cuda (or default): pip's
-# choice, on Linux x86_64 the CUDA build. TORCH=auto, the default: cpu on a machine with no NVIDIA
-# GPU (no nvidia-smi, no /dev/nvidia0) when PyTorch's CPU index answers, else pip's choice, said
-# aloud. See docs/testing.md.
+# Which PyTorch build .venv gets when it is made (an existing .venv keeps its build: `make clean`
+# first to change it). TORCH=cpu: PyTorch's CPU-only wheels from PyTorch's own index (no CUDA
+# libraries, which are over half of the ~6.5 GB venv). TORCH=cuda: pip's default wheel from PyPI,
+# the CUDA build on Linux x86_64. TORCH=auto, the default: cpu on a machine with no NVIDIA GPU (no
+# nvidia-smi, no /dev/nvidia*, no /proc/driver/nvidia) when PyTorch's CPU index answers, else cuda,
+# said aloud. See docs/testing.md.
 TORCH ?= auto
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
@@ -22,8 +23,9 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	@torch="$(TORCH)"; \
+	case "$$torch" in auto|cpu|cuda) ;; *) echo "TORCH must be auto, cpu or cuda, got '$$torch'"; exit 2;; esac; \
 	if [ "$$torch" = auto ]; then \
-	  if command -v nvidia-smi >/dev/null 2>&1 || [ -e /dev/nvidia0 ]; then torch=cuda; \
+	  if command -v nvidia-smi >/dev/null 2>&1 || ls /dev/nvidia[0-9]* >/dev/null 2>&1 || [ -e /proc/driver/nvidia ]; then torch=cuda; \
 	  elif $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=10)" 2>/dev/null; then torch=cpu; \
 	  else torch=cuda; echo "No NVIDIA GPU here, but PyTorch's CPU index ($(TORCH_CPU_INDEX)) does not answer:" \
 	    "installing pip's default torch (on Linux x86_64 the CUDA build, about 6.5 GB in .venv)."; fi; fi; \
