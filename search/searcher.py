@@ -50,7 +50,7 @@ def lag_of(experiment) -> int:
     max_concurrent - 1 by default: when a slot frees, one of the last max_concurrent trials has
     ended, so trial n-max_concurrent's result is the latest one a reproducible searcher can wait
     for without holding slots long (bench/quality.py: 0.049 against 0.068 mean regret at 50
-    trials for the lag max_concurrent of before, docs/search-quality.md). A lag that does not
+    trials, seeds 0-4, for the lag max_concurrent of before, docs/search-quality.md). A lag that does not
     follow max_concurrent gives the same trials at any max_concurrent (docs/reproducibility.md).
     """
     return max(0, experiment.max_concurrent - 1) if experiment.lag is None else experiment.lag
