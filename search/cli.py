@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 from typing import Any, Sequence
 
 from search.overrides import set_keys
@@ -302,7 +303,15 @@ def run() -> None:
     from search import phases
 
     phases.begin_command()  # the summary's wall time is the command's, from the process's start
-    code = main()
+    try:
+        code = main()
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    except KeyboardInterrupt:  # a Ctrl-C outside the search's own handling (it says how a search stopped)
+        code = 130
+    except BaseException:  # a bug of ours: said with its traceback, and still no wait on user threads
+        traceback.print_exc()
+        code = 1
     left = [t.name for t in threading.enumerate()
             if t is not threading.main_thread() and t.is_alive() and not t.daemon]
     if left:

@@ -104,3 +104,13 @@ def test_the_summary_times_the_whole_command_and_its_phases_add_up(tmp_path):
     assert abs(sum(timing["phases"].values()) - timing["wall_seconds"]) <= 0.05 * timing["wall_seconds"]
     assert phases.strip().startswith("phases: Python's start, imports and the space file ")
     assert f"Ray's shutdown {timing['phases']['shutdown']:.1f} s" in phases
+
+
+def test_a_bug_of_ours_is_said_and_the_command_still_ends_despite_a_user_thread():
+    # a search whose checks raised unexpectedly (a traceback) then hung on a dataset's thread
+    script = ("import threading\nimport search.cli as cli\n"
+              "threading.Thread(target=threading.Event().wait, name='users-thread').start()\n"
+              "cli.main = lambda: 1 / 0\ncli.run()\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 1 and "ZeroDivisionError" in done.stderr, done.stderr[-2000:]
+    assert "user code left 1 thread(s) running (users-thread)" in done.stderr

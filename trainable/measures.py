@@ -119,9 +119,10 @@ def build_metrics(config: TrialConfig, num_classes: int, device: torch.device) -
     return metrics
 
 
-def check_measures(config: TrialConfig, data: Data, n: int = 8) -> None:
+def check_measures(config: TrialConfig, data: Data, n: int = 2) -> None:
     """training.loss and training.metrics, tried once before the search: the loss resolves and gives
-    a scalar on a few training examples, every metric builds and gives one number. ConfigError naming the key."""
+    a scalar on the two training examples the model check tried (a model need work on no more
+    before the search), every metric builds and gives one number. ConfigError naming the key."""
     from trainable.factories import build_model, what_happened, where_it_failed
 
     loss_fn = build_loss(config.loss)
