@@ -12,8 +12,8 @@ import os
 import sys
 from typing import Any, Callable
 
-import pyarrow.fs as pafs
 from ray import tune
+from ray.tune.logger import JsonLoggerCallback
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
 from search.budget import budgeted
@@ -94,18 +94,34 @@ class FirstTrialStart(tune.Callback):
         first_trial_started()
 
 
-class KeepRecords(tune.Callback):
-    """Tune's JSON logger copies a restarting trial's result.json back from the run folder over the
-    driver's own copy, which also holds the reports made since Tune last synced the folder: a trial
-    paused at a PBT perturbation or a rung, or restarted after an error, lost those rows. The
-    driver's copy (this driver's reports after the one restored) is put in the run folder first.
-    Runs before Tune's loggers: Tune appends its default callbacks after the given ones."""
+class KeepingJsonLogger(JsonLoggerCallback):
+    """Tune's JSON logger (every trial's result.json, our record), keeping what this driver wrote.
 
-    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+    When a trial starts again (after a pause at a rung or a PBT perturbation, or a restart after
+    an error), Tune's logger copies result.json back from the run folder over the driver's copy.
+    The run folder's copy is uploaded in the background, and under load an upload that began
+    before the trial's last report can land after it: the copy back then drops that report, and
+    the row is gone from results.parquet (a reproducible search's table lost a row). Where this
+    driver has written a trial's record, that copy holds every report the run folder's does and
+    more, so it stays; the run folder's copy is taken only by a driver that has none (a resume).
+    Tune adds its own JSON logger only when none is given, so this one replaces it.
+    """
+
+    def log_trial_start(self, trial) -> None:
         local = os.path.join(trial.local_path, RECORD_FILE)
-        if os.path.exists(local) and os.path.abspath(trial.local_path) != os.path.abspath(trial.path):
-            pafs.copy_files(local, f"{trial.path}/{RECORD_FILE}",
-                            destination_filesystem=trial.storage.storage_filesystem)
+        kept = _read_bytes(local)
+        super().log_trial_start(trial)  # copies the run folder's result.json over `local`
+        if kept and _read_bytes(local) != kept:
+            with open(local, "wb") as f:  # the logger's handle appends (O_APPEND): its next line follows these
+                f.write(kept)
+
+
+def _read_bytes(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return b""
 
 
 def disk_guard(space: Space, folder: RunFolder) -> list[DiskGuard]:
@@ -149,7 +165,7 @@ def build_tuner(space: Space, folder: RunFolder, data: Data | None, trial_functi
             # reproducible search reruns them identically, and their parts written before the kill
             # are dropped on resume (run_folder.drop_unrecorded_parts; docs/stops-and-resume.md)
             callbacks=[Progress(folder, space), *disk_guard(space, folder), *tracker_callbacks(space, folder),
-                       FirstTrialStart(), KeepRecords()],
+                       FirstTrialStart(), KeepingJsonLogger()],
             verbose=0,
         ),
     )

@@ -1,0 +1,81 @@
+"""result.json, the record results.parquet is derived from, keeps every report when a trial starts again."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import pytest
+from ray import tune
+from ray.tune.logger import JsonLoggerCallback
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+
+from search.results import RECORD_FILE
+from search.tuner import KeepingJsonLogger
+
+EPOCHS = 4
+
+
+def four_epochs():
+    """A trainable reporting epochs 1..4 with a checkpoint each; a restart goes on after its checkpoint's epoch.
+    Made here, so that Ray pickles it by value (the tests folder is not on the workers' path)."""
+
+    def train(config: dict) -> None:
+        start = 0
+        checkpoint = tune.get_checkpoint()
+        if checkpoint:
+            with checkpoint.as_directory() as folder, open(os.path.join(folder, "epoch.json")) as f:
+                start = json.load(f)
+        for epoch in range(start + 1, EPOCHS + 1):
+            with tempfile.TemporaryDirectory() as folder:
+                with open(os.path.join(folder, "epoch.json"), "w") as f:
+                    json.dump(epoch, f)
+                tune.report({"epoch": epoch}, checkpoint=tune.Checkpoint.from_directory(folder))
+
+    return train
+
+
+class PauseOnce(FIFOScheduler):
+    """Pauses the trial once, at epoch 2, as a rung does; it starts again from that epoch's checkpoint."""
+
+    _supports_buffered_results = False
+
+    def __init__(self):
+        super().__init__()
+        self.paused = False
+
+    def on_trial_result(self, tune_controller, trial, result: dict) -> str:
+        if result["epoch"] == 2 and not self.paused:
+            self.paused = True
+            return TrialScheduler.PAUSE
+        return TrialScheduler.CONTINUE
+
+
+class LaggingUpload(tune.Callback):
+    """What a background upload of the driver's folder does when it began before the trial's last
+    report and lands after it: the run folder's result.json lacks that report when the trial starts again."""
+
+    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        local = os.path.join(trial.local_path, RECORD_FILE)
+        if os.path.exists(local):  # a restart: the driver's copy holds epochs 1 and 2
+            with open(local) as f:
+                first = f.readline()
+            with open(os.path.join(trial.path, RECORD_FILE), "w") as f:
+                f.write(first)
+
+
+def recorded_epochs(tmp_path, name: str, logger: JsonLoggerCallback) -> list[int]:
+    tuner = tune.Tuner(four_epochs(), tune_config=tune.TuneConfig(scheduler=PauseOnce(), num_samples=1),
+                       run_config=tune.RunConfig(name=name, storage_path=str(tmp_path), verbose=0,
+                                                 callbacks=[LaggingUpload(), logger]))
+    [result] = list(tuner.fit())
+    with open(os.path.join(result.path, RECORD_FILE)) as f:
+        return [json.loads(line)["epoch"] for line in f]
+
+
+@pytest.mark.slow
+def test_a_trial_started_again_keeps_the_report_a_lagging_upload_missed(ray_local, tmp_path):
+    # Tune's own logger takes the run folder's copy back over the driver's: epoch 2 is lost
+    assert recorded_epochs(tmp_path, "tunes", JsonLoggerCallback()) == [1, 3, 4]
+    assert recorded_epochs(tmp_path, "ours", KeepingJsonLogger()) == [1, 2, 3, 4]
