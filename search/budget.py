@@ -32,14 +32,13 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import yaml
 from ray import tune
 from ray.tune.search import SearchGenerator, Searcher
 
-from search.objectives import names
+from search.objectives import Bound, names
 from search.run_folder import RunFolder
 from search.schema import budget_seconds, stop_target
 from search.space import Space
@@ -54,23 +53,6 @@ LOCATION_KEYS = ("experiment.storage_path", "experiment.name", "data.root")
 LOWER_IS_BETTER = ("loss", "error")
 
 
-@dataclass(frozen=True)
-class Target:
-    """One stop_when entry: reached once `metric` `op` `value` holds."""
-
-    metric: str
-    op: str  #: "<=" or ">="
-    value: float
-
-    def reached(self, value: Any) -> bool:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-            return False
-        return value <= self.value if self.op == "<=" else value >= self.value
-
-    def __str__(self) -> str:
-        return f"{self.metric} {self.op} {self.value:g}"
-
-
 def direction(experiment, metric: str) -> str:
     """The op a plain-number target on `metric` means: the objective's mode if `metric` is one of
     experiment.metric's objectives, else lower-is-better by name (LOWER_IS_BETTER), else higher."""
@@ -80,12 +62,12 @@ def direction(experiment, metric: str) -> str:
     return "<=" if metric.endswith(LOWER_IS_BETTER) else ">="
 
 
-def targets_of(experiment) -> tuple[Target, ...]:
-    """experiment.stop_when as Targets, each with its direction (an explicit '<=' / '>=' wins)."""
+def targets_of(experiment) -> tuple[Bound, ...]:
+    """experiment.stop_when as Bounds (a target is reached when its bound holds), each with its direction (an explicit '<=' / '>=' wins)."""
     out = []
     for metric, given in (experiment.stop_when or {}).items():
         op, value = stop_target(given)
-        out.append(Target(metric, op or direction(experiment, metric), value))
+        out.append(Bound(metric, op or direction(experiment, metric), value))
     return tuple(out)
 
 
@@ -153,7 +135,7 @@ class Budget:
             value = (result or {}).get(target.metric)
             if value is None and result and self.writes:
                 self._unreported(target.metric, result)
-            if self.ended is None and target.reached(value):
+            if self.ended is None and target.holds(value):
                 self._end({"ended_by": "stop_when", "metric": target.metric, "op": target.op, "target": target.value,
                            "value": float(value),
                            "trial_number": trial_number(result),

@@ -57,7 +57,10 @@ def names(value: str | Sequence[str]) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class Constraint:
+class Bound:
+    """'METRIC <= NUMBER' or 'METRIC >= NUMBER': a constraint (experiment.constraints) or a target
+    (experiment.stop_when, search/budget.py)."""
+
     metric: str
     op: str  #: "<=" or ">="
     bound: float
@@ -69,6 +72,10 @@ class Constraint:
             return math.inf
         return v - self.bound if self.op == "<=" else self.bound - v
 
+    def holds(self, value: Any) -> bool:
+        """Whether a measured, finite `value` is within the bound (a target: reached)."""
+        return self.violation(value) <= 0
+
     def __str__(self) -> str:
         return f"{self.metric} {self.op} {self.bound:g}"
 
@@ -77,8 +84,8 @@ CONSTRAINT_RULE = (f"must read 'METRIC <= NUMBER' or 'METRIC >= NUMBER' with a M
                    f"({', '.join(OBJECTIVES)}, or train_/val_<name> of training.metrics)")
 
 
-def parse_constraint(text: Any) -> Constraint | None:
-    """'params <= 200000' as a Constraint; None if it is not one (CONSTRAINT_RULE says why)."""
+def parse_constraint(text: Any) -> Bound | None:
+    """'params <= 200000' as a Bound; None if it is not one (CONSTRAINT_RULE says why)."""
     match = _CONSTRAINT.fullmatch(text) if isinstance(text, str) else None
     if match is None or not metric_name(match.group(1)):
         return None
@@ -86,7 +93,7 @@ def parse_constraint(text: Any) -> Constraint | None:
         bound = float(match.group(3))
     except ValueError:
         return None
-    return Constraint(match.group(1), match.group(2), bound) if math.isfinite(bound) else None
+    return Bound(match.group(1), match.group(2), bound) if math.isfinite(bound) else None
 
 
 @dataclass(frozen=True)
@@ -95,7 +102,7 @@ class Objectives:
 
     metrics: tuple[str, ...]
     modes: tuple[str, ...]
-    constraints: tuple[Constraint, ...] = ()
+    constraints: tuple[Bound, ...] = ()
 
     @property
     def several(self) -> bool:

@@ -43,22 +43,42 @@ from trainable.metrics import (MEASURED, METRICS, OBJECTIVES, epoch_metrics, met
                                reports_accuracy)
 
 
-def rule(text: str, check: Callable[[Any], bool] = lambda value: True) -> AfterValidator:
-    """A field's rule: `check` beyond its type, and `text`, the message for any problem with it."""
+def rule(text: str, check: Callable[[Any], bool] = lambda value: True,
+         entries: Callable[[Mapping[str, Any]], list[str]] | None = None) -> AfterValidator:
+    """A field's rule: `check` beyond its type, and `text`, the message for any problem with it.
+
+    `entries`: for a mapping field, the keys of the entries that break the rule, so that each
+    is named in its own message (experiment.stop_when.val_loss) rather than the whole mapping.
+    """
     def validate(value: Any) -> Any:
         if not check(value):
             raise ValueError(text)
         return value
 
-    validate.rule = text  # read back by rule_of
+    validate.rule, validate.entries = text, entries  # read back by rule_of, bad_entries
     return AfterValidator(validate)
 
 
-def rule_of(model: type[BaseModel], name: str) -> str:
+def _rule_function(model: type[BaseModel], name: str) -> Callable:
     for item in model.model_fields[name].metadata:
         if isinstance(item, AfterValidator) and hasattr(item.func, "rule"):
-            return item.func.rule
+            return item.func
     raise TypeError(f"{model.__name__}.{name} has no rule")  # a programming error, not input
+
+
+def rule_of(model: type[BaseModel], name: str) -> str:
+    return _rule_function(model, name).rule
+
+
+def entry_key(key: str, entry: Any) -> str:
+    """An entry of mapping `key` as a message names it: experiment.stop_when.val_acc, or ...stop_when[''] for an odd key."""
+    return f"{key}.{entry}" if isinstance(entry, str) and entry.strip() == entry != "" else f"{key}[{entry!r}]"
+
+
+def bad_entries(model: type[BaseModel], name: str, value: Any) -> list[str]:
+    """The entries of a mapping `value` that break field `name`'s rule; [] where it names none."""
+    entries = _rule_function(model, name).entries
+    return entries(value) if entries is not None and isinstance(value, Mapping) else []
 
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -128,6 +148,11 @@ def stop_when_valid(value: Any, metrics: Collection[str] | None) -> bool:
     return value is None or (isinstance(value, Mapping) and len(value) > 0 and all(
         isinstance(k, str) and k != "" and (metrics is None or k in metrics) and stop_target(t) is not None
         for k, t in value.items()))
+
+
+def bad_targets(value: Mapping[str, Any], any_name: bool = False) -> list[str]:
+    """The stop_when entries that are no target on a metric name (any name: a function's), each said on its own."""
+    return [k for k, t in value.items() if not (stop_when_valid({k: t}, None) and (any_name or metric_name(k)))]
 
 
 T = TypeVar("T")
@@ -219,7 +244,7 @@ class Experiment(Section):
     stop_when: Annotated[dict[str, float | str] | None, Field(strict=False), rule(
         STOP_WHEN_RULE.format(metrics=f"a reported metric ({', '.join(METRICS)}, or train_/val_<name> of "
                                       "training.metrics)"),
-        lambda v: stop_when_valid(v, None) and all(metric_name(k) for k in v or {}))] = None
+        lambda v: stop_when_valid(v, None) and all(metric_name(k) for k in v or {}), entries=bad_targets)] = None
     #: the search ends as with time_budget once a trial reaches a target: a number, in the objective's
     #: direction, or '<= NUMBER' / '>= NUMBER' (search/budget.py targets_of, docs/budgets.md)
     # a YAML list arrives as a list: the tuple is the frozen form
@@ -296,7 +321,9 @@ def validated(model: type[Section], section: str, values: Mapping[str, Any], pro
                 rule_text = f"unknown key (known: {', '.join(sorted(model.model_fields))})"
             else:
                 rule_text = rule_of(model, key)
-            problems.append(problem(f"{section}.{key}", rule_text, values.get(key)))
+            value = values.get(key)
+            problems += [problem(entry_key(f"{section}.{key}", entry), rule_text, value[entry])
+                         for entry in bad_entries(model, key, value)] or [problem(f"{section}.{key}", rule_text, value)]
         return model()
 
 

@@ -47,8 +47,8 @@ def test_a_targets_direction_comes_from_the_search(experiment, stop_when, op):
 
     (target,) = targets_of(parse_space({"experiment": {**experiment, "stop_when": stop_when}, **LR}).experiment)
     assert target.op == op
-    assert target.reached(target.value) and target.reached(target.value + (1 if op == ">=" else -1))
-    assert not target.reached(target.value + (-1 if op == ">=" else 1)) and not target.reached(float("nan"))
+    assert target.holds(target.bound) and target.holds(target.bound + (1 if op == ">=" else -1))
+    assert not target.holds(target.bound + (-1 if op == ">=" else 1)) and not target.holds(float("nan"))
 
 
 def test_a_plain_number_on_a_metric_no_objective_names_falls_back_to_its_name():
@@ -58,14 +58,22 @@ def test_a_plain_number_on_a_metric_no_objective_names_falls_back_to_its_name():
     assert direction(experiment, "val_mean_absolute_error") == "<=" and direction(experiment, "val_f1") == ">="
 
 
-@pytest.mark.parametrize("value", [{"val_acc": "> 0.9"}, {"val_acc": "<= x"}, {"val_acc": "<= nan"},
-                                   {"val_acc": True}, {"val_acc": None}, {"": 0.5}])
-def test_a_bad_target_names_the_key_the_rule_and_the_value(value):
+@pytest.mark.parametrize("value, key, got", [
+    ({"val_acc": "> 0.9"}, "experiment.stop_when.val_acc", "'> 0.9'"),
+    ({"val_acc": "<= x"}, "experiment.stop_when.val_acc", "'<= x'"),
+    ({"val_acc": "<= nan"}, "experiment.stop_when.val_acc", "'<= nan'"),
+    ({"val_acc": True}, "experiment.stop_when.val_acc", "True"),
+    ({"val_acc": None}, "experiment.stop_when.val_acc", "None"),
+    ({"": 0.5}, "experiment.stop_when['']", "0.5"),
+    ({"val_loss": 0.1, "val_acc": "high"}, "experiment.stop_when.val_acc", "'high'"),  # the bad entry, not the mapping
+    ({}, "experiment.stop_when", "{}"),
+])
+def test_a_bad_target_names_the_key_the_rule_and_the_value(value, key, got):
     with pytest.raises(ConfigError) as error:
         parse_space({"experiment": {"stop_when": value}, **LR})
     text = str(error.value)
-    assert "experiment.stop_when: must be null or a mapping" in text and "'<= NUMBER' / '>= NUMBER'" in text
-    assert "got" in text
+    assert f"{key}: must be null or a mapping" in text and "'<= NUMBER' / '>= NUMBER'" in text
+    assert text.rstrip().endswith(f"got {got}") and text.count("stop_when") == 1 + text.count("stop_when_"), text
 
 
 def test_a_bad_target_exits_2_before_ray_starts(tmp_path, capsys):
@@ -85,7 +93,7 @@ def test_a_function_trainables_own_metric_may_be_a_target(tmp_path):
            "space": {"lr": {"distribution": "float", "low": 0.1, "high": 1.0}}}
     assert targets_of(parse_space(raw, source=str(tmp_path / "s.yaml")).experiment)[0].op == "<="
     raw["experiment"]["stop_when"] = {"mae": "less than 0.05"}
-    with pytest.raises(ConfigError, match=r"experiment\.stop_when: must be null or a mapping of a metric the function"):
+    with pytest.raises(ConfigError, match=r"experiment\.stop_when\.mae: must be null or a mapping of a metric the function"):
         parse_space(raw, source=str(tmp_path / "s.yaml"))
 
 
