@@ -19,6 +19,15 @@ def test_quick_prints_a_row_per_searcher_with_finite_regrets_and_repeats_itself(
         regrets = [float(cell) for cell in row.strip("| ").split(" | ")[1:4]]
         assert all(0 <= r < float("inf") for r in regrets), row
     assert re.search(r"^N = 25$", printed, re.MULTILINE)
+    # the goal's ratio comes with the paired difference and its standard error, against the better of Optuna's two
+    goal = re.search(r"^goal at N = 25: hpsearch tpe @4 / the better of optuna tpe sequential = ([\d.]+)x .*; "
+                     r"hpsearch tpe @4 - optuna tpe sequential = ([+-][\d.]+) \+- ([\d.]+) \(standard error, 4 pairs\)",
+                     printed, re.MULTILINE)
+    assert goal, printed
+    overall = {row.split(" | ")[0][2:]: float(row.split(" | ")[3]) for row in rows[:len(quality.QUICK)]}  # N = 25
+    assert abs(float(goal[2]) - (overall[quality.DEFAULT] - overall[quality.SEQUENTIAL])) <= 0.0011
+    assert abs(float(goal[1]) - overall[quality.DEFAULT] / overall[quality.SEQUENTIAL]) <= 0.05
+    assert float(goal[3]) > 0
 
     # a searcher's run depends only on the table and the seed: hpsearch's default at 4 at once, again
     family, name = quality.table_names(("hpolib",))[0]  # a table --quick loaded (tables are cached)
