@@ -136,7 +136,7 @@ class Budget:
             if value is None and result and self.writes:
                 self._unreported(target.metric, result)
             if self.ended is None and target.holds(value):
-                self._end({"ended_by": "stop_when", "metric": target.metric, "op": target.op, "target": target.value,
+                self._end({"ended_by": "stop_when", "metric": target.metric, "op": target.op, "target": target.bound,
                            "value": float(value),
                            "trial_number": trial_number(result),
                            "epoch": result.get("epoch")})

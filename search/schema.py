@@ -317,11 +317,12 @@ def validated(model: type[Section], section: str, values: Mapping[str, Any], pro
             if key in seen:  # a union says it once per member
                 continue
             seen.add(key)
-            if e["type"] == "extra_forbidden":
-                rule_text = f"unknown key (known: {', '.join(sorted(model.model_fields))})"
-            else:
-                rule_text = rule_of(model, key)
             value = values.get(key)
+            if e["type"] == "extra_forbidden":
+                problems.append(problem(f"{section}.{key}", f"unknown key (known: {', '.join(sorted(model.model_fields))})",
+                                        value))
+                continue
+            rule_text = rule_of(model, key)
             problems += [problem(entry_key(f"{section}.{key}", entry), rule_text, value[entry])
                          for entry in bad_entries(model, key, value)] or [problem(f"{section}.{key}", rule_text, value)]
         return model()
