@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Any, Callable
 
+import pyarrow.fs as pafs
 from ray import tune
 from ray.tune.logger import JsonLoggerCallback
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
@@ -114,6 +115,19 @@ class KeepingJsonLogger(JsonLoggerCallback):
         if kept and _read_bytes(local) != kept:
             with open(local, "wb") as f:  # the logger's handle appends (O_APPEND): its next line follows these
                 f.write(kept)
+
+
+class KeepRecords(tune.Callback):
+    """What runs made before KeepingJsonLogger have pickled instead (Tune unpickles a resumed run's
+    callbacks, so the class stays for them): before a trial starts again, the driver's result.json
+    is copied to the run folder, for Tune's logger to copy back. A background upload landing in
+    between can still drop a report there; new runs have KeepingJsonLogger, which keeps it."""
+
+    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        local = os.path.join(trial.local_path, RECORD_FILE)
+        if os.path.exists(local) and os.path.abspath(trial.local_path) != os.path.abspath(trial.path):
+            pafs.copy_files(local, f"{trial.path}/{RECORD_FILE}",
+                            destination_filesystem=trial.storage.storage_filesystem)
 
 
 def _read_bytes(path: str) -> bytes:
