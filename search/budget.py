@@ -63,7 +63,8 @@ def direction(experiment, metric: str) -> str:
 
 
 def targets_of(experiment) -> tuple[Bound, ...]:
-    """experiment.stop_when as Bounds (a target is reached when its bound holds), each with its direction (an explicit '<=' / '>=' wins)."""
+    """experiment.stop_when as Bounds, reached when they hold, each with its direction (an explicit
+    '<=' / '>=' wins)."""
     out = []
     for metric, given in (experiment.stop_when or {}).items():
         op, value = stop_target(given)
@@ -93,6 +94,7 @@ class Budget:
         self.writes = True  # the copy that records ENDED_FILE (see the module docstring)
         self.stale = False
         self.trials_started = 0
+        self.said_unreported: set[str] = set()  # target metrics a report lacked, said once each
         self._apply(experiment, started=None)
 
     def _apply(self, experiment, started: float | None) -> None:
@@ -104,7 +106,7 @@ class Budget:
 
     def __setstate__(self, state: dict) -> None:
         """Unpickled (a resume, or Tune reading its record): the settings and clock are the last run's."""
-        self.__dict__.update(state)
+        self.__dict__.update({"said_unreported": set(), **state})  # a Budget pickled before it had the set
         self.stale = True
 
     def restart(self) -> None:
@@ -145,11 +147,10 @@ class Budget:
     def _unreported(self, metric: str, result: dict) -> None:
         """Say once that a trial's report lacks a target's metric: a function trainable's names are
         known only from its reports (the canonical loop's are checked before the search)."""
-        said = self.__dict__.setdefault("said_unreported", set())
         number = trial_number(result)
-        if metric in said or number is None:
+        if metric in self.said_unreported or number is None:
             return
-        said.add(metric)
+        self.said_unreported.add(metric)
         print(f"note: experiment.stop_when names {metric}, which trial #{number}'s report does not hold; that "
               f"target cannot end the search unless a later report holds it", file=sys.stderr, flush=True)
 

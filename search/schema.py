@@ -71,8 +71,16 @@ def rule_of(model: type[BaseModel], name: str) -> str:
 
 
 def entry_key(key: str, entry: Any) -> str:
-    """An entry of mapping `key` as a message names it: experiment.stop_when.val_acc, or ...stop_when[''] for an odd key."""
+    """An entry of mapping `key` as a message names it: experiment.stop_when.val_acc, or
+    experiment.stop_when[''] for an odd key."""
     return f"{key}.{entry}" if isinstance(entry, str) and entry.strip() == entry != "" else f"{key}[{entry!r}]"
+
+
+def entry_problems(key: str, rule_text: str, value: Any, bad: list[Any]) -> list[str]:
+    """One problem per bad entry of mapping `value` (named key.entry), or one for the whole value
+    where none is named."""
+    return ([problem(entry_key(key, entry), rule_text, value[entry]) for entry in bad]
+            or [problem(key, rule_text, value)])
 
 
 def bad_entries(model: type[BaseModel], name: str, value: Any) -> list[str]:
@@ -323,8 +331,7 @@ def validated(model: type[Section], section: str, values: Mapping[str, Any], pro
                                         value))
                 continue
             rule_text = rule_of(model, key)
-            problems += [problem(entry_key(f"{section}.{key}", entry), rule_text, value[entry])
-                         for entry in bad_entries(model, key, value)] or [problem(f"{section}.{key}", rule_text, value)]
+            problems += entry_problems(f"{section}.{key}", rule_text, value, bad_entries(model, key, value))
         return model()
 
 

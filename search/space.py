@@ -30,7 +30,7 @@ from optuna.distributions import FloatDistribution, IntDistribution
 
 from search.objectives import problems as objective_problems
 from search.schema import (STOP_WHEN_RULE, DataRoot, Experiment, Resources, Searched, field_value, label, parse_searched,
-                           bad_targets, entry_key, stop_when_valid, training_metric_problems, validated)
+                           bad_targets, entry_problems, stop_when_valid, training_metric_problems, validated)
 from trainable.config import (FACTORY_KEY, FIELDS, MODEL, MOVED, MUTABLE, TrialConfig, absolute_reference,
                               cross_field_problems, fields_in, is_plain_data, is_reference, keyword_of, model_key,
                               plain, searchable, section)
@@ -320,8 +320,7 @@ def _parse_function_space(raw: Mapping[str, Any], source: str) -> Space:
     if not stop_when_valid(stop_when, None):
         rule = STOP_WHEN_RULE.format(metrics="a metric the function reports")
         bad = bad_targets(stop_when, any_name=True) if isinstance(stop_when, Mapping) else []
-        problems += [problem(entry_key("experiment.stop_when", k), rule, stop_when[k]) for k in bad] or [
-            problem("experiment.stop_when", rule, stop_when)]
+        problems += entry_problems("experiment.stop_when", rule, stop_when, bad)
         stop_when = None
     experiment = validated(Experiment, "experiment", settings, problems).model_copy(
         # numbers as floats, as the field's validation makes them for the canonical loop (model_copy skips it)

@@ -4,7 +4,6 @@ that ran are the first trials of the same search without a budget."""
 from __future__ import annotations
 
 import re
-
 from pathlib import Path
 
 import pytest

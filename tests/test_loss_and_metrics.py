@@ -218,17 +218,16 @@ def test_a_regression_search_reports_its_metric_and_best_yaml_replays_it(regress
     assert trainable_main(["--config", str(run / "best.yaml")]) == 0
     line = [l for l in capsys.readouterr().out.splitlines() if l.startswith(f"Epoch [{result['epoch']}/")][0]
     assert f"val_mean_absolute_error {result['val_mean_absolute_error']:.4f}" in line
-    # exported, the model is the regressor best.yaml scored: the same error on the same validation part
-    import importlib.util
-
+    # exported, the model is the regressor best.yaml scored: the same error on the same validation part,
+    # loaded as the replay loads it (best.yaml's config through trainable's own data path)
     from search.export import export
+    from trainable.__main__ import parse_args, trial_config
+    from trainable.data import load_data, prepare_inputs
 
     path, _ = export(str(run), fmt="torchscript", output=str(run / "best.pt"))
-    spec = importlib.util.spec_from_file_location("regression_data", REGRESSION / "data.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    _, (x_val, y_val), _ = module.friedman("", n_train=300, n_val=100, n_test=100)
+    data = load_data(trial_config(parse_args(["--config", str(run / "best.yaml")])), with_test=False)
     with torch.no_grad():
-        predicted = torch.jit.load(path)(torch.from_numpy(x_val)).squeeze(-1)
-    error = (predicted - torch.from_numpy(y_val)).abs().mean().item()
+        inputs = prepare_inputs(torch.from_numpy(data.val.inputs.copy()), data.standardize)
+        predicted = torch.jit.load(path)(inputs).squeeze(-1)
+    error = (predicted - torch.from_numpy(data.val.labels)).abs().mean().item()
     assert error == pytest.approx(result["val_mean_absolute_error"], rel=1e-4)
