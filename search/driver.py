@@ -3,7 +3,7 @@
 The space is valid when this runs. Check what the search needs and claim the run folder
 (search/preflight.py) -> start or join Ray (search/session.py) -> size the GPUs and the slots
 (search/gpu_probe.py, search/capacity.py) -> run the Tuner (search/tuner.py) -> derive
-results.parquet, best.yaml, the report and the summary (search/outputs.py).
+results.parquet, best.yaml, the report and the summary (search/outputs.py), while Ray shuts down.
 Everything a user can get wrong fails before Ray starts.
 """
 
@@ -46,7 +46,7 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
         phases.mark("checks")
         held.callback(phases.mark, "shutdown")  # after Ray's shutdown, before the run folder's release
         with released_on_failure(folder, resume=resume):  # an unreachable cluster, Ctrl-C: nothing ran
-            held.enter_context(ray_session(address, experiment.connect_timeout))  # shut down on leaving
+            session = held.enter_context(ray_session(address, experiment.connect_timeout))  # shut down on leaving
         phases.mark("ray")
         with released_on_failure(folder, resume=resume):  # no capacity, a failed probe: no trial ran
             resources, auto_note = resolve_auto(space, data, folder, resume=resume)  # gpus: auto, measured
@@ -58,6 +58,8 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
         try:
             grid, ran_to_end = fit(tuner, folder, resume_command(space, folder))
             phases.mark("trials")
+            del tuner  # the trials are over: Ray shuts down while the results and the report are made
+            session.release()
             outcome = finish(grid, folder, space, data, phases, slots, gpu_plan, auto_note, ran_to_end=ran_to_end)
         except OSError as error:
             if error.errno != errno.ENOSPC:

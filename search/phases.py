@@ -5,7 +5,9 @@ the wall time; the wall time runs from the process's start (the CLI: Python's ow
 the imports count) or from run_search's call (the Python API) to the summary, which comes
 after Ray's shutdown. The summary prints them and the run folder keeps them in timing.yaml.
 Ray starts on a thread beside the imports and the data (search/local_ray.py), so "Ray start"
-is only what the search still had to wait for.
+is only what the search still had to wait for; likewise Ray's shutdown begins when the trials are
+over and runs beside the results and the report (search/session.py RaySession.release), so
+"Ray's shutdown" is only what was left of it.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ hpsearch prints its own progress, resume command and run folder.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -134,15 +135,54 @@ def auth_hint() -> str:
             "set, the token in ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN")
 
 
+class RaySession:
+    """Ray for one search, joined or started by it; `release()` begins its shutdown on a thread.
+
+    A search no longer needs Ray once the trials are over: results.parquet, best.yaml and the
+    report are made from Tune's record and the run folder. Ray's shutdown (about 1.5 s for a local
+    instance, mostly waiting for its processes to end) then runs beside them, and the search
+    waits for it only at its very end (`close`), so the command still ends with nothing of Ray left.
+    """
+
+    def __init__(self, started: bool):
+        self.started = started  #: whether this search joined or started Ray (else it found it running)
+        self._shutdown: threading.Thread | None = None
+        self._gc_was_on = False
+
+    def release(self) -> None:
+        """Begin the shutdown; the caller uses no Ray object from now on.
+
+        Python's cyclic collector stays off until the shutdown is over: a Ray handle it freed on this
+        thread (an actor handle in a cycle of Tune's objects) would call into Ray's core worker while
+        the other thread takes it down. Freed after the shutdown, such a handle finds Ray gone and
+        does nothing."""
+        if self.started and self._shutdown is None:
+            self._gc_was_on = gc.isenabled()
+            gc.disable()
+            self._shutdown = threading.Thread(target=ray.shutdown, name="hpsearch-ray-shutdown", daemon=True)
+            self._shutdown.start()
+
+    def close(self) -> None:
+        """Shut Ray down, or wait for the shutdown `release` began."""
+        if not self.started:
+            return
+        if self._shutdown is None:
+            ray.shutdown()
+            return
+        self._shutdown.join()
+        if self._gc_was_on:
+            gc.enable()
+
+
 @contextmanager
 def ray_session(address: str | None, connect_timeout: float):
-    """Ray for the search: joined or started on entry, shut down on exit if this started it."""
-    started = start_ray(address, connect_timeout)
+    """Ray for the search: joined or started on entry (yields a RaySession), shut down on exit if this
+    started or joined it."""
+    session = RaySession(start_ray(address, connect_timeout))
     try:
-        yield
+        yield session
     finally:
-        if started:
-            ray.shutdown()
+        session.close()
 
 
 @contextmanager
