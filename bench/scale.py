@@ -12,10 +12,12 @@ What is left is orchestration: the searcher, Tune, actors, checkpoints, results.
 
 Each side is a subprocess; the sides alternate per N (order flipping) so machine noise
 falls on both. Cost per trial = the span from the first trial's start to the last trial's
-report, over N (start-up and the end of the search excluded: they do not grow with N; the
-start-up comparison is bench/search.py's). Printed per N: ms per trial for each side, their
-ratio, and for the service the growth exponent of its span against N (1.0: flat cost per
-trial) and where its slot time went (results.parquet's phase columns, ms per trial).
+report, over N (start-up and the end of the search excluded; the start-up comparison is
+bench/search.py's). Printed per N: ms per trial for each side, their ratio, and for the service
+the growth exponent of its span against N (1.0: flat cost per trial) and where its slot time
+went (results.parquet's phase columns, ms per trial). Also the whole command's cost per trial
+(its wall time from outside, start-up and end included, over N) for both sides, and the service's
+end (timing.yaml: results, test, report and what was left of Ray's shutdown) with its growth.
 
     .venv/bin/python bench/scale.py --data-root DIR [--sizes 100 1000] [--keep]
 """
@@ -55,6 +57,7 @@ SPACE = {
 # where the service's time goes: results.parquet's phase columns (search/summary.py names them)
 PHASES = list(SUMMARY_PHASES)
 WORK = ["setup_seconds", "train_seconds", "evaluate_seconds", "checkpoint_seconds"]  # the trial's own
+END_PHASES = ["results", "test", "report", "shutdown"]  # the end of a search, in timing.yaml (search/phases.py)
 
 
 def plain(n: int, data_root: str, storage: str, out: str) -> None:
@@ -137,7 +140,10 @@ def run_side(side: str, n: int, data_root: str, folder: Path) -> dict:
         frame = pd.read_parquet(folder / "runs" / f"service-{n}" / "results.parquet")
         spans = (frame["started_at"].min(), frame["finished_at"].max())
         per_trial = {p: frame[p].fillna(0).sum() / frame["trial_id"].nunique() for p in PHASES}
-        return {"wall": wall, "span": spans[1] - spans[0], "trials": frame["trial_id"].nunique(), "phases": per_trial}
+        timing = yaml.safe_load((folder / "runs" / f"service-{n}" / "timing.yaml").read_text())["phases"]
+        end = sum(timing[phase] for phase in END_PHASES)
+        return {"wall": wall, "span": spans[1] - spans[0], "trials": frame["trial_id"].nunique(), "phases": per_trial,
+                "end": end}
     measured = json.loads((folder / f"plain-{n}.json").read_text())
     return {"wall": wall, "span": max(measured["finished_at"]) - min(measured["started_at"]),
             "trials": len(measured["finished_at"]), "phases": {}}
@@ -179,12 +185,20 @@ def main() -> int:
     for n, sides in results.items():
         s, p = 1000 * sides["service"]["span"] / n, 1000 * sides["plain"]["span"] / n
         print(f"| {n} | {s:.0f} ms/trial | {p:.0f} ms/trial | {s / p:.2f}x |")
+    print("\nthe whole command (wall time from outside, start-up and end included), per trial:")
+    print("| trials | service | plain Tune | service/plain | service's end (results, test, report, shutdown) |")
+    print("|---:|---:|---:|---:|---:|")
+    for n, sides in results.items():
+        s, p = 1000 * sides["service"]["wall"] / n, 1000 * sides["plain"]["wall"] / n
+        print(f"| {n} | {s:.0f} ms/trial | {p:.0f} ms/trial | {s / p:.2f}x | {sides['service']['end']:.1f} s |")
     sizes = sorted(results)
     if len(sizes) >= 2:
         a, b = sizes[-2], sizes[-1]
         for side in ("service", "plain"):
             growth = math.log(results[b][side]["span"] / results[a][side]["span"]) / math.log(b / a)
             print(f"growth exponent of the {side}'s span, N={a} -> {b}: {growth:.2f} (1.00: flat cost per trial)")
+        growth = math.log(results[b]["service"]["end"] / results[a]["service"]["end"]) / math.log(b / a)
+        print(f"growth exponent of the service's end, N={a} -> {b}: {growth:.2f} (goal <= 1.00: at most linear)")
     print("\nwhere the service's slot time went, ms per trial (results.parquet columns):")
     print("| trials | " + " | ".join(p.removesuffix("_seconds") for p in PHASES) + " | slot overhead |")
     print("|---:|" + "---:|" * (len(PHASES) + 1))

@@ -19,6 +19,18 @@ So trial n waits only while one of trials 0 .. n-L-1 is unfinished; those waits 
 that ended short of its epochs (stopped at a rung, diverged) is told as `multifidelity` says
 (MULTIFIDELITY below): under halving, TPE gets it PRUNED with its curve (docs/schedulers.md).
 
+With `ends_at_epochs` (the canonical loop, which reports nothing after its last epoch) a trial is
+finished at its report of its last planned epoch, a step before Tune ends it. The value is the
+same either way; what changes is when a waiting trial can be asked. Tune decides whether to keep
+an ended trial's actor for reuse when the trial ends, before it asks the searcher again, and keeps
+one idle actor at most: a trial that ends while its successor waits for an earlier trial's result
+parks its actor, and when that earlier trial then ended, its actor was stopped, although the
+searcher could now suggest two trials. The next trial then waited for a new actor (seconds of
+imports), and Tune gave it the first reused actor that came free instead, so the search went on
+one trial at a time (bench/default_search.py: 78 s for the default search against 40 s).
+Asked at the earlier trial's last report, the waiting trial takes the parked actor, and the
+earlier trial's actor is kept for the trial after it.
+
 That study is kept in memory from one suggestion to the next, since trial n+1's study is
 trial n's plus trial n, with trial n-L told: rebuilding it per suggestion cost O(n) storage
 work each time, O(n^2) over a search of thousands of trials. What the searcher saves is the
@@ -150,7 +162,7 @@ class OrderedSearch(Searcher):
                  experiment_seed: int, sampler: str, lag: int, tpe_settings: Mapping[str, Any] | None = None,
                  enqueued: Sequence[Mapping[str, Any]] = (), warm: Sequence[FrozenTrial] = (),
                  objectives: Objectives | None = None, unseen: int | None = None,
-                 multifidelity: str = "final", epochs: int | None = None):
+                 multifidelity: str = "final", epochs: int | None = None, ends_at_epochs: bool = False):
         super().__init__(metric=first(metric), mode=first(mode))
         # several objectives or constraints (search/objectives.py): a trial's point, not its best epoch
         self.objectives = objectives or Objectives((metric,), (mode,))
@@ -165,6 +177,8 @@ class OrderedSearch(Searcher):
         # how a trial that ended short of its epochs is told (MULTIFIDELITY); `epochs`: a trial's
         # epochs when its config does not search them
         self.multifidelity, self.epochs = multifidelity, epochs
+        # a trial's report of its last planned epoch is its last (the canonical loop): it is finished there
+        self.ends_at_epochs = ends_at_epochs
         self.numbers: dict[str, int] = {}  # Tune trial id -> trial number
         # by number: params, distributions, system attrs (where a sampler such as CMA-ES keeps its state)
         self.asked: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = []
@@ -214,7 +228,7 @@ class OrderedSearch(Searcher):
         self.study_attrs = copy.deepcopy(kept.storage.get_study_system_attrs(kept.key))
         self.asked.append((dict(asked.params), dict(asked.distributions), dict(asked.system_attrs)))
         self.numbers[trial_id] = n
-        if self.multifidelity != "final" and (constants.get("epochs") or self.epochs):
+        if (self.multifidelity != "final" or self.ends_at_epochs) and (constants.get("epochs") or self.epochs):
             self.planned[n] = int(constants.get("epochs") or self.epochs)
         self.suggested[n] = (time.time(), time.perf_counter() - asking)
         return {**trial.params, **constants}
@@ -340,15 +354,25 @@ class OrderedSearch(Searcher):
         if trial_id in self.numbers and result.get("epoch") is not None and self._measuring:
             self.measures.setdefault(self.numbers[trial_id], {})[int(result["epoch"])] = \
                 [score(result.get(m)) for m in self.objectives.measured]
+        n = self.numbers.get(trial_id)
+        if self.ends_at_epochs and n is not None and n not in self.finished and n in self.planned \
+                and result.get("epoch") is not None and int(result["epoch"]) >= self.planned[n]:
+            self._finish(n)  # its last report: the module's docstring says why now
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if trial_id not in self.numbers:
             return
         n = self.numbers[trial_id]
+        if self.ends_at_epochs and n in self.finished:
+            return  # finished at its last epoch's report: its value stands, whatever ends its actor after it
         if result and not error:
             # a scheduler's STOP: Tune gives the stopping epoch's result here only, not to on_trial_result
             # (a trial paused at the rung first had it there), so both ways the curve holds it
             self.on_trial_result(trial_id, result)
+        self._finish(n, error)
+
+    def _finish(self, n: int, error: bool = False) -> None:
+        """Trial n's value, as Optuna is told it: its best epoch's metric, None for an error."""
         self.finished[n] = None if error else best_of(self.curves.get(n, {}).values(), self.mode)
         if self.objectives.several and not error:  # the point's values: its last epoch's (objectives.py)
             point = self._point(n)
@@ -415,4 +439,5 @@ class OrderedSearch(Searcher):
         self.__dict__.setdefault("multifidelity", "final")
         self.__dict__.setdefault("epochs", None)
         self.__dict__.setdefault("planned", {})
+        self.__dict__.setdefault("ends_at_epochs", False)
         self._drop_caches()

@@ -80,7 +80,9 @@ def make_searcher(space: Space, folder: RunFolder | None = None) -> Searcher:
                                  experiment_seed=experiment.seed, sampler=experiment.sampler,
                                  lag=experiment.max_concurrent, unseen=lag_of(experiment), enqueued=enqueued,
                                  warm=warm, objectives=objectives, multifidelity=multifidelity,
-                                 epochs=space.trial_defaults().epochs)
+                                 epochs=space.trial_defaults().epochs,
+                                 # the canonical loop reports nothing after its last epoch; a function may
+                                 ends_at_epochs=not space.trainable)
     else:  # Tune's OptunaSearch loads the study made here, with the warm start told and the configs enqueued;
         # several objectives: it tells each trial's last result (the point, search/objectives.py)
         storage = InMemoryStorage()

@@ -118,3 +118,63 @@ def test_a_set_lag_gives_the_same_trials_at_any_max_concurrent():
     # the default lag follows max_concurrent: past the random start, the trials differ
     assert run(at(2, lag=None), order_seed=1, total=20) != run(at(4, lag=None), order_seed=1, total=20)
 
+
+
+def ending_at_epochs(ends_at_epochs: bool) -> OrderedSearch:
+    """Two slots, trial n asked on trials 0 .. n-2 (the defaults at max_concurrent 2), trials of 2 epochs."""
+    ask = functools.partial(suggest, searched=SPACE.searched, experiment_seed=5)
+    return OrderedSearch(ask, metric="val_acc", mode="max", experiment_seed=5, sampler="tpe", lag=2, unseen=1,
+                         epochs=2, ends_at_epochs=ends_at_epochs)
+
+
+def test_a_waiting_trial_is_asked_at_the_last_epochs_report_of_the_trial_it_waits_for():
+    # the canonical loop reports nothing after its last epoch, so its report finishes the trial;
+    # Tune keeps the ended trial's actor only if the next trial is asked by then (search/ordered.py)
+    early, late = ending_at_epochs(True), ending_at_epochs(False)
+    for s in (early, late):
+        first = s.suggest("t0")
+        second = s.suggest("t1")
+        for epoch in (1, 2):  # trial 1 ends first
+            s.on_trial_result("t1", {"val_acc": score(second) * epoch / 2, "epoch": epoch})
+        s.on_trial_complete("t1", {"val_acc": score(second), "epoch": 2})
+        assert s.suggest("t2") is None, "trial 2 waits for trial 0's result"
+        s.on_trial_result("t0", {"val_acc": score(first) / 2, "epoch": 1})
+        assert s.suggest("t2") is None, "epoch 1 of 2 is not trial 0's result"
+        s.on_trial_result("t0", {"val_acc": score(first), "epoch": 2})
+    asked = early.suggest("t2")
+    assert asked is not None and asked["trial_number"] == 2
+    assert late.suggest("t2") is None, "without ends_at_epochs only the trial's end lets trial 2 be asked"
+    for s in (early, late):
+        s.on_trial_complete("t0", {"val_acc": score(first), "epoch": 2})
+    assert late.suggest("t2") == asked, "the same config as when asked after trial 0 ended"
+    assert early.finished == late.finished
+
+
+def run_two_slots(s: OrderedSearch, order_seed: int, total: int = 14) -> dict[int, dict]:
+    """Drive the searcher as Tune does with two slots (ConcurrencyLimiter): ask while a slot is free,
+    else a running trial reports its two epochs and, where a slot is free, Tune asks once more
+    before it ends that trial. The finishing order is drawn with `order_seed`."""
+    finish_order = random.Random(order_seed)
+    running, configs = [], {}
+    while len(configs) < total or running:
+        config = s.suggest(f"t{len(configs)}") if len(configs) < total and len(running) < 2 else None
+        if config is not None:
+            running.append((f"t{len(configs)}", config))
+            configs[config["trial_number"]] = config
+            continue
+        trial_id, config = running[finish_order.randrange(len(running))]
+        for epoch in (1, 2):
+            s.on_trial_result(trial_id, {"val_acc": score(config) * epoch / 2, "epoch": epoch})
+        if len(configs) < total and len(running) < 2 and (early := s.suggest(f"t{len(configs)}")) is not None:
+            running.append((f"t{len(configs)}", early))  # asked between the last report and the end
+            configs[early["trial_number"]] = early
+        running.remove((trial_id, config))
+        s.on_trial_complete(trial_id, {"val_acc": score(config), "epoch": 2})
+    return configs
+
+
+def test_finishing_at_the_last_epoch_gives_the_same_search_past_tpes_startup():
+    # 14 trials, 10 of them TPE's random start; any finishing order, asked early or at the end
+    early = [run_two_slots(ending_at_epochs(True), order_seed) for order_seed in (1, 2, 3)]
+    assert early[0] == early[1] == early[2] == run_two_slots(ending_at_epochs(False), order_seed=4)
+    assert sorted(early[0]) == list(range(14))
