@@ -119,7 +119,6 @@ def test_a_set_lag_gives_the_same_trials_at_any_max_concurrent():
     assert run(at(2, lag=None), order_seed=1, total=20) != run(at(4, lag=None), order_seed=1, total=20)
 
 
-
 def ending_at_epochs(ends_at_epochs: bool) -> OrderedSearch:
     """Two slots, trial n asked on trials 0 .. n-2 (the defaults at max_concurrent 2), trials of 2 epochs."""
     ask = functools.partial(suggest, searched=SPACE.searched, experiment_seed=5)
