@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import shutil
 import struct
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -90,6 +94,26 @@ def test_unreadable_files_give_a_data_error(tmp_path):
     with pytest.raises(DataError) as caught:
         load_dataset("mnist", tmp_path)
     assert str(raw) in str(caught.value)
+
+
+# prints what it loaded, in brief: its size and a checksum of images and labels
+LOAD = ("import sys, numpy as np; from trainable.data import load_dataset; "
+        "a = load_dataset('mnist', sys.argv[1]); print(len(a), int(a.inputs.sum()), int(np.bincount(a.labels)[0]))")
+
+
+def test_searches_started_at_once_on_a_fresh_data_root_all_read_it(data_root, tmp_path):
+    # the first read unpacks the .gz files in place; a process that came meanwhile once found
+    # them half written (two jobs at once on a shared cluster)
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for packed in (data_root / "MNIST" / "raw").glob("*.gz"):
+        shutil.copyfile(packed, raw / packed.name)
+    readers = [subprocess.Popen([sys.executable, "-c", LOAD, str(tmp_path)], cwd=Path(__file__).parents[1],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outputs = [reader.communicate(timeout=300) for reader in readers]
+    for reader, (out, err) in zip(readers, outputs):
+        assert reader.returncode == 0, err[-2000:]
+    assert len({out for out, _ in outputs}) == 1 and outputs[0][0].startswith("60000 "), outputs
 
 
 def write_idx(path, array: np.ndarray) -> None:

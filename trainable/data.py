@@ -13,14 +13,16 @@ with `split_seed` draws it from `train`.
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import inspect
 import os
 import warnings
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -118,7 +120,8 @@ def load_dataset(name: str, root: str | Path | None = None, *, train: bool = Tru
     root = expand_root(root, "data.root") if root is not None else default_data_root()
     cls = TORCHVISION_SETS[name][0]
     try:
-        dataset = cls(str(root), train=train, download=True)
+        with unpacking_lock(root):
+            dataset = cls(str(root), train=train, download=True)
     except Exception as error:  # no network, bad md5, a truncated or corrupt file (torchvision asserts)
         folder = raw_folder(name, root)
         present = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
@@ -136,6 +139,25 @@ def load_dataset(name: str, root: str | Path | None = None, *, train: bool = Tru
     arrays = Arrays(np.asarray(dataset.data), np.asarray(dataset.targets, dtype=np.int64))
     check_labels(arrays, BUILTIN_CLASSES, f"dataset {name} ({'train' if train else 'test'})")
     return arrays
+
+
+@contextmanager
+def unpacking_lock(root: Path) -> Iterator[None]:
+    """Held while torchvision reads a built-in set under `root`: only one process at a time.
+
+    On first use torchvision unpacks the .gz files beside themselves, writing in place, and a
+    process that comes to the folder meanwhile finds the unpacked files half written and fails
+    (two searches started at once on one data root did). Where `root` cannot hold a lock file (a
+    read-only copy), nothing can be unpacked there either, so there is nothing to wait for.
+    """
+    try:
+        handle = open(root / ".hpsearch-unpack.lock", "a")
+    except OSError:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the handle closes, or by the kernel if the process dies
+        yield
 
 
 def gzip_intact(path: Path) -> bool:
