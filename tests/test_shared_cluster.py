@@ -42,19 +42,30 @@ def shared_head():
 
 
 # Run in a process of its own: the test process may hold the session's local Ray. Prints what a
-# finished search could have left on a long-lived cluster: live actors, objects in the store, and
-# resources not given back.
+# finished search could have left on a long-lived cluster: live actors, objects in the store (each
+# with the process that holds it), and resources not given back.
 # Ray frees a finished driver's objects after the driver has gone, so the probe asks again for up
-# to a minute until they are freed; what is still there then stays.
+# to a minute until they are freed; what is still there then stays. Ray's own job agent (the
+# DashboardAgent process) keeps references to its job-status calls for a while after the jobs end,
+# past a minute on a loaded machine: those are Ray's, not a search's, so they do not count.
 LEFT_OVER = """
 import json, sys, time, ray
 from ray.util.state import list_actors, list_objects
 ray.init(address=sys.argv[1], logging_level="ERROR")
+
+def holder(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline") as cmdline:
+            return cmdline.read().replace("\\0", " ").strip()[:120]
+    except OSError:
+        return "gone"
+
 deadline = time.monotonic() + 60
 while True:
     left = {
         "actors": [a.class_name for a in list_actors(address=sys.argv[2], filters=[("state", "=", "ALIVE")])],
-        "objects": [o.call_site or o.reference_type for o in list_objects(address=sys.argv[2])],
+        "objects": [f"{o.reference_type} held by pid {o.pid} ({holder(o.pid)})"
+                    for o in list_objects(address=sys.argv[2]) if not holder(o.pid).startswith("ray::DashboardAgent")],
         "held": {k: v - ray.available_resources().get(k, 0) for k, v in ray.cluster_resources().items()
                  if k in ("CPU", "GPU") and v != ray.available_resources().get(k, 0)},
     }
