@@ -64,12 +64,16 @@ def quiet(verbose: bool = False) -> None:
       --resume command (and `search.restore(path)` is the Python way, search/api.py);
     - Ray's "Token authentication is enabled for this Ray cluster" on every local start, and Ray's
       and Tune's INFO lines (the local Ray started, Tune wrote its state);
+    - Tune's "Experiment state snapshotting has been triggered multiple times" advice on
+      CheckpointConfig(num_to_keep), printed whenever two trials checkpoint within 5 s: hpsearch
+      sets num_to_keep, and the user cannot act on it (TUNE_WARN_EXCESSIVE_..._THRESHOLD_S=0);
     - a warning said twice: Ray's records once per message, and Python warnings that no filter
       names once per message rather than once per place (matplotlib's, say, each report figure).
     """
     if verbose:
         return
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     logging.getLogger("ray.tune").setLevel(logging.WARNING)
     logging.getLogger("ray._private.worker").setLevel(logging.WARNING)
     logging.getLogger("ray.tune.tune").addFilter(DropMessages("Tuner.restore("))
