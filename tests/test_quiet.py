@@ -56,6 +56,7 @@ def test_a_search_prints_no_ray_hint_into_tmp_nor_tunes_restore_and_no_warning_t
     assert "/tmp/ray" not in output and "tensorboard --logdir" not in output, output
     assert "Tuner.restore" not in output, output
     assert "Token authentication is enabled" not in output, output
+    assert "A new study created" not in output, output  # Optuna's, once per study the searcher builds
     warnings = [line for line in output.splitlines() if "warn" in line.lower()]
     twice = [line for line, n in collections.Counter(warnings).items() if n > 1]
     assert not twice, twice

@@ -156,7 +156,10 @@ def unpacking_lock(root: Path) -> Iterator[None]:
         yield
         return
     with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the handle closes, or by the kernel if the process dies
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)  # released when the handle closes, or by the kernel if the process dies
+        except OSError:  # a file system without locks (some network mounts): read as before
+            pass
         yield
 
 
