@@ -40,12 +40,14 @@ def test_phase_columns_account_for_each_trial(sparse_checkpoints):
     assert (frame["train_seconds"] + frame["evaluate_seconds"]).sub(frame["epoch_seconds"]).abs().max() < 1e-6
     # the first trial on each actor fetched the data; the actor's later trials reused it
     assert (firsts["fetch_seconds"] > 0).sum() <= 2 < len(firsts)
-    # a trial's rows add up to its time in the slot: from its start to its last report
+    # a trial's rows add up to its time in the slot: from its start to its last report. What is left
+    # is the code between the timed phases, and on a busy machine the waits for a core there (62 ms
+    # of 0.75 s once in CI, with the other test worker's trials on both cores): at most a tenth
     for _, rows in frame.groupby("trial_id"):
         accounted = rows[["fetch_seconds", "setup_seconds", "train_seconds", "evaluate_seconds",
                           "checkpoint_seconds", "report_seconds"]].sum().sum()
         span = rows["finished_at"].max() - rows["started_at"].min()
-        assert accounted == pytest.approx(span, abs=0.05)
+        assert accounted == pytest.approx(span, rel=0.1, abs=0.05)
 
 
 def test_summary_names_the_biggest_phase_outside_training(sparse_checkpoints):
