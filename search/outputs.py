@@ -21,6 +21,7 @@ from search.capacity import GpuPlan
 from search.results import ERROR, INTERRUPTED, LOST, RECORD_FILE, config_from_row, ranked, read_record, results_schema, to_frame, trial_rows
 from search.objectives import feasible_only, first, mark_feasible, names, objectives_of
 from search.pareto import write_pareto
+from search.retention import on_storage
 from search.run_folder import RunFolder
 from search.space import Space
 from search.storage import is_uri
@@ -137,7 +138,7 @@ def best_with_test(grid, rows: pd.DataFrame, data: Data | None, metric: str | No
     skipped, unsaved = [], []
     for _, row in rows.iterrows():
         checkpoint = checkpoints.get((row["trial_id"], int(row["epoch"])))
-        if checkpoint is None:  # checkpoint_every skipped that epoch, or num_to_keep removed it
+        if checkpoint is None or not on_storage(checkpoint):  # checkpoint_every skipped that epoch, or num_to_keep removed it
             unsaved.append(row)
             continue
         try:

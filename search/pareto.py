@@ -22,9 +22,11 @@ from typing import Any
 
 import pandas as pd
 import yaml
+from ray.tune import Checkpoint
 
 from search.objectives import Objectives, pareto_front
 from search.results import config_from_row, results_schema
+from search.retention import on_storage
 from search.run_folder import RunFolder
 from search.space import Space
 from trainable.metrics import OBJECTIVES, score
@@ -32,14 +34,21 @@ from trainable.metrics import OBJECTIVES, score
 PARETO_FILE = "pareto.yaml"
 
 
-def checkpoints_by_epoch(grid) -> dict[tuple[str, int], str]:
-    """(trial_id, epoch) -> its checkpoint folder, relative to the run folder (trial_<id>/checkpoint_<k>)."""
+def checkpoints_by_epoch(grid) -> dict[tuple[str, int], Checkpoint]:
+    """(trial_id, epoch) -> the checkpoint Tune lists for it (num_to_keep may have deleted it since)."""
     out = {}
     for result in grid:
         trial_id = result.path.rstrip("/").rsplit("/", 1)[-1].removeprefix("trial_")
         for checkpoint, metrics in result.best_checkpoints:
-            out[(trial_id, metrics.get("epoch"))] = "/".join(checkpoint.path.rstrip("/").split("/")[-2:])
+            out[(trial_id, metrics.get("epoch"))] = checkpoint
     return out
+
+
+def relative_folder(checkpoint: Checkpoint | None) -> str | None:
+    """A kept checkpoint's folder relative to the run folder (trial_<id>/checkpoint_<k>); None if none is kept."""
+    if checkpoint is None or not on_storage(checkpoint):
+        return None
+    return "/".join(checkpoint.path.rstrip("/").split("/")[-2:])
 
 
 def pareto_entries(frame: pd.DataFrame, space: Space, objectives: Objectives, grid=()) -> list[dict[str, Any]]:
@@ -53,7 +62,7 @@ def pareto_entries(frame: pd.DataFrame, space: Space, objectives: Objectives, gr
             "epoch": int(row["epoch"]),
             "metrics": {m: (int(v) if m == "params" and v is not None else v)
                         for m, v in ((m, score(row.get(m))) for m in dict.fromkeys([*OBJECTIVES, *objectives.metrics]))},
-            "checkpoint": checkpoints.get((str(row["trial_id"]), int(row["epoch"]))),
+            "checkpoint": relative_folder(checkpoints.get((str(row["trial_id"]), int(row["epoch"])))),
             "config": config_from_row(row, schema),
         })
     return entries

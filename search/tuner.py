@@ -25,6 +25,7 @@ from search.phases import first_trial_started
 from search.objectives import first, several
 from search.progress import Progress, flush_all
 from search.results import RECORD_FILE
+from search.retention import KeepCheckpoints
 from search.run_folder import RunFolder
 from search.searcher import make_searcher
 from search.session import quick_stop, sigterm_as_sigint
@@ -143,6 +144,15 @@ def disk_guard(space: Space, folder: RunFolder) -> list[DiskGuard]:
     return [] if is_uri(folder.path) else [DiskGuard(folder.path, space.experiment.min_free_mb)]
 
 
+def keep_checkpoints(space: Space) -> list[KeepCheckpoints]:
+    """experiment.num_to_keep, kept by the driver (search/retention.py); null keeps every checkpoint."""
+    experiment = space.experiment
+    if experiment.num_to_keep is None:
+        return []
+    return [KeepCheckpoints(experiment.num_to_keep, None if several(experiment) else first(experiment.metric),
+                            None if several(experiment) else first(experiment.mode))]
+
+
 def build_tuner(space: Space, folder: RunFolder, data: Data | None, trial_function: Callable, *, gpus: float,
                 resume: bool) -> tune.Tuner:
     """The search's Tuner; the data goes into the object store once, and every trial reads it there."""
@@ -166,10 +176,10 @@ def build_tuner(space: Space, folder: RunFolder, data: Data | None, trial_functi
             name=folder.name,
             storage_path=folder.storage.uri,
             stop=stop,
-            # num_to_keep keeps the best by metric and always the latest; a driver killed after
-            # Tune deleted a checkpoint its last snapshot names resumes that trial from an
-            # earlier one that reads, or from the start (adapter.newest_readable_state)
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=experiment.num_to_keep,
+            # Tune keeps every checkpoint: KeepCheckpoints deletes those beyond num_to_keep, but none
+            # that Tune's last snapshots name as a trial's latest (Tune's num_to_keep would also save
+            # its whole state after every num_to_keep-th checkpoint of a trial; search/retention.py)
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=None,
                                                     # several objectives: a trial's point is its last epoch
                                                     checkpoint_score_attribute=None if several(experiment)
                                                     else first(experiment.metric), checkpoint_score_order=first(experiment.mode)),
@@ -179,7 +189,7 @@ def build_tuner(space: Space, folder: RunFolder, data: Data | None, trial_functi
             # reproducible search reruns them identically, and their parts written before the kill
             # are dropped on resume (run_folder.drop_unrecorded_parts; docs/stops-and-resume.md)
             callbacks=[Progress(folder, space), *disk_guard(space, folder), *tracker_callbacks(space, folder),
-                       FirstTrialStart(), KeepingJsonLogger()],
+                       *keep_checkpoints(space), FirstTrialStart(), KeepingJsonLogger()],
             verbose=0,
         ),
     )

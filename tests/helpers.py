@@ -74,3 +74,19 @@ def assert_outputs_agree(run: Path) -> None:
     recorded = yaml.safe_load(best_path.read_text())["result"]
     if recorded[metric] != best:
         assert "checkpoint" in recorded.get("note", ""), (recorded, best)
+
+
+def assert_kept_checkpoints(run: Path, metric: str = "val_acc") -> None:
+    """num_to_keep 1 (the default): each trial folder holds its best checkpoint by `metric` (max; of
+    equal scores the newer) and its latest, nothing else, as its result.json names them.
+
+    A folder without result.json is no trial of Tune's record: after a SIGKILL, a trial actor can
+    still write checkpoints before Ray notices the driver is gone, with no driver to record them."""
+    import json
+
+    for record in run.glob("trial_*/result.json"):
+        trial = record.parent
+        reports = [json.loads(line) for line in record.read_text().splitlines()]
+        saved = [(r[metric], i, r["checkpoint_dir_name"]) for i, r in enumerate(reports) if r.get("checkpoint_dir_name")]
+        expected = {saved[-1][2], max(saved)[2]} if saved else set()
+        assert {p.name for p in trial.glob("checkpoint_*")} == expected, trial.name

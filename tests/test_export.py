@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from search.driver import run_search
 from search.export import META_FILE, open_run
 from search.space import to_raw
 from trainable.data import load_data, prepare_inputs
-from tests.helpers import small_space
+from tests.helpers import assert_kept_checkpoints, small_space
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,12 +49,7 @@ def val_accuracy(model, run: str) -> float:
 
 def test_a_default_search_keeps_the_best_and_the_latest_checkpoint_of_each_trial(finished):
     run = Path(finished.path)
-    for trial in run.glob("trial_*"):
-        reports = [json.loads(line) for line in (trial / "result.json").read_text().splitlines()]
-        folder = {r["epoch"]: r["checkpoint_dir_name"] for r in reports}
-        # Tune keeps the newest of equal scores; the latest is never deleted
-        best = max(reports, key=lambda r: (r["val_acc"], r["epoch"]))["epoch"]
-        assert {p.name for p in trial.glob("checkpoint_*")} == {folder[best], folder[3]}
+    assert_kept_checkpoints(run)
     result = finished.best["result"]
     assert (run / result["checkpoint"] / "state.pt").is_file()
     assert result["checkpoint"].startswith(f"trial_{result['trial_id']}/checkpoint_")

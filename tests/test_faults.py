@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from search.results import COMPLETED, INTERRUPTED, ranked
-from tests.helpers import SMALL, assert_outputs_agree
+from tests.helpers import SMALL, assert_kept_checkpoints, assert_outputs_agree
 from tests.test_resume import wait_for
 from tests.test_trainable_data import write_idx
 from trainable.data import RAW_FILES, load_dataset
@@ -253,6 +253,7 @@ def test_a_stopped_search_exits_130_marks_unfinished_trials_and_resumes(tmp_path
     assert frame["trial_id"].nunique() == 4 and set(frame["status"]) == {COMPLETED}
     assert (frame.groupby("trial_id")["epoch"].apply(sorted).map(lambda e: e == [1, 2, 3, 4])).all()
     assert_outputs_agree(run)
+    assert_kept_checkpoints(run)  # the held trials' checkpoints from before the stop are ranked too
 
 
 def test_an_unreachable_address_gives_up_within_the_bound(tmp_path):

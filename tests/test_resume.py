@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from search.results import COMPLETED
-from tests.helpers import SMALL, assert_outputs_agree
+from tests.helpers import SMALL, assert_kept_checkpoints, assert_outputs_agree
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -85,6 +85,7 @@ def test_killed_search_resumes_without_losing_trials(tmp_path, data_root):
                                   before.sort_values(["trial_number", "epoch"])[columns].reset_index(drop=True))
     assert "Top trials by val_acc (max), 6 trials" in resumed.stdout
     assert_outputs_agree(results.parent)
+    assert_kept_checkpoints(results.parent)  # trials resumed with checkpoints from before the kill too
 
     # and the resumed search equals one that was never stopped: same trials, same numbers
     space_file.write_text(yaml.safe_dump(raw))
