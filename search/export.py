@@ -110,7 +110,7 @@ def trial_id_of_number(folder: RunFolder, number: int) -> str:
 def chosen_checkpoint(folder: RunFolder, trial: int | None = None) -> Chosen:
     """best.yaml's checkpoint, or (`trial`) that trial's best epoch whose checkpoint reads.
 
-    Among equal scores the later epoch comes first: Tune keeps the newest of equals (num_to_keep).
+    Among equal scores the later epoch comes first: num_to_keep keeps the newest of equals.
     """
     from search.objectives import first
     from trainable.metrics import METRICS, score
@@ -143,7 +143,7 @@ def chosen_checkpoint(folder: RunFolder, trial: int | None = None) -> Chosen:
     for relative, report in candidates:
         try:
             saved = read_checkpoint(folder, relative)
-        except CheckpointError as error:  # Tune deleted it (num_to_keep) or it is damaged: the next one
+        except CheckpointError as error:  # num_to_keep deleted it, or it is damaged: the next one
             problems.append(str(error))
             continue
         return Chosen(folder, relative, saved, number, trial_id, int(report["epoch"]),

@@ -9,21 +9,30 @@ O(trials) each: a search of 400 one-epoch trials spent a fifth of its driver's t
 own time rule (~5% of the driver's time), and this callback deletes the checkpoints that are
 no longer kept.
 
-Kept, as Ray 2.60's checkpoint manager keeps them: ranked by the metric (a NaN, infinite or
-missing value below every score; of equal scores the newer above), the top num_to_keep, and
-always the latest. With several objectives there is no one metric: the newest num_to_keep.
+Kept, as Ray 2.60's checkpoint manager keeps them: ranked by the metric (of equal scores the
+newer above), the top num_to_keep, and always the latest. With several objectives there is no
+one metric: the newest num_to_keep.
 
 What Tune's forced save guaranteed is kept another way: a resume restores each unfinished trial
 from the latest checkpoint Tune's saved state names, and Tune refuses a trial whose checkpoint is
 gone. So a checkpoint that was a trial's latest at one of Tune's last two saves (Tune calls
-`get_state` at each) is deleted only once two later saves have passed: the one on storage may lag
-the newest by one upload. Tune's final save, waited for, ends a search that runs to its end, so
-what is still held then goes too. After a stop or a kill, a resumed trial's older checkpoints are
-ranked with its new ones at its next checkpoint; a trial that had ended may keep up to two more.
+`get_state` at each) is deleted only once two later saves have passed: the copy on storage may
+lag the newest by an upload (Tune uploads its state in the background, and starts no upload while
+one runs). That lag is milliseconds on a local disk and has no bound on an object store, so only
+local storage paths keep checkpoints this way; on s3://, gs:// and file:// URIs Tune's own
+num_to_keep does (search/tuner.py). Tune's final save, waited for, ends a search that runs to its
+end, so what is still held then goes too; after an error in Tune's loop, or a stop, it stays.
+After a stop or a kill, a resumed trial's older checkpoints are ranked with its new ones at its
+next checkpoint; a trial that had ended may keep up to two more.
+
+The ranking differs from Ray's in one way: a NaN, infinite or missing metric is no score
+(trainable/metrics.py score, as for best.yaml), where Ray ranks an infinity in the good direction
+first and a checkpoint without the metric at the best end.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -55,6 +64,8 @@ class KeepCheckpoints(tune.Callback):
         self.latest: dict[str, str] = {}  # trial id -> its newest checkpoint
         self.named: tuple[set[str], set[str]] = (set(), set())  # the latest of each trial at Tune's last two saves
         self.held: list[tuple[pafs.FileSystem, str]] = []  # no longer kept, but maybe named by a saved state
+        self._saved_last = False  # whether Tune saved its state after its last controller step (its final save)
+        self._failed = False  # a deletion that failed is said once
 
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info) -> None:
         fs, new = checkpoint.filesystem, checkpoint.path
@@ -75,12 +86,19 @@ class KeepCheckpoints(tune.Callback):
     def get_state(self) -> None:
         """Tune saves its state: each trial's latest checkpoint is now named there."""
         self.named = (self.named[1], set(self.latest.values()))
+        self._saved_last = True
         held, self.held = self.held, []
         self._delete(held)
         return None  # nothing of ours for Tune to save
 
+    def on_step_end(self, iteration, trials, **info) -> None:
+        self._saved_last = False
+
     def on_experiment_end(self, trials, **info) -> None:
-        """After Tune's final save: only what it names must stay."""
+        """After Tune's final save, waited for, only what it names must stay; Tune also ends here after
+        an error in its loop, with no final save: then everything held stays."""
+        if not self._saved_last:
+            return
         self.named = (set(), self.named[1])
         held, self.held = self.held, []
         self._delete(held)
@@ -94,6 +112,12 @@ class KeepCheckpoints(tune.Callback):
                 fs.delete_dir(path)  # what Tune's own deletion calls
             except FileNotFoundError:
                 pass  # gone already: removed by hand, or by an earlier process of this search
+            except Exception as failure:  # a checkpoint left behind costs disk, never the search (Tune's rule too)
+                if not self._failed:
+                    self._failed = True
+                    print(f"note: could not delete the checkpoint {path} that num_to_keep no longer keeps "
+                          f"({type(failure).__name__}: {failure}); it and any others like it stay",
+                          file=sys.stderr, flush=True)
 
     def _on_storage(self, trial, fs: pafs.FileSystem, new: str) -> list[tuple[Rank, str]]:
         """A trial's other checkpoints already on storage (a resumed trial's), ranked by its record's reports."""

@@ -65,8 +65,9 @@ def quiet(verbose: bool = False) -> None:
     - Ray's "Token authentication is enabled for this Ray cluster" on every local start, and Ray's
       and Tune's INFO lines (the local Ray started, Tune wrote its state);
     - Tune's "Experiment state snapshotting has been triggered multiple times" advice on
-      CheckpointConfig(num_to_keep), printed whenever two trials checkpoint within 5 s: hpsearch
-      sets num_to_keep, and the user cannot act on it (TUNE_WARN_EXCESSIVE_..._THRESHOLD_S=0);
+      CheckpointConfig(num_to_keep), printed whenever two trials checkpoint within 5 s where Tune
+      keeps the checkpoints (object-store storage): hpsearch sets num_to_keep, and the user cannot
+      act on it (TUNE_WARN_EXCESSIVE_..._THRESHOLD_S=0);
     - a warning said twice: Ray's records once per message, and Python warnings that no filter
       names once per message rather than once per place (matplotlib's, say, each report figure).
     """

@@ -144,10 +144,16 @@ def disk_guard(space: Space, folder: RunFolder) -> list[DiskGuard]:
     return [] if is_uri(folder.path) else [DiskGuard(folder.path, space.experiment.min_free_mb)]
 
 
-def keep_checkpoints(space: Space) -> list[KeepCheckpoints]:
-    """experiment.num_to_keep, kept by the driver (search/retention.py); null keeps every checkpoint."""
+def driver_keeps(space: Space, folder: RunFolder) -> bool:
+    """Whether the driver deletes the checkpoints num_to_keep does not keep (local storage), not Tune
+    (an object store, whose state uploads can lag: search/retention.py)."""
+    return space.experiment.num_to_keep is not None and not is_uri(folder.path)
+
+
+def keep_checkpoints(space: Space, folder: RunFolder) -> list[KeepCheckpoints]:
+    """experiment.num_to_keep, kept by the driver (search/retention.py) where it can be."""
     experiment = space.experiment
-    if experiment.num_to_keep is None:
+    if not driver_keeps(space, folder):
         return []
     return [KeepCheckpoints(experiment.num_to_keep, None if several(experiment) else first(experiment.metric),
                             None if several(experiment) else first(experiment.mode))]
@@ -176,10 +182,12 @@ def build_tuner(space: Space, folder: RunFolder, data: Data | None, trial_functi
             name=folder.name,
             storage_path=folder.storage.uri,
             stop=stop,
-            # Tune keeps every checkpoint: KeepCheckpoints deletes those beyond num_to_keep, but none
-            # that Tune's last snapshots name as a trial's latest (Tune's num_to_keep would also save
-            # its whole state after every num_to_keep-th checkpoint of a trial; search/retention.py)
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=None,
+            # On local storage Tune keeps every checkpoint: KeepCheckpoints deletes those beyond
+            # num_to_keep, but none that Tune's last saves name as a trial's latest (Tune's num_to_keep
+            # also saves its whole state after every num_to_keep-th checkpoint of a trial;
+            # search/retention.py). On an object store Tune's num_to_keep does it.
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=None if driver_keeps(space, folder)
+                                                    else experiment.num_to_keep,
                                                     # several objectives: a trial's point is its last epoch
                                                     checkpoint_score_attribute=None if several(experiment)
                                                     else first(experiment.metric), checkpoint_score_order=first(experiment.mode)),
@@ -189,7 +197,7 @@ def build_tuner(space: Space, folder: RunFolder, data: Data | None, trial_functi
             # reproducible search reruns them identically, and their parts written before the kill
             # are dropped on resume (run_folder.drop_unrecorded_parts; docs/stops-and-resume.md)
             callbacks=[Progress(folder, space), *disk_guard(space, folder), *tracker_callbacks(space, folder),
-                       *keep_checkpoints(space), FirstTrialStart(), KeepingJsonLogger()],
+                       *keep_checkpoints(space, folder), FirstTrialStart(), KeepingJsonLogger()],
             verbose=0,
         ),
     )

@@ -87,6 +87,17 @@ def test_a_checkpoint_that_a_saved_state_names_stays_until_two_later_saves(tmp_p
     assert trial.on_disk() == {0, 4}
 
 
+def test_an_end_without_a_final_save_keeps_what_a_saved_state_may_name(tmp_path):
+    keep, trial = KeepCheckpoints(1, "val_acc", "max"), Trial(tmp_path / "t")
+    trial.report(keep, 0, 0.9)
+    trial.report(keep, 1, 0.5)
+    keep.get_state()  # names 1
+    trial.report(keep, 2, 0.6)
+    keep.on_step_end(iteration=3, trials=[trial])
+    keep.on_experiment_end(trials=[trial])  # Tune's loop raised: no final save, its last one names 1
+    assert trial.on_disk() == {0, 1, 2}
+
+
 def test_a_resumed_trial_ranks_its_checkpoints_from_before_and_keeps_the_one_it_restored(tmp_path):
     before, trial = KeepCheckpoints(1, "val_acc", "max"), Trial(tmp_path / "t")
     for k, acc in enumerate([0.8, 0.6, 0.7]):
