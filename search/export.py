@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from search.results import RECORD_FILE, RESULTS_FILE
+from search.results import RECORD_FILE, RESULTS_FILE, rank
 from search.run_folder import BEST_FILE, SPEC_FILE, RunFolder
 from search.storage import Storage, is_uri
 from trainable.errors import ConfigError, problem
@@ -113,7 +113,7 @@ def chosen_checkpoint(folder: RunFolder, trial: int | None = None) -> Chosen:
     Among equal scores the later epoch comes first: num_to_keep keeps the newest of equals.
     """
     from search.objectives import first
-    from trainable.metrics import METRICS, score
+    from trainable.metrics import METRICS
     from trainable.report import CheckpointError
 
     space, _ = folder.read_spec()
@@ -131,11 +131,7 @@ def chosen_checkpoint(folder: RunFolder, trial: int | None = None) -> Chosen:
     reports = [r for r in trial_reports(folder, trial_id) if r.get("checkpoint_dir_name")]
     reports = [r for r in reports if wanted is None or r.get("epoch") in wanted]
 
-    def order(report: dict[str, Any]) -> tuple[bool, float, int]:  # best first, scored before unscored
-        value = score(report.get(metric))
-        return value is not None, 0.0 if value is None else value if mode == "max" else -value, report["epoch"]
-
-    reports.sort(key=order, reverse=True)
+    reports.sort(key=lambda report: rank(report.get(metric), mode, report["epoch"]), reverse=True)  # best first
     candidates = [(f"trial_{trial_id}/{r['checkpoint_dir_name']}", r) for r in reports]
     if trial is None and best["result"].get("checkpoint"):
         candidates = [(best["result"]["checkpoint"], best["result"])]

@@ -20,7 +20,7 @@ from search.budget import ended_note, read_ended
 from search.capacity import GpuPlan
 from search.results import ERROR, INTERRUPTED, LOST, RECORD_FILE, config_from_row, ranked, read_record, results_schema, to_frame, trial_rows
 from search.objectives import feasible_only, first, mark_feasible, names, objectives_of
-from search.pareto import write_pareto
+from search.pareto import checkpoints_by_epoch, write_pareto
 from search.retention import on_storage
 from search.run_folder import RunFolder
 from search.space import Space
@@ -130,11 +130,7 @@ def best_with_test(grid, rows: pd.DataFrame, data: Data | None, metric: str | No
     A corrupt checkpoint at the best epoch falls back to the next best row, said in the note;
     rows without a checkpoint that only tie it (Tune keeps the newest of equals) are not "better".
     """
-    checkpoints = {}
-    for result in grid:
-        trial_id = trial_id_of(result)
-        for checkpoint, metrics in result.best_checkpoints:
-            checkpoints[(trial_id, metrics.get("epoch"))] = checkpoint
+    checkpoints = checkpoints_by_epoch(grid)
     skipped, unsaved = [], []
     for _, row in rows.iterrows():
         checkpoint = checkpoints.get((row["trial_id"], int(row["epoch"])))

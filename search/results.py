@@ -146,6 +146,16 @@ def best_of(values: Iterable[Any], mode: str) -> float | None:
     return (max(scores) if mode == "max" else min(scores)) if scores else None
 
 
+Rank = tuple[bool, float, int]
+
+
+def rank(value: Any, mode: str | None, order: int) -> Rank:
+    """A report's place among a trial's, higher is better: scored over unscored (score()), the better
+    score, then the later `order` (epoch, checkpoint): how checkpoints are kept and chosen."""
+    value = score(value) if mode else None
+    return value is not None, 0.0 if value is None else value if mode == "max" else -value, order
+
+
 def ranked(frame: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame:
     """Rows with a finite metric, best first; ties keep the frame's order (trial number, epoch)."""
     # astype(bool): on a frame with no rows (no trial started) an empty object Series would

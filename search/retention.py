@@ -33,26 +33,15 @@ first and a checkpoint without the metric at the best end.
 from __future__ import annotations
 
 import sys
-from typing import Any
-
 import pyarrow.fs as pafs
 from ray import tune
 
-from search.results import read_record
-from trainable.metrics import score
-
-Rank = tuple[bool, float, int]
+from search.results import Rank, rank, read_record
 
 
 def on_storage(checkpoint: tune.Checkpoint) -> bool:
     """Whether a checkpoint Tune lists is still there: Tune lists every one, KeepCheckpoints deletes some."""
     return checkpoint.filesystem.get_file_info(checkpoint.path).type != pafs.FileType.NotFound
-
-
-def rank(value: Any, mode: str | None, order: int) -> Rank:
-    """A checkpoint's place, higher is better: scored over unscored, better score, then newer."""
-    value = score(value) if mode else None
-    return value is not None, 0.0 if value is None else value if mode == "max" else -value, order
 
 
 class KeepCheckpoints(tune.Callback):
@@ -61,7 +50,6 @@ class KeepCheckpoints(tune.Callback):
     def __init__(self, num_to_keep: int, metric: str | None, mode: str | None):
         self.num_to_keep, self.metric, self.mode = num_to_keep, metric, mode
         self.kept: dict[str, list[tuple[Rank, str]]] = {}  # trial id -> its checkpoints still kept
-        self.latest: dict[str, str] = {}  # trial id -> its newest checkpoint
         self.named: tuple[set[str], set[str]] = (set(), set())  # the latest of each trial at Tune's last two saves
         self.held: list[tuple[pafs.FileSystem, str]] = []  # no longer kept, but maybe named by a saved state
         self._saved_last = False  # whether Tune saved its state after its last controller step (its final save)
@@ -80,12 +68,12 @@ class KeepCheckpoints(tune.Callback):
         kept.append((rank(trial.last_result.get(self.metric) if self.metric else None, self.mode, order), new))
         keep = {path for _, path in sorted(kept)[-self.num_to_keep:]} | {new}
         self.kept[trial.trial_id] = [entry for entry in kept if entry[1] in keep]
-        self.latest[trial.trial_id] = new
         self._delete([(fs, path) for _, path in kept if path not in keep])
 
     def get_state(self) -> None:
         """Tune saves its state: each trial's latest checkpoint is now named there."""
-        self.named = (self.named[1], set(self.latest.values()))
+        latest = {max(kept, key=lambda entry: entry[0][2])[1] for kept in self.kept.values() if kept}
+        self.named = (self.named[1], latest)
         self._saved_last = True
         held, self.held = self.held, []
         self._delete(held)

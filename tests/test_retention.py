@@ -24,10 +24,10 @@ class Trial:
         self.checkpoint: tune.Checkpoint | None = None  # Tune sets it after the callbacks have seen one
         folder.mkdir(parents=True, exist_ok=True)
 
-    def report(self, keep: KeepCheckpoints, k: int, val_acc: float) -> None:
+    def report(self, keep: KeepCheckpoints, k: int, val_acc: float, metric: str = "val_acc") -> None:
         path = self.folder / f"checkpoint_{k:06d}"
         path.mkdir()
-        self.last_result = {"val_acc": val_acc, "checkpoint_dir_name": path.name}
+        self.last_result = {metric: val_acc, "checkpoint_dir_name": path.name}
         with (self.folder / "result.json").open("a") as f:
             f.write(json.dumps(self.last_result) + "\n")
         checkpoint = tune.Checkpoint(str(path))
@@ -50,10 +50,7 @@ def test_the_best_and_the_latest_stay_as_ray_keeps_them(tmp_path):
 def test_min_mode_and_several_to_keep(tmp_path):
     keep, trial = KeepCheckpoints(2, "val_loss", "min"), Trial(tmp_path / "t")
     for k, loss in enumerate([0.9, 0.3, 0.5, 0.2, 0.8]):
-        trial.last_result = {"val_loss": loss}
-        path = trial.folder / f"checkpoint_{k:06d}"
-        path.mkdir()
-        keep.on_checkpoint(iteration=k, trials=[trial], trial=trial, checkpoint=tune.Checkpoint(str(path)))
+        trial.report(keep, k, loss, metric="val_loss")
         keep.get_state()
         keep.get_state()
     assert trial.on_disk() == {1, 3, 4}
