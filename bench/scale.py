@@ -10,6 +10,10 @@ What is left is orchestration: the searcher, Tune, actors, checkpoints, results.
   Ray's docs, calling the same trainable.loop functions, every checkpoint kept, Tune's
   default snapshots.
 
+Neither side writes TensorBoard event files (the service: `experiment.loggers: []`; plain Tune:
+TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=1, its CSV and JSON loggers given), so both write the same
+trial files of Tune's.
+
 Each side is a subprocess; the sides alternate per N (order flipping) so machine noise
 falls on both. Cost per trial = the span from the first trial's start to the last trial's
 report, over N (start-up and the end of the search excluded; the start-up comparison is
@@ -64,6 +68,7 @@ def plain(n: int, data_root: str, storage: str, out: str) -> None:
     """The plain Tune side (runs in its own process)."""
     import ray
     from ray import tune
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
     from ray.tune.search import ConcurrencyLimiter
     from ray.tune.search.optuna import OptunaSearch
 
@@ -86,6 +91,7 @@ def plain(n: int, data_root: str, storage: str, out: str) -> None:
                 tune.report({"val_acc": record.val_acc, "started_at": started, "finished_at": time.time()},
                             checkpoint=tune.Checkpoint.from_directory(folder))
 
+    os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"  # no TensorBoard logger, as the service's loggers: []
     ray.init(address="local", include_dashboard=False, log_to_driver=False)
     try:
         space = {"lr": tune.loguniform(0.01, 0.3), "momentum": tune.uniform(0.5, 0.99),
@@ -96,7 +102,8 @@ def plain(n: int, data_root: str, storage: str, out: str) -> None:
             tune_config=tune.TuneConfig(metric="val_acc", mode="max", num_samples=n, reuse_actors=True,
                                         search_alg=ConcurrencyLimiter(OptunaSearch(sampler=make_sampler("tpe", 0, 0)),
                                                                       max_concurrent=SLOTS)),
-            run_config=tune.RunConfig(name="plain", storage_path=storage, verbose=0),
+            run_config=tune.RunConfig(name="plain", storage_path=storage, verbose=0,
+                                      callbacks=[CSVLoggerCallback(), JsonLoggerCallback()]),
         )
         grid = tuner.fit()
         frame = grid.get_dataframe()

@@ -257,7 +257,7 @@ class Experiment(Section):
     #: direction, or '<= NUMBER' / '>= NUMBER' (search/budget.py targets_of, docs/budgets.md)
     # a YAML list arrives as a list: the tuple is the frozen form
     loggers: Annotated[tuple[Logger, ...], Field(strict=False), rule(f"must be a list of {', '.join(LOGGERS)}")] \
-        = ("tensorboard",)  #: trackers: tensorboard (always written), mlflow, wandb (offline)
+        = ("tensorboard",)  #: trackers: tensorboard (event files; [] for none), mlflow, wandb (offline)
     enqueue: Annotated[tuple[dict[str, Any], ...], Field(strict=False),
                        rule("must be a list of mappings of searched keys to values")] = ()
     #: partial configs run first, as trials 0..k-1; their values are checked in search/warm_start.py

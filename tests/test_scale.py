@@ -18,9 +18,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def sparse_checkpoints(ray_local, tmp_path_factory, data_root):
-    """4 trials x 3 epochs, a checkpoint every 2 epochs (and the last), at most 1 kept per trial."""
+    """4 trials x 3 epochs, a checkpoint every 2 epochs (and the last), at most 1 kept per trial, no trackers."""
     space = small_space(tmp_path_factory.mktemp("runs"), data_root, training={"epochs": 3},
-                        experiment={"checkpoint_every": 2, "num_samples": 4})
+                        experiment={"checkpoint_every": 2, "num_samples": 4, "loggers": []})
     return space, run_search(space, name="sparse")
 
 
@@ -48,6 +48,13 @@ def test_phase_columns_account_for_each_trial(sparse_checkpoints):
                           "checkpoint_seconds", "report_seconds"]].sum().sum()
         span = rows["finished_at"].max() - rows["started_at"].min()
         assert accounted == pytest.approx(span, rel=0.1, abs=0.05)
+
+
+def test_no_tensorboard_in_loggers_writes_no_event_files(sparse_checkpoints):
+    _, outcome = sparse_checkpoints
+    trials = sorted(Path(outcome.path).glob("trial_*"))
+    assert len(trials) == 4 and all((t / "result.json").is_file() for t in trials), "Tune's record is kept"
+    assert not list(Path(outcome.path).glob("trial_*/events.out.tfevents.*")), "Tune adds its own logger otherwise"
 
 
 def test_summary_names_the_biggest_phase_outside_training(sparse_checkpoints):
