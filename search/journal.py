@@ -33,6 +33,7 @@ import os
 import re
 import time
 import uuid
+from typing import Any, Mapping, Sequence
 
 import optuna
 import pandas as pd
@@ -121,8 +122,9 @@ class Journal:
 
     # ---- the search as it goes ----
 
-    def trial_of(self, rows: pd.DataFrame) -> FrozenTrial:
-        """One trial's rows (results_rows) as its entry: RUNNING, WAITING or ended, by its status column."""
+    def trial_of(self, rows: Sequence[Mapping[str, Any]]) -> FrozenTrial:
+        """One trial's rows (study.frozen_trial's records) as its entry: RUNNING, WAITING or ended, by its
+        status column."""
         return frozen_trial(rows, self.space, self.schema, live=True)
 
     def report(self, number: int, epoch: int, value: float) -> None:
@@ -157,7 +159,7 @@ class Journal:
         """
         wanted: dict[int, FrozenTrial] = {}
         for _, rows in frame.groupby("trial_id", sort=False):
-            trial = self.trial_of(rows)
+            trial = self.trial_of(rows.to_dict("records"))
             if number_of(trial) is not None:
                 wanted[number_of(trial)] = trial
         ok = not any(e.state.is_finished() for n, e in self.entries.items() if n not in wanted)

@@ -173,9 +173,9 @@ def problems(experiment: Any) -> list[str]:
 
 # ---- a search's trials, from results.parquet ----------------------------------------------------
 
-def point_row(rows: pd.DataFrame, objectives: Objectives) -> pd.Series | None:
+def point_row(rows: Iterable[Mapping[str, Any]], objectives: Objectives) -> Mapping[str, Any] | None:
     """One trial's rows (one per epoch) -> the row of its point, or None."""
-    by_epoch = {int(r["epoch"]): r for _, r in rows.iterrows() if not pd.isna(r["epoch"])}
+    by_epoch = {int(r["epoch"]): r for r in rows if not pd.isna(r["epoch"])}
     epoch = objectives.point_epoch(by_epoch)
     return None if epoch is None else by_epoch[epoch]
 
@@ -209,7 +209,7 @@ def points(frame: pd.DataFrame, objectives: Objectives, statuses: Iterable[str] 
     for _, rows in frame.groupby("trial_id", sort=False):
         if rows["status"].iloc[0] in tuple(statuses):
             continue
-        row = point_row(rows, objectives)
+        row = point_row((r for _, r in rows.iterrows()), objectives)
         if row is not None:
             out.append(row)
     if not out:

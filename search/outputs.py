@@ -103,11 +103,11 @@ def record_exists(result) -> bool:
 def kept_rows(folder: RunFolder, trial_id: str, derived: list[dict[str, Any]], schema, *, record_gone: bool,
               notes: list[str]) -> list[dict[str, Any]]:
     """A trial's rows: the record's, plus the epochs only its results part still holds."""
-    part = folder.read_part(trial_id, schema)
-    epochs = lambda rows: {int(r["epoch"]) for r in rows if r.get("epoch") is not None}  # noqa: E731
-    number = derived[0].get("trial_number")
-    if not record_gone and epochs(part) <= epochs(derived):
+    recorded = {int(r["epoch"]) for r in derived if r.get("epoch") is not None}
+    if not record_gone and folder.part_epochs(trial_id) <= recorded:
         return derived
+    part = folder.read_part(trial_id, schema)
+    number = derived[0].get("trial_number")
     if not part:  # gone from both: nothing to recover, and the status says so
         notes.append(f"trial #{number} ({trial_id}): its folder and its results part are gone; nothing of it "
                      "could be recovered (status LOST)")

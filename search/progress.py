@@ -28,7 +28,7 @@ import pyarrow.fs as pafs
 from ray.tune import Callback
 
 from search.objectives import first, mark_feasible, objectives_of
-from search.results import read_record, results_schema, score, to_frame, trial_rows
+from search.results import read_record, records, results_schema, score, trial_rows
 from search.run_folder import RunFolder
 from search.space import Space
 from search.study import RUNNING
@@ -213,7 +213,7 @@ class Progress(Callback):
 
     def _start_entry(self, trial_id: str, config: dict[str, Any], journal: Journal) -> None:
         rows = [{**row, "status": RUNNING} for row in trial_rows(trial_id, config, [], done=False, error=False)]
-        journal.start(journal.trial_of(to_frame(rows, self.schema)))
+        journal.start(journal.trial_of(records(rows, self.schema)))
 
     def _write(self, trial_id: str, config: dict[str, Any], local_path: str, *, error: bool) -> None:
         # Tune's JSON logger has flushed every report of this trial to its driver-side folder
@@ -230,4 +230,4 @@ class Progress(Callback):
 
     def add_to_journal(self, rows: list[dict[str, Any]]) -> None:
         """Put one ended trial in optuna.journal (a trial re-run after a resume replaces its entry)."""
-        self.journal.put(self.journal.trial_of(to_frame(rows, self.schema)))
+        self.journal.put(self.journal.trial_of(records(rows, self.schema)))

@@ -271,6 +271,12 @@ def part_bytes(rows: list[dict[str, Any]], schema: pa.Schema) -> bytes:
     return buffer.getvalue()
 
 
+def records(rows: list[dict[str, Any]], schema: pa.Schema) -> list[dict[str, Any]]:
+    """Rows as results.parquet holds them (typed, JSON-text columns as text), without pandas: a trial's
+    entry in the journal is made from them at its start and end, ten times faster than from a frame."""
+    return table(rows, schema).to_pylist()
+
+
 def to_frame(rows: list[dict[str, Any]], schema: pa.Schema) -> pd.DataFrame:
     frame = table(rows, schema).to_pandas()
     # trial_number first: Tune's trial ids are random, and ties (best epoch) go to the earlier trial

@@ -10,6 +10,7 @@ intermediate values), so the study's best is best.yaml's. Each trial carries `tr
 from __future__ import annotations
 
 import json
+from typing import Any, Mapping, Sequence
 
 import optuna
 import pandas as pd
@@ -31,8 +32,9 @@ def _cell(value, json_column: bool):
     return json.loads(value) if json_column and isinstance(value, str) else value
 
 
-def frozen_trial(rows: pd.DataFrame, space: Space, schema=None, *, live: bool = False) -> FrozenTrial:
-    """One trial's rows (one per epoch) as an Optuna trial; `schema`: results_schema(space), if held.
+def frozen_trial(rows: Sequence[Mapping[str, Any]], space: Space, schema=None, *, live: bool = False) -> FrozenTrial:
+    """One trial's rows (one per epoch, as results.parquet holds them: results.records, or a frame's
+    to_dict("records")) as an Optuna trial; `schema`: results_schema(space), if held.
 
     By default a finished trial (the report's study). `live`: as optuna.journal holds it, where a
     trial not yet ended (status RUNNING or INTERRUPTED) is RUNNING with its curve so far, and one
@@ -40,9 +42,9 @@ def frozen_trial(rows: pd.DataFrame, space: Space, schema=None, *, live: bool = 
     """
     objectives = objectives_of(space.experiment)
     metric, mode = objectives.metrics[0], objectives.modes[0]
-    first = rows.iloc[0]
+    first = rows[0]
     json_columns = {f.name for f in (schema or results_schema(space)) if is_json(f)}
-    curve = {int(r["epoch"]): score(r[metric]) for _, r in rows.iterrows()
+    curve = {int(r["epoch"]): score(r[metric]) for r in rows
              if not pd.isna(r["epoch"]) and score(r[metric]) is not None}
     value = best_of(curve.values(), mode)
     # several objectives, constraints: the trial's point (search/objectives.py) gives its values and constraints
@@ -79,7 +81,7 @@ def make_study(frame: pd.DataFrame, space: Space, storage: optuna.storages.BaseS
                                 directions=objectives_of(space.experiment).directions)
     schema = results_schema(space)
     for _, rows in sorted(frame.groupby("trial_id"), key=lambda kv: kv[1]["trial_number"].iloc[0]):
-        study.add_trial(frozen_trial(rows, space, schema))
+        study.add_trial(frozen_trial(rows.to_dict("records"), space, schema))
     return study
 
 

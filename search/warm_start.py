@@ -135,7 +135,7 @@ def select(frame, earlier_space, space) -> tuple[list[dict[str, Any]], dict[str,
     for _, rows in groups:
         first = rows.iloc[0]
         why = None
-        earlier = frozen_trial(rows, earlier_space, schema)
+        earlier = frozen_trial(rows.to_dict("records"), earlier_space, schema)
         if earlier.state != TrialState.COMPLETE or first["status"] in (INTERRUPTED, LOST) \
                 or pd.isna(first["trial_number"]):
             why = UNFINISHED

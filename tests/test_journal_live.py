@@ -77,9 +77,9 @@ def test_an_interrupted_trial_stays_running_and_its_resume_continues_the_same_en
     folder = RunFolder(Storage.at(str(tmp_path)), "j-20261130-101500")
     Path(folder.path).mkdir()
     journal = Journal(folder, space)
-    journal.put(journal.trial_of(pd.DataFrame(rows("a", 0, 0.15, [0.5, 0.7]))))
-    journal.start(journal.trial_of(pd.DataFrame(rows("b", 1, 0.12, [0.6], status="RUNNING"))))
-    journal.put(journal.trial_of(pd.DataFrame(rows("c", 2, 0.11, [0.4, 0.45]))))
+    journal.put(journal.trial_of(rows("a", 0, 0.15, [0.5, 0.7])))
+    journal.start(journal.trial_of(rows("b", 1, 0.12, [0.6], status="RUNNING")))
+    journal.put(journal.trial_of(rows("c", 2, 0.11, [0.4, 0.45])))
     # Ctrl-C: the end of the search makes the journal hold results.parquet, #1 INTERRUPTED after its epoch 1
     stopped = pd.DataFrame(rows("a", 0, 0.15, [0.5, 0.7]) + rows("b", 1, 0.12, [0.6], status="INTERRUPTED")
                            + rows("c", 2, 0.11, [0.4, 0.45]))
@@ -108,7 +108,7 @@ def test_a_journal_numbered_in_finishing_order_is_renumbered_when_opened(tmp_pat
     Path(folder.path).mkdir()
     old = Journal(folder, space)
     for trial_id, number in [("b", 1), ("a", 0)]:  # as hpsearch 0.1 wrote it: #1 ended first
-        old._create(old.trial_of(pd.DataFrame(rows(trial_id, number, 0.15, [0.5]))))
+        old._create(old.trial_of(rows(trial_id, number, 0.15, [0.5])))
     Journal(folder, space)
     listed = dashboard_trials(old.path, folder.name)
     assert [(t.number, t.user_attrs["trial_id"]) for t in listed] == [(0, "a"), (1, "b")]

@@ -17,10 +17,11 @@ from search.storage import Storage
 from search.study import JOURNAL_FILE, frozen_trial, journal, make_study
 
 
-def rows(**columns) -> pd.DataFrame:
+def rows(**columns) -> list[dict]:
+    """A trial's rows as read back from results.parquet (a frame's records: a null there is NaN)."""
     base = {"trial_id": "a", "trial_number": 0, "seed": 7, "status": "COMPLETED", "epoch": [1, 2],
             "val_acc": [0.5, 0.7]}
-    return pd.DataFrame({**base, **columns})
+    return pd.DataFrame({**base, **columns}).to_dict("records")
 
 
 def test_a_null_choice_read_back_as_nan_is_the_null_choice():
@@ -40,7 +41,7 @@ def test_a_trials_value_is_its_best_epoch_and_nan_epochs_are_no_score():
 
 def test_the_study_lists_trials_in_trial_number_order():
     space = parse_space({"space": {"lr": {"distribution": "uniform", "low": 0.1, "high": 0.2}}})
-    frame = pd.concat([rows(trial_id="late", trial_number=1, lr=0.12), rows(trial_id="early", trial_number=0, lr=0.18)])
+    frame = pd.DataFrame(rows(trial_id="late", trial_number=1, lr=0.12) + rows(trial_id="early", trial_number=0, lr=0.18))
     study = make_study(frame, space)
     assert [t.user_attrs["trial_id"] for t in study.trials] == ["early", "late"]
 
@@ -89,8 +90,8 @@ def test_the_journal_made_to_match_results_drops_stale_entries_and_adds_missing_
     # a journal as the old code left it after a resume: trial #1 twice, #2 missing
     study = make_study(pd.DataFrame(trial("a", 0, 0.15, [0.5])), space,
                        journal(str(Path(folder.path) / JOURNAL_FILE)), folder.name)
-    study.add_trial(frozen_trial(pd.DataFrame(trial("b", 1, 0.12, [0.99])), space))
-    study.add_trial(frozen_trial(pd.DataFrame(trial("c", 1, 0.12, [0.6])), space))
+    study.add_trial(frozen_trial(trial("b", 1, 0.12, [0.99]), space))
+    study.add_trial(frozen_trial(trial("c", 1, 0.12, [0.6]), space))
     results = pd.DataFrame(trial("a", 0, 0.15, [0.5]) + trial("c", 1, 0.12, [0.6]) + trial("e", 2, 0.11, [0.7]))
     unfinished = pd.DataFrame(trial("f", 3, 0.13, [0.8])).assign(status="INTERRUPTED")
     Journal(folder, space).sync(pd.concat([results, unfinished]))
