@@ -44,7 +44,7 @@ from search.results import results_schema
 from search.run_folder import RunFolder
 from search.space import Space
 from search.storage import is_uri
-from search.study import JOURNAL_FILE, PENDING, frozen_trial, journal
+from search.study import JOURNAL_FILE, PENDING, frozen_trial, journal, trial_records
 from search.warm_start import load, told
 
 WARM_STUDY = "{run}.warm_start"  #: the warm start's study in optuna.journal
@@ -158,8 +158,8 @@ class Journal:
         Entries of trials not in `frame` that have not ended (WAITING: not started) stay.
         """
         wanted: dict[int, FrozenTrial] = {}
-        for _, rows in frame.groupby("trial_id", sort=False):
-            trial = self.trial_of(rows.to_dict("records"))
+        for rows in trial_records(frame):
+            trial = self.trial_of(rows)
             if number_of(trial) is not None:
                 wanted[number_of(trial)] = trial
         ok = not any(e.state.is_finished() for n, e in self.entries.items() if n not in wanted)

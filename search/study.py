@@ -80,9 +80,18 @@ def make_study(frame: pd.DataFrame, space: Space, storage: optuna.storages.BaseS
     study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True,
                                 directions=objectives_of(space.experiment).directions)
     schema = results_schema(space)
-    for _, rows in sorted(frame.groupby("trial_id"), key=lambda kv: kv[1]["trial_number"].iloc[0]):
-        study.add_trial(frozen_trial(rows.to_dict("records"), space, schema))
+    for rows in sorted(trial_records(frame, by_id=True), key=lambda rows: rows[0]["trial_number"]):
+        study.add_trial(frozen_trial(rows, space, schema))
     return study
+
+
+def trial_records(frame: pd.DataFrame, *, by_id: bool = False) -> list[list[dict[str, Any]]]:
+    """Each trial's rows of a results frame as frozen_trial's records, in the frame's order (`by_id`:
+    by trial id). One to_dict for the whole frame: one per trial takes about a millisecond each."""
+    trials: dict[str, list[dict[str, Any]]] = {}
+    for row in frame.to_dict("records"):
+        trials.setdefault(row["trial_id"], []).append(row)
+    return [trials[i] for i in sorted(trials)] if by_id else list(trials.values())
 
 
 def journal(path: str) -> optuna.storages.JournalStorage:
