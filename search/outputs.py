@@ -108,6 +108,8 @@ def kept_rows(folder: RunFolder, trial_id: str, derived: list[dict[str, Any]], s
         return derived
     part = folder.read_part(trial_id, schema)
     number = derived[0].get("trial_number")
+    if not part and not record_gone:  # its epoch column read, the rest does not: the record is what there is
+        return derived
     if not part:  # gone from both: nothing to recover, and the status says so
         notes.append(f"trial #{number} ({trial_id}): its folder and its results part are gone; nothing of it "
                      "could be recovered (status LOST)")

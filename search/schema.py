@@ -357,7 +357,10 @@ When = tuple[tuple[str, tuple[Any, ...]], ...]  #: a `when:`: (earlier searched 
 def holds(when: When, drawn: Mapping[str, Any]) -> bool:
     """Whether a key with this `when:` is drawn, given the keys drawn before it (a key not drawn is absent)."""
     def as_label(value: Any) -> Any:
-        return label(value.tolist() if hasattr(value, "tolist") else value)  # numpy scalars from a results frame
+        value = value.tolist() if hasattr(value, "tolist") else value  # numpy scalars from a results frame
+        if isinstance(value, float) and math.isnan(value):  # a null choice reads back from a results frame as NaN
+            value = None
+        return label(value)
 
     return all(key in drawn and as_label(drawn[key]) in {label(v) for v in allowed} for key, allowed in when)
 

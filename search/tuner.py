@@ -94,6 +94,9 @@ class NoEventFiles(TBXLoggerCallback):
     driver a writer (and its thread) per trial and ~40 scalars per report: a tenth of the driver's
     time per trial in a search of many small trials (docs/performance.md)."""
 
+    def __init__(self) -> None:
+        super(TBXLoggerCallback, self).__init__()  # not Tune's: it writes nothing, so it needs no tensorboardX
+
     def log_trial_start(self, trial) -> None:
         pass
 

@@ -3,6 +3,7 @@ spec, other data on resume, links out of the run folder, a full disk. Each fault
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import signal
@@ -12,11 +13,14 @@ from pathlib import Path
 
 import optuna
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
 from search.driver import run_search
+from search.outputs import kept_rows
 from search.preflight import check_same_data, data_fingerprint
+from search.results import RESULTS_FILE, results_schema, table, trial_rows
 from search.run_folder import RunFolder, spec_hash
 from search.space import parse_space
 from search.storage import Storage
@@ -88,6 +92,28 @@ def test_a_damaged_run_folder_keeps_every_row_and_says_what_it_could_not_recover
 
 
 @pytest.mark.slow
+def test_a_part_whose_epochs_read_but_not_its_other_columns_leaves_the_record_as_it_is(tmp_path):
+    """The end reads a part's epoch column first (outputs.kept_rows): a part damaged elsewhere is no lost trial."""
+    space = parse_space({"space": {"lr": {"distribution": "uniform", "low": 0.1, "high": 0.2}}})
+    schema = results_schema(space)
+    folder = RunFolder(Storage.at(str(tmp_path)), "damaged-part")
+    config = {"trial_number": 0, "seed": 7, "lr": 0.15, "epochs": 3}
+    reports = [{"epoch": e, "val_acc": 0.1 * e, "val_loss": 1.0, "train_loss": 1.0} for e in (1, 2, 3)]
+    buffer = io.BytesIO()
+    pq.write_table(table(trial_rows("t", config, reports, done=True, error=False), schema), buffer)
+    data = bytearray(buffer.getvalue())
+    metadata = pq.ParquetFile(io.BytesIO(bytes(data))).metadata
+    columns = [metadata.schema.column(i).path for i in range(metadata.num_columns)]
+    chunk = metadata.row_group(0).column(columns.index("val_acc"))
+    end = chunk.data_page_offset + chunk.total_compressed_size
+    data[end - 8:end] = bytes(b ^ 0xFF for b in data[end - 8:end])  # the end of val_acc's compressed page
+    folder.storage.write(f"{folder.name}/{RESULTS_FILE}/t.parquet", bytes(data))
+    assert folder.part_epochs("t") == {1, 2, 3} and folder.read_part("t", schema) == [], "the damage tested here"
+    record = trial_rows("t", config, reports[:1], done=False, error=False)
+    notes = []
+    assert kept_rows(folder, "t", record, schema, record_gone=False, notes=notes) == record and notes == []
+
+
 def test_outputs_never_follow_a_link_out_of_the_run_folder(finished, tmp_path):
     space, first = finished
     run = Path(first.path)

@@ -30,6 +30,14 @@ def test_a_null_choice_read_back_as_nan_is_the_null_choice():
     assert trial.params == {"clip_norm": None}
 
 
+def test_a_key_drawn_when_a_choice_is_null_stays_drawn_when_the_null_reads_back_as_nan():
+    space = parse_space({"space": {"clip_norm": {"distribution": "choice", "values": [None, 1.0]},
+                                   "t_max": {"distribution": "int", "low": 2, "high": 9, "when": {"clip_norm": [None]}}}})
+    from_frame = frozen_trial(rows(clip_norm=[math.nan, math.nan], t_max=[3, 3]), space)
+    live = frozen_trial([{**row, "clip_norm": None} for row in rows(t_max=[3, 3])], space)  # results.records: None
+    assert from_frame.params == live.params == {"clip_norm": None, "t_max": 3}
+
+
 def test_a_trials_value_is_its_best_epoch_and_nan_epochs_are_no_score():
     space = parse_space({"experiment": {"metric": "val_loss", "mode": "min"},
                          "space": {"lr": {"distribution": "uniform", "low": 0.1, "high": 0.2}}})
