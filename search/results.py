@@ -273,7 +273,7 @@ def part_bytes(rows: list[dict[str, Any]], schema: pa.Schema) -> bytes:
 
 def records(rows: list[dict[str, Any]], schema: pa.Schema) -> list[dict[str, Any]]:
     """Rows as results.parquet holds them (typed, JSON-text columns as text), without pandas: a trial's
-    entry in the journal is made from them at its start and end, ten times faster than from a frame."""
+    entry in the journal is made from them at its start and end, five times faster than from a frame."""
     return table(rows, schema).to_pylist()
 
 

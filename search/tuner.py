@@ -91,8 +91,8 @@ def tracker_callbacks(space: Space, folder: RunFolder) -> list:
 class NoEventFiles(TBXLoggerCallback):
     """experiment.loggers without tensorboard: no TensorBoard event files. Tune adds its TensorBoard
     logger unless the callbacks hold one, so they hold this one, which writes nothing. It saves the
-    driver a writer (and its thread) per trial and ~40 scalars per report: a tenth of the driver's
-    time per trial in a search of many small trials (docs/performance.md)."""
+    driver a writer (and its thread) per trial and ~40 scalars per report, which counts in a search
+    of many short trials (docs/performance.md)."""
 
     def __init__(self) -> None:
         super(TBXLoggerCallback, self).__init__()  # not Tune's: it writes nothing, so it needs no tensorboardX
