@@ -18,7 +18,7 @@ import yaml
 
 from search.budget import ended_note, read_ended
 from search.capacity import GpuPlan
-from search.results import ERROR, INTERRUPTED, LOST, RECORD_FILE, config_from_row, ranked, read_record, results_schema, to_frame, trial_rows
+from search.results import ERROR, INTERRUPTED, LOST, RECORD_FILE, config_from_row, ranked, read_record, results_schema, to_frame, trial_id_of, trial_rows
 from search.objectives import feasible_only, first, mark_feasible, names, objectives_of
 from search.pareto import checkpoints_by_epoch, write_pareto
 from search.retention import on_storage
@@ -55,11 +55,6 @@ class Outcome:
     summary: str
     interrupted: bool = False  #: stopped (Ctrl-C, SIGTERM) before every trial finished; --resume continues it
     succeeded: bool = True  #: some trial outside ERROR reported a finite metric (else the CLI exits 3)
-
-
-def trial_id_of(result) -> str:
-    """The Tune trial id of a Result, from its folder (trial_<id>, see trial_folder_name)."""
-    return result.path.rstrip("/").rsplit("/", 1)[-1].removeprefix("trial_")
 
 
 def derive(folder: RunFolder, space: Space, grid, notes: list[str], ran_to_end: bool = False) -> pd.DataFrame:

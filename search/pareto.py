@@ -25,7 +25,7 @@ import yaml
 from ray.tune import Checkpoint
 
 from search.objectives import Objectives, pareto_front
-from search.results import config_from_row, results_schema
+from search.results import config_from_row, results_schema, trial_id_of
 from search.retention import on_storage
 from search.run_folder import RunFolder
 from search.space import Space
@@ -38,7 +38,7 @@ def checkpoints_by_epoch(grid) -> dict[tuple[str, int], Checkpoint]:
     """(trial_id, epoch) -> the checkpoint Tune lists for it (num_to_keep may have deleted it since)."""
     out = {}
     for result in grid:
-        trial_id = result.path.rstrip("/").rsplit("/", 1)[-1].removeprefix("trial_")
+        trial_id = trial_id_of(result)
         for checkpoint, metrics in result.best_checkpoints:
             out[(trial_id, metrics.get("epoch"))] = checkpoint
     return out

@@ -237,6 +237,11 @@ def _epoch_config(report: Mapping[str, Any], config: Mapping[str, Any]) -> dict[
     return TrialConfig.from_mapping(own).to_flat() if isinstance(own, Mapping) and own != config else {}
 
 
+def trial_id_of(result) -> str:
+    """The Tune trial id of a Result, from its folder (trial_<id>, see search/tuner.py trial_folder_name)."""
+    return result.path.rstrip("/").rsplit("/", 1)[-1].removeprefix("trial_")
+
+
 def read_record(fs: pafs.FileSystem, trial_path: str) -> list[dict[str, Any]]:
     """Every report in a trial folder's result.json (Tune's record); [] if it has none yet."""
     path = f"{trial_path.rstrip('/')}/{RECORD_FILE}"

@@ -59,7 +59,7 @@ class KeepCheckpoints(tune.Callback):
         fs, new = checkpoint.filesystem, checkpoint.path
         kept = self.kept.get(trial.trial_id)
         if kept is None:  # first seen by this process: after a resume it may already have some
-            kept = self.kept[trial.trial_id] = self._on_storage(trial, fs, new)
+            kept = self.kept[trial.trial_id] = self._earlier(trial, fs, new)
             if trial.checkpoint is not None:  # what it was restored from: named by the state it resumed
                 self.named[0].add(trial.checkpoint.path)
                 self.named[1].add(trial.checkpoint.path)
@@ -107,7 +107,7 @@ class KeepCheckpoints(tune.Callback):
                           f"({type(failure).__name__}: {failure}); it and any others like it stay",
                           file=sys.stderr, flush=True)
 
-    def _on_storage(self, trial, fs: pafs.FileSystem, new: str) -> list[tuple[Rank, str]]:
+    def _earlier(self, trial, fs: pafs.FileSystem, new: str) -> list[tuple[Rank, str]]:
         """A trial's other checkpoints already on storage (a resumed trial's), ranked by its record's reports."""
         folder = new.rstrip("/").rpartition("/")[0]
         paths = sorted(i.path for i in fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))

@@ -84,7 +84,9 @@ def assert_kept_checkpoints(run: Path, metric: str = "val_acc") -> None:
     still write checkpoints before Ray notices the driver is gone, with no driver to record them."""
     import json
 
-    for record in run.glob("trial_*/result.json"):
+    records = list(run.glob("trial_*/result.json"))
+    assert records, f"no trial of Tune's record in {run}"
+    for record in records:
         trial = record.parent
         reports = [json.loads(line) for line in record.read_text().splitlines()]
         saved = [(r[metric], i, r["checkpoint_dir_name"]) for i, r in enumerate(reports) if r.get("checkpoint_dir_name")]
