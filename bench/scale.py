@@ -14,8 +14,9 @@ Neither side writes TensorBoard event files (the service: `experiment.loggers: [
 TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=1, its CSV and JSON loggers given), so both write the same
 trial files of Tune's.
 
-Each side is a subprocess; the sides alternate per N (order flipping) so machine noise
-falls on both. Cost per trial = the span from the first trial's start to the last trial's
+Each side is a subprocess; the sides alternate which runs first, per N and per round, so
+machine noise falls on both; with --rounds R every N runs R times and the tables give medians
+(one run's plain side swings between about 19 and 38 ms a trial on these machines). Cost per trial = the span from the first trial's start to the last trial's
 report, over N (start-up and the end of the search excluded; the start-up comparison is
 bench/search.py's). Printed per N: ms per trial for each side, their ratio, and for the service
 the growth exponent of its span against N (1.0: flat cost per trial) and where its slot time
@@ -23,7 +24,7 @@ went (results.parquet's phase columns, ms per trial). Also the whole command's c
 (its wall time from outside, start-up and end included, over N) for both sides, and the service's
 end (timing.yaml: results, test, report and what was left of Ray's shutdown) with its growth.
 
-    .venv/bin/python bench/scale.py --data-root DIR [--sizes 100 1000] [--keep]
+    .venv/bin/python bench/scale.py --data-root DIR [--sizes 100 1000] [--rounds 3] [--keep]
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -156,10 +158,19 @@ def run_side(side: str, n: int, data_root: str, folder: Path) -> dict:
             "trials": len(measured["finished_at"]), "phases": {}}
 
 
+def median_side(runs: list[dict]) -> dict:
+    """One side's runs of one N as one: the median of each figure."""
+    return {"wall": statistics.median(r["wall"] for r in runs), "span": statistics.median(r["span"] for r in runs),
+            "trials": min(r["trials"] for r in runs),
+            "phases": {p: statistics.median(r["phases"][p] for r in runs) for p in runs[0]["phases"]},
+            **({"end": statistics.median(r["end"] for r in runs)} if "end" in runs[0] else {})}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data-root", default=os.environ.get("HPSEARCH_DATA"))
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--rounds", type=int, default=1, help="run every size this many times; medians are printed")
     parser.add_argument("--keep", action="store_true", help="keep the run folders (printed)")
     parser.add_argument("--plain", type=int, help=argparse.SUPPRESS)  # internal: run the plain side
     parser.add_argument("--storage-path", help=argparse.SUPPRESS)
@@ -173,31 +184,38 @@ def main() -> int:
         return 0
 
     folder = Path(tempfile.mkdtemp(prefix="hpsearch-scale-"))
-    results: dict[int, dict[str, dict]] = {}
+    rounds: dict[int, list[dict[str, dict]]] = {n: [] for n in args.sizes}
     try:
-        for i, n in enumerate(args.sizes):
+        for i, (r, n) in enumerate((r, n) for r in range(args.rounds) for n in args.sizes):
             order = ["service", "plain"] if i % 2 == 0 else ["plain", "service"]
-            results[n] = {side: run_side(side, n, data_root, folder) for side in order}
-            s, p = results[n]["service"], results[n]["plain"]
-            print(f"N={n}: service {1000 * s['span'] / n:.0f} ms/trial ({s['trials']} trials, wall {s['wall']:.0f} s), "
-                  f"plain {1000 * p['span'] / n:.0f} ms/trial ({p['trials']} trials, wall {p['wall']:.0f} s)",
-                  flush=True)
+            sides = {side: run_side(side, n, data_root, folder / f"round-{r + 1}") for side in order}
+            rounds[n].append(sides)
+            s, p = sides["service"], sides["plain"]
+            print(f"round {r + 1}, N={n}: service {1000 * s['span'] / n:.0f} ms/trial ({s['trials']} trials, "
+                  f"wall {s['wall']:.0f} s), plain {1000 * p['span'] / n:.0f} ms/trial ({p['trials']} trials, "
+                  f"wall {p['wall']:.0f} s)", flush=True)
     finally:
         if args.keep:
             print(f"run folders kept in {folder}")
         else:
             shutil.rmtree(folder, ignore_errors=True)
+    # one side's figure per N: the median over the rounds (a single run swings by half on these machines)
+    results = {n: {side: median_side([sides[side] for sides in runs]) for side in ("service", "plain")}
+               for n, runs in rounds.items()}
 
-    print("\n| trials | service | plain Tune | service/plain |\n|---:|---:|---:|---:|")
+    print(f"\nmedians of {args.rounds} round(s), the sides alternating which runs first:")
+    print("| trials | service | plain Tune | service/plain |\n|---:|---:|---:|---:|")
     for n, sides in results.items():
         s, p = 1000 * sides["service"]["span"] / n, 1000 * sides["plain"]["span"] / n
         print(f"| {n} | {s:.0f} ms/trial | {p:.0f} ms/trial | {s / p:.2f}x |")
     print("\nthe whole command (wall time from outside, start-up and end included), per trial:")
-    print("| trials | service | plain Tune | service/plain | service's end (results, test, report, shutdown) |")
-    print("|---:|---:|---:|---:|---:|")
-    for n, sides in results.items():
-        s, p = 1000 * sides["service"]["wall"] / n, 1000 * sides["plain"]["wall"] / n
-        print(f"| {n} | {s:.0f} ms/trial | {p:.0f} ms/trial | {s / p:.2f}x | {sides['service']['end']:.1f} s |")
+    print("| trials | round | service | plain Tune | service/plain | service's end (results, test, report, shutdown) |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for n, runs in rounds.items():
+        for label, sides in [*((str(r + 1), sides) for r, sides in enumerate(runs)), ("median", results[n])]:
+            s, p = 1000 * sides["service"]["wall"] / n, 1000 * sides["plain"]["wall"] / n
+            print(f"| {n} | {label} | {s:.0f} ms/trial | {p:.0f} ms/trial | {s / p:.2f}x | "
+                  f"{sides['service']['end']:.1f} s |")
     sizes = sorted(results)
     if len(sizes) >= 2:
         a, b = sizes[-2], sizes[-1]
