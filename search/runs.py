@@ -24,6 +24,7 @@ import pandas as pd
 import yaml
 
 from search.budget import read_ended
+from search.pareto import PARETO_FILE
 from search.results import ERROR, INTERRUPTED, RESULTS_FILE
 from search.run_folder import BEST_FILE, LOCK_FILE, SPEC_FILE, RunFolder
 from search.storage import Storage, is_uri
@@ -40,9 +41,11 @@ class Run:
     state: str
     done: int  #: trials that ended (not INTERRUPTED)
     total: int  #: experiment.num_samples
-    metric: str
-    best: float | None  #: best.yaml's value of the metric
+    metric: str  #: experiment.metric; several objectives: their names joined by ", "
+    best: float | None  #: best.yaml's value of the metric (one objective)
     when: str  #: when its last trial ended (or its spec was written), local time
+    several: bool = False  #: several objectives: a front in pareto.yaml, no best.yaml
+    front: int | None = None  #: several objectives: the trials on pareto.yaml's front (None: no pareto.yaml yet)
 
 
 def is_held(folder: RunFolder) -> bool:
@@ -85,6 +88,11 @@ def read_run(folder: RunFolder) -> Run | None:
         return None
     experiment = spec.get("experiment", {})
     metric, total = experiment.get("metric", "val_acc"), int(experiment.get("num_samples", 0))
+    several, front = isinstance(metric, list), None
+    if several:  # several objectives: a front in pareto.yaml, not one best
+        metric = ", ".join(map(str, metric))
+        trials_on_front = read_yaml(folder, PARETO_FILE).get("trials")
+        front = len(trials_on_front) if isinstance(trials_on_front, list) else None
     frame = read_results(folder)
     trials = frame.drop_duplicates("trial_id", keep="last") if frame is not None else pd.DataFrame()
     done = int((trials["status"] != INTERRUPTED).sum()) if len(trials) else 0
@@ -104,7 +112,8 @@ def read_run(folder: RunFolder) -> Run | None:
     else:
         stamp = None if is_uri(folder.path) else os.path.getmtime(os.path.join(folder.path, SPEC_FILE))
     when = "-" if stamp is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(stamp))
-    return Run(folder.name, state, done, total, metric, best if isinstance(best, (int, float)) else None, when)
+    return Run(folder.name, state, done, total, metric, best if isinstance(best, (int, float)) else None, when,
+               several, front)
 
 
 def list_runs(storage: Storage) -> list[Run]:
@@ -116,10 +125,15 @@ def list_runs(storage: Storage) -> list[Run]:
 def format_runs(runs: list[Run], where: str) -> str:
     if not runs:
         return f"No runs under {where}"
-    table = pd.DataFrame([{"name": r.name, "state": r.state, "trials": f"{r.done}/{r.total}",
-                           "best": "-" if r.best is None or not math.isfinite(r.best) else f"{r.metric} {r.best:.4f}",
+    table = pd.DataFrame([{"name": r.name, "state": r.state, "trials": f"{r.done}/{r.total}", "best": best_of(r),
                            "when": r.when} for r in runs])
     return f"Runs under {where}:\n" + table.to_string(index=False)
+
+
+def best_of(run: Run) -> str:
+    if run.several:
+        return "-" if run.front is None else f"{run.front} on the Pareto front ({run.metric})"
+    return "-" if run.best is None or not math.isfinite(run.best) else f"{run.metric} {run.best:.4f}"
 
 
 def spec_differences(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -144,8 +158,9 @@ def compare(a: RunFolder, b: RunFolder) -> str:
     for folder, run in zip((a, b), runs):
         entry = read_yaml(folder, BEST_FILE)
         result = entry.pop("result", {}) or {}
-        best[folder.name] = {"state": run.state, "trials": f"{run.done}/{run.total}",
-                             **{f"result.{k}": result.get(k) for k in ("trial_number", "epoch", run.metric, "test_acc")},
+        shown = ("trial_number", "epoch", run.metric, "test_acc") if not run.several else ()  # no best.yaml
+        best[folder.name] = {"state": run.state, "trials": f"{run.done}/{run.total}", "best": best_of(run),
+                             **{f"result.{k}": result.get(k) for k in shown},
                              **{k: v for k, v in sorted(flat(entry).items())}}
     table = pd.DataFrame(best)
     lines.append(table.fillna("-").to_string())

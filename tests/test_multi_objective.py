@@ -226,6 +226,12 @@ def test_a_search_with_two_objectives_a_constraint_conditional_keys_enqueued_con
     printed = capsys.readouterr().out
     assert f"val_acc {last.loc[number, 'val_acc']:.4f}" in printed.splitlines()[-1]
 
+    # `runs` and `compare` show it by its front: there is no best.yaml
+    from search.cli import main as search_main
+
+    assert search_main(["runs", "--storage-path", str(tmp_path)]) == 0
+    assert f"{len(front)} on the Pareto front (val_acc, params)" in capsys.readouterr().out
+
     # the same seed at another max_concurrent: the same trials, configs and metrics
     run_search(space_at(2), name="front-2")
     again = pd.read_parquet(tmp_path / "front-2" / "results.parquet")
@@ -233,3 +239,6 @@ def test_a_search_with_two_objectives_a_constraint_conditional_keys_enqueued_con
              "feasible"]
     pd.testing.assert_frame_equal(frame.sort_values(["trial_number", "epoch"])[table].reset_index(drop=True),
                                   again.sort_values(["trial_number", "epoch"])[table].reset_index(drop=True))
+    assert search_main(["compare", str(run), str(tmp_path / "front-2")]) == 0
+    compared = capsys.readouterr().out
+    assert "experiment.max_concurrent" in compared and compared.count(f"{len(front)} on the Pareto front") == 2

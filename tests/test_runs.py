@@ -16,7 +16,7 @@ def make_run(storage, space, name: str, statuses: list[str]) -> RunFolder:
     folder.write_spec(space)
     for number, status in enumerate(statuses):
         rows = [{"trial_id": f"t{number}", "status": status, "trial_number": number, "epoch": epoch,
-                 "val_acc": 0.5 + number / 100, "finished_at": 1.8e9 + number, "lr": 0.1}
+                 "val_acc": 0.5 + number / 100, "val_loss": 1 - number / 100, "finished_at": 1.8e9 + number, "lr": 0.1}
                 for epoch in (1, 2)]
         folder.write_part(space, f"t{number}", rows, results_schema(space))
     return folder
@@ -54,3 +54,21 @@ def test_compare_shows_the_spec_differences(tmp_path, data_root):
     text = compare(a, b)
     assert "experiment.seed" in text and "experiment.time_budget" in text and "'1h'" in text
     assert "training.epochs" not in text  # the same in both
+
+
+
+def test_a_run_of_several_objectives_before_its_pareto_yaml_is_listed_and_compared(tmp_path, data_root, capsys):
+    """Its metric is a list (a TypeError here before). With pareto.yaml: tests/test_multi_objective.py."""
+    storage = Storage.at(str(tmp_path))
+    make_run(storage, small_space(tmp_path, data_root), "one", ["COMPLETED"])
+    space = small_space(tmp_path, data_root, experiment={"metric": ["val_acc", "val_loss"], "mode": ["max", "min"]})
+    several = make_run(storage, space, "two", ["COMPLETED", "INTERRUPTED"])
+    assert (read_run(several).state, read_run(several).metric) == ("interrupted", "val_acc, val_loss")
+
+    from search.cli import main
+
+    assert main(["runs", "--storage-path", str(tmp_path)]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
+    assert rows["two"][1:4] == ["interrupted", "1/4", "-"] and "one" in rows
+    assert main(["compare", str(tmp_path / "one"), several.path]) == 0
+    assert "experiment.metric" in capsys.readouterr().out
