@@ -46,11 +46,12 @@ def _process_start() -> float | None:
     """When this process started, in unix seconds, from /proc (10 ms ticks); None where there is no /proc."""
     try:
         with open("/proc/self/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, after the command name
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime: ticks after boot
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])  # seconds since boot, to 10 ms
+        # not /proc/stat's btime: whole seconds, which put the start up to 1 s early
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
         return None
 
 

@@ -126,6 +126,16 @@ def test_the_summary_times_the_whole_command_and_its_phases_add_up(tmp_path):
     assert f"Ray's shutdown {timing['phases']['shutdown']:.1f} s" in phases
 
 
+def test_a_command_is_timed_from_its_process_start_to_within_a_few_ticks():
+    # /proc/stat's btime is whole seconds: a start taken from it was up to 1 s early, and so the
+    # summary's wall time and its imports phase were up to 1 s long
+    script = "import time\nfrom search.phases import _process_start\nprint(_process_start(), time.time())"
+    before = time.time()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO)
+    start, then = map(float, done.stdout.split())
+    assert before - 0.05 <= start <= then, (before, start, then)  # 10 ms ticks, and /proc/uptime's 10 ms
+
+
 def test_a_bug_of_ours_is_said_and_the_command_still_ends_despite_a_user_thread():
     # a search whose checks raised unexpectedly (a traceback) then hung on a dataset's thread
     script = ("import threading\nimport search.cli as cli\n"
