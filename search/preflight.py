@@ -192,6 +192,10 @@ def spec_for_resume(space: Space, folder: RunFolder) -> tuple[Space, dict[str, A
     if space.data_root is not None and space.data_root != stored.data_root:
         stored = replace(stored, data_root=space.data_root)  # where the files are, not what they are
     changes = resume_changes(space, stored)  # time_budget, stop_when, num_samples (search/budget.py)
+    if "num_samples" in changes and changes["num_samples"] < (held := len(folder.saved_trials())):
+        # Tune runs every trial its record holds, so a lower total would be recorded and not kept
+        raise ConfigError([problem("experiment.num_samples", f"on --resume is the new total, and must be at "
+                                   f"least the {held} trials this run already holds", changes["num_samples"])])
     if changes:
         stored = replace(stored, experiment=stored.experiment.model_copy(update=changes))
         run = record_changes(folder, stored, run, changes)

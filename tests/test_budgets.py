@@ -182,6 +182,14 @@ def test_time_budget_ends_the_search_with_a_prefix_of_its_trials(tmp_path, data_
     assert stored.experiment.num_samples == len(numbers) + 1 and stored.experiment.time_budget is None
     assert run["resumed_with"][0]["experiment.num_samples"] == len(numbers) + 1
     assert read_run(folder).state == "finished"
+    # a total below the trials the run holds: refused, before spec.yaml records it
+    from trainable.errors import ConfigError
+
+    fewer = small_space(tmp_path, data_root, experiment={"num_samples": 1},
+                        data={"train_size": 300, "val_size": 100}, training={"epochs": 3})
+    with pytest.raises(ConfigError, match=rf"experiment.num_samples: on --resume .* at least the {len(numbers) + 1} "):
+        run_search(fewer, name="budget", resume=True)
+    assert folder.read_spec()[0].experiment.num_samples == len(numbers) + 1
 
     # a resume with a target: Tune brings back its own copy of the stopper, which takes the new
     # target from spec.yaml and stops the one new trial at its first epoch end
