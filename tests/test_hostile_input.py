@@ -121,6 +121,24 @@ def test_a_few_aliases_still_work(tmp_path):
     assert data["again"] == {"lr": 0.001, "sizes": [64, 32]}
 
 
+@pytest.mark.parametrize("content, line, first", [
+    ("space:\n  lr: {low: 0.01}\n  batch_size: {values: [32]}\n  lr: {low: 0.1}\n", 4, 2),
+    ("experiment: {name: a, seed: 1, name: b}\n", 1, 1),
+    ("training: {epochs: 2}\ntraining: {epochs: 3}\n", 2, 1),
+])
+def test_a_key_written_twice_is_refused_not_silently_replaced(tmp_path, content, line, first):
+    path = tmp_path / "twice.yaml"
+    path.write_text(content)
+    text = refused(path)
+    assert f"at line {line}, column" in text and f"written twice in one mapping (first on line {first})" in text
+
+
+def test_a_merged_key_may_still_be_overridden(tmp_path):
+    path = tmp_path / "merged.yaml"
+    path.write_text("defaults: &d {lr: 0.1, epochs: 2}\nrun:\n  <<: *d\n  lr: 0.5\n")
+    assert read_yaml_mapping(path)["run"] == {"lr": 0.5, "epochs": 2}
+
+
 def test_python_tags_are_rejected(tmp_path):
     marker = tmp_path / "ran"
     path = tmp_path / "python.yaml"

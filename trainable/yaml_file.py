@@ -67,6 +67,22 @@ class Loader(yaml.SafeLoader):
         self._aliases = []
         return node
 
+    def construct_mapping(self, node, deep=False):
+        """A key written twice in one mapping is an error: PyYAML would keep the last one silently.
+        Keys that a merge (<<: *name) brings in may be overridden, as YAML means them to be."""
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key {key!r} is written twice in one mapping (first on line "
+                        f"{seen[key].line + 1}); only one can hold", key_node.start_mark)
+                seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
     def construct_object(self, node, deep=False):
         try:
             return super().construct_object(node, deep=deep)
