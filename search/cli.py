@@ -163,6 +163,10 @@ def check_main(argv: Sequence[str]) -> int:
                                   "capacity) without starting Ray; print the resolved spec. Exit 0 or 2.")
     try:
         space = load_space(args.space, assignments(args))
+        from search.schema import run_name_problem
+
+        if args.name is not None and (wrong := run_name_problem(args.name)):
+            raise ConfigError([wrong])  # as the search itself refuses it
     except ConfigError as error:  # in a second: neither torch nor Ray is imported yet
         print(f"error: {error}", file=sys.stderr)
         return 2

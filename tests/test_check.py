@@ -54,6 +54,15 @@ def test_check_exits_2_with_the_messages_of_a_run_and_neither_starts_ray(tmp_pat
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir()), "no run folder is left"
 
 
+@pytest.mark.parametrize("name", ["../x", "a/b", "."])
+def test_check_refuses_a_run_name_that_the_search_refuses(tmp_path, monkeypatch, capsys, ray_inits, name):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "space.yaml", yaml.safe_dump(blob_space(tmp_path)))
+    searched, checked = run_and_check(capsys, ["--space", "space.yaml", "--name", name])
+    assert searched[0] == checked[0] == 2 and checked[1] == searched[1]
+    assert "--name: must be" in checked[1] and not ray_inits
+
+
 def test_check_of_the_shipped_space_prints_the_resolved_spec_and_exits_0(data_root, capsys, ray_inits):
     assert main(["check", "--space", MNIST_SPACE, "--data-root", str(data_root), "--set", "data.train_size=1000",
                  "--epochs", "2"]) == 0
