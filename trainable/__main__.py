@@ -78,6 +78,10 @@ def trial_config(args: argparse.Namespace) -> TrialConfig:
         document = read_yaml_mapping(args.config)
         if args.pick is not None:
             document = picked(document, args.pick)
+        elif isinstance(document.get("trials"), list) and "objectives" in document:  # a pareto.yaml
+            held = [e.get("trial_number") for e in document["trials"] if isinstance(e, dict)]
+            raise ConfigError([problem("--pick", f"must name the trial to re-run when --config is a Pareto front "
+                                                 f"(pareto.yaml; its trial_numbers: {held})", None)])
         values = TrialConfig.from_mapping({k: v for k, v in document.items()
                                            if k not in (*INFORMATIONAL_KEYS, SCHEDULE_KEY)}).to_flat()
     elif args.pick is not None:
