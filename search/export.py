@@ -112,14 +112,23 @@ def chosen_checkpoint(folder: RunFolder, trial: int | None = None) -> Chosen:
 
     Among equal scores the later epoch comes first: num_to_keep keeps the newest of equals.
     """
-    from search.objectives import first
+    from search.objectives import first, objectives_of
     from trainable.metrics import METRICS
     from trainable.report import CheckpointError
 
     space, _ = folder.read_spec()
+    if space.trainable:
+        raise ConfigError([problem("RUN", f"is a search of your own training function ({space.trainable}): its "
+                                          "checkpoints hold the dict your function reported (a state.pt under "
+                                          "'state'), not a model hpsearch can rebuild; load it with torch.load",
+                                   folder.path)])
     metric, mode = first(space.experiment.metric), first(space.experiment.mode)
     best = yaml.safe_load(folder.storage.read(f"{folder.name}/{BEST_FILE}") or b"null")
     if trial is None:
+        if objectives_of(space.experiment).several:  # a front (pareto.yaml), never one best
+            raise ConfigError([problem("RUN", "searched several objectives, so it has a Pareto front (pareto.yaml) "
+                                              "instead of a best.yaml; pass --trial N, N one of its trial_numbers",
+                                       folder.path)])
         if not isinstance(best, dict) or "result" not in best:
             raise ConfigError([problem("RUN", f"has no {BEST_FILE} (the search has not ended, or no trial "
                                               "succeeded); pass --trial N to export a trial", folder.path)])

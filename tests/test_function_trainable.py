@@ -131,6 +131,11 @@ def test_a_toy_function_searches_restarts_from_its_checkpoint_and_reproduces(ray
     assert best["result"]["score"] == frame["score"].max() and best["result"]["test_acc"] is None
     assert best["trainable"].endswith("toy.py:train") and "lr" in best
     assert (run / "report.html").exists() and (run / "optuna.journal").exists()
+    # export has no model to rebuild: it says so (not a checkpoint "format" mismatch)
+    from search.export import chosen_checkpoint, open_run
+
+    with pytest.raises(ConfigError, match=r"RUN: is a search of your own training function .*toy.py:train"):
+        chosen_checkpoint(open_run(str(run)))
 
     again = run_search(parse_space(toy_space(tmp_path, max_concurrent=3), source=str(tmp_path / "space.yaml")),
                        name="three").results
