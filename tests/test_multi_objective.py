@@ -221,6 +221,9 @@ def test_a_search_with_two_objectives_a_constraint_conditional_keys_enqueued_con
     # the replay of a front trial prints the epochs its record holds
     number = front[0]
     capsys.readouterr()
+    assert trainable_main(["--config", str(run / "pareto.yaml"), "--data-root", str(data_root)]) == 2
+    assert f"--pick: must name the trial to re-run when --config is a Pareto front (pareto.yaml; its trial_numbers: " \
+           f"{front})" in capsys.readouterr().err, "not four unknown fields of a trial config"
     assert trainable_main(["--config", str(run / "pareto.yaml"), "--pick", str(number),
                            "--data-root", str(data_root)]) == 0
     printed = capsys.readouterr().out
@@ -231,6 +234,9 @@ def test_a_search_with_two_objectives_a_constraint_conditional_keys_enqueued_con
 
     assert search_main(["runs", "--storage-path", str(tmp_path)]) == 0
     assert f"{len(front)} on the Pareto front (val_acc, params)" in capsys.readouterr().out
+    assert search_main(["export", str(run), "-o", str(tmp_path / "model.pt")]) == 2
+    assert "searched several objectives, so it has a Pareto front (pareto.yaml)" in capsys.readouterr().err
+    assert search_main(["export", str(run), "--trial", str(number), "-o", str(tmp_path / "model.pt")]) == 0
 
     # the same seed at another max_concurrent: the same trials, configs and metrics
     run_search(space_at(2), name="front-2")
