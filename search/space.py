@@ -162,7 +162,9 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
         if key in ("run", TRAINABLE_KEY):  # run: spec.yaml's record of where the run lives: not part of the space
             continue
         if key not in SECTIONS:
-            problems.append(problem(str(key), f"unknown section (known: {', '.join(SECTIONS)})", raw[key]))
+            problems.append(problem(str(key), f"unknown section (known: {', '.join(SECTIONS)}; and "
+                                              f"{TRAINABLE_KEY}: FILE.py:FUNCTION, your own training function)",
+                                    raw[key]))
     base = _base_folder(source)
     experiment = validated(Experiment, "experiment", _section(raw, "experiment", problems), problems)
     resources = validated(Resources, "resources", _section(raw, "resources", problems), problems)
