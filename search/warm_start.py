@@ -130,6 +130,9 @@ def select(frame, earlier_space, space) -> tuple[list[dict[str, Any]], dict[str,
 
     schema = results_schema(earlier_space)
     json_columns = {f.name for f in schema if is_json(f)}
+    # a key today's space searches that the earlier run fixed has a column there too (every config key
+    # has one), but no point of that run was drawn for it: such trials are left out, "without" the key
+    searched_then = {d.name for d in earlier_space.searched}
     kept, left_out = [], {}
     groups = sorted(frame.groupby("trial_id"), key=lambda kv: kv[1]["trial_number"].iloc[0])
     for _, rows in groups:
@@ -145,7 +148,7 @@ def select(frame, earlier_space, space) -> tuple[list[dict[str, Any]], dict[str,
                 break
             if not d.holds(drawn):  # a `when:` key today's space would not draw for this trial: not asked
                 continue
-            cell = first[d.name] if d.name in frame.columns else None
+            cell = first[d.name] if d.name in frame.columns and d.name in searched_then else None
             if d.name in json_columns and isinstance(cell, str):
                 cell = json.loads(cell)
             missing = cell is None or (isinstance(cell, float) and math.isnan(cell) and not
