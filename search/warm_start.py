@@ -27,7 +27,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
-from search.schema import Searched, field_value
+from search.schema import Searched, field_value, holds
 from trainable.errors import ConfigError, problem
 from trainable.config import model_key
 
@@ -89,6 +89,11 @@ def enqueue_problems(enqueue: Sequence[Mapping[str, Any]], searched: Sequence[Se
                 rule = outside(by_name[key], None)
             if rule:
                 problems.append(problem(path, rule, value))
+            # a `when:` this config's own values make false: the key would not be drawn, so its value not used
+            for on, allowed in by_name[key].when:
+                if on in config and not holds(((on, allowed),), config):
+                    problems.append(problem(path, f"is drawn only when {on} is one of {list(allowed)}, and this "
+                                                  f"config sets {on} to {config[on]!r}", value))
     return problems
 
 

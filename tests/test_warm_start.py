@@ -47,6 +47,21 @@ def test_enqueued_values_are_checked_against_their_distributions():
         "experiment.enqueue[2].lr: must be a number, got 'x'"]
 
 
+def test_an_enqueued_value_its_own_configs_when_rules_out_is_refused_not_dropped():
+    when = {"optimizer": {"distribution": "choice", "values": ["sgd", "adamw"]},
+            "momentum": {"distribution": "float", "low": 0.5, "high": 0.99, "when": {"optimizer": "sgd"}},
+            "beta1": {"distribution": "float", "low": 0.8, "high": 0.95, "when": {"optimizer": "adamw"}}}
+    enqueue = [{"optimizer": "adamw", "momentum": 0.7}, {"optimizer": "sgd", "beta1": 0.85},
+               {"optimizer": "sgd", "momentum": 0.6}, {"momentum": 0.6}]  # the last two can be drawn
+    with pytest.raises(ConfigError) as error:
+        parse_space({"experiment": {"num_samples": 4, "enqueue": enqueue}, "space": when})
+    assert error.value.problems == [
+        "experiment.enqueue[0].momentum: is drawn only when optimizer is one of ['sgd'], and this config sets "
+        "optimizer to 'adamw', got 0.7",
+        "experiment.enqueue[1].beta1: is drawn only when optimizer is one of ['adamw'], and this config sets "
+        "optimizer to 'sgd', got 0.85"]
+
+
 def drive(searcher, order_seed: int, total: int = 8, prefix: str = "t") -> dict[int, dict]:
     """Ask while the searcher gives configs (`total` of them), else finish a running trial drawn with `order_seed`."""
     finish = random.Random(order_seed)
