@@ -131,9 +131,19 @@ class OrderedHalving(FIFOScheduler):
             if self._trials[n].status == Trial.PAUSED:
                 return self._trials[n]
         for trial in tune_controller.get_trials():
-            if trial.status == Trial.PENDING:
+            if trial.status == Trial.PENDING and self._stopped_already(trial):
+                # a resume of a trial stopped while it waited at a rung: Tune snapshots a trial again
+                # only when it has an actor, so its record may still say PAUSED, and Tune restores
+                # that as PENDING. Stopped again, not run on past the rung it was stopped at.
+                self._ended.add(self.number(trial))
+                tune_controller.stop_trial(trial)
+            elif trial.status == Trial.PENDING:
                 return trial
         return None
+
+    def _stopped_already(self, trial: Trial) -> bool:
+        n = self.number(trial)
+        return n in self.stopped and int((trial.last_result or {}).get("epoch") or 0) >= self.stopped[n]
 
     def debug_string(self) -> str:
         return f"Reproducible successive halving, rungs {self.rungs}; {len(self._waiting)} trial(s) waiting"

@@ -42,6 +42,24 @@ def test_reproducible_asha_stops_the_same_trials_at_the_same_epochs(ray_local, t
     pd.testing.assert_frame_equal(table(first), table(second))
     assert "asha: reproducible" in summary
 
+    # a trial stopped while it waited at a rung can stay PAUSED in Tune's record: Tune re-snapshots a
+    # trial only when it has an actor. A resume with one trial more must not run it on from its rung.
+    import json
+
+    state = sorted((tmp_path / "asha-1").glob("experiment_state-*.json"))[-1]
+    record = json.loads(state.read_text())
+    for entry in record["trial_data"]:
+        trial = json.loads(entry[0])
+        if trial["config"]["trial_number"] in stopped_early(second, 4):
+            entry[0] = json.dumps({**trial, "status": "PAUSED"})
+    state.write_text(json.dumps(record))
+    space = small_space(tmp_path, data_root, experiment={"num_samples": 13, "max_concurrent": 4, "scheduler": "asha"},
+                        resources={"cpus": 1}, training={"epochs": 4}, model={"hidden_sizes": [16]},
+                        data={"train_size": 300, "val_size": 200})
+    resumed = run_search(space, name="asha-1", resume=True).results
+    assert sorted(resumed["trial_number"].unique()) == list(range(13))
+    pd.testing.assert_frame_equal(table(resumed[resumed["trial_number"] < 12]), table(second))
+
 
 def test_reproducible_hyperband_stops_the_same_trials_at_the_same_epochs(ray_local, tmp_path, data_root):
     first, second, summary = two_runs(tmp_path, data_root, "hyperband")
