@@ -42,6 +42,8 @@ def _optuna_figure(plot: Callable, study: optuna.Study, **kwargs) -> plt.Figure:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         # several objectives: figures() gives the importances a target to minimise, as this warns it must be
         warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes")
+        # PED-ANOVA on a few trials, or on a when: key drawn by a few: it still ranks the key
+        warnings.filterwarnings("ignore", message="Some regimes for parameter")
         axes = plot(study, **kwargs)
     figure = (axes.flat[0] if hasattr(axes, "flat") else axes).figure
     figure.set_size_inches(8, 4.5)
@@ -199,8 +201,8 @@ def figures(frame: pd.DataFrame, space: Space, best_trial: str | None,
                     optuna.visualization.matplotlib.plot_optimization_history, 1, {}),
         "parallel": ("Parallel coordinates of the searched parameters against the value",
                      optuna.visualization.matplotlib.plot_parallel_coordinate, 2, {"params": varied}),
-        "importance": ("Parameter importances (fANOVA)", optuna.visualization.matplotlib.plot_param_importances,
-                       2, {}),
+        "importance": ("Parameter importances (PED-ANOVA, Optuna's default evaluator)",
+                       optuna.visualization.matplotlib.plot_param_importances, 2, {}),
     }
     for name, (caption, plot, needs, kwargs) in optuna_plots.items():
         if len(finished) < needs:

@@ -144,6 +144,17 @@ def test_a_conditional_search_records_nulls_where_keys_were_not_drawn_and_replay
     optuna.visualization.matplotlib.plot_parallel_coordinate(study, params=["optimizer", "momentum", "beta1", "lr"])
     optuna.visualization.matplotlib.plot_param_importances(study)
     assert (run / "report.html").stat().st_size > 0
+    import warnings
+
+    from search import report
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report.figures(frame[frame["trial_number"] < 3], space(3), None)  # a branch drawn by one trial
+        drawn = report.figures(frame, space(3), outcome.best["result"]["trial_id"])
+    report.plt.close("all")
+    assert [str(w.message) for w in caught] == [], "PED-ANOVA's few-trials warning on a when: key is not printed"
+    assert "PED-ANOVA" in drawn["importance"][0]
 
     # best.yaml holds the config as the trial ran (an inactive key at its default) and replays it
     best = yaml.safe_load((run / "best.yaml").read_text())
