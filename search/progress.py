@@ -22,6 +22,7 @@ import functools
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow.fs as pafs
@@ -151,8 +152,24 @@ class Progress(Callback):
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         self._ended(trial, error=False)
 
+    def on_trial_recover(self, iteration, trials, trial, **info) -> None:
+        self._say_failure(trial, "restarts from its last checkpoint (experiment.max_failures)")
+
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        self._say_failure(trial, "ended in ERROR")
         self._ended(trial, error=True)
+
+    def _say_failure(self, trial, what: str) -> None:
+        """One line per failure, where Tune logs a traceback (dropped unless --verbose: search/session.py quiet)."""
+        try:  # written here first (error_file, the driver's copy), in the run folder at Tune's next sync
+            error = Path(trial.error_file).read_text() if trial.error_file else trial.get_error()
+        except Exception:  # unreadable: the line still says where the traceback is
+            error = None
+        last = str(error).strip().splitlines()[-1][:200] if error is not None and str(error).strip() else "?"
+        if sys.stdout.isatty():
+            sys.stdout.write("\n")  # below the progress bar
+        print(f"trial {trial.trial_id} (#{trial.config.get('trial_number')}) failed and {what}: {last} "
+              f"(traceback in {trial.path}/error.txt)", flush=True)
 
     def on_experiment_end(self, trials, **info) -> None:
         self.on_step_end(iteration=None, trials=trials)

@@ -69,15 +69,19 @@ def quiet(verbose: bool = False) -> None:
       keeps the checkpoints (object-store storage): hpsearch sets num_to_keep, and the user cannot
       act on it (TUNE_WARN_EXCESSIVE_..._THRESHOLD_S=0);
     - a warning said twice: Ray's records once per message, and Python warnings that no filter
-      names once per message rather than once per place (matplotlib's, say, each report figure).
+      names once per message rather than once per place (matplotlib's, say, each report figure);
+    - a failed trial's traceback, 40 lines in the progress, and Tune's "Trials did not complete"
+      list (TUNE_PRINT_ALL_TRIAL_ERRORS=0): hpsearch says each failure in one line, with where its
+      error.txt is (search/progress.py), and the summary again.
     """
     if verbose:
         return
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
     logging.getLogger("ray.tune").setLevel(logging.WARNING)
     logging.getLogger("ray._private.worker").setLevel(logging.WARNING)
-    logging.getLogger("ray.tune.tune").addFilter(DropMessages("Tuner.restore("))
+    logging.getLogger("ray.tune.tune").addFilter(DropMessages("Tuner.restore(", "Trials did not complete"))
     logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
         DropMessages("Token authentication is enabled for this Ray cluster"))
     warnings.filterwarnings("once", append=True)  # after every filter set (-W, ignores): only the default changes

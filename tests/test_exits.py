@@ -61,6 +61,13 @@ def test_a_search_where_every_trial_fails_exits_3_says_why_and_ends_despite_a_us
     assert_outputs_agree(next((tmp_path / "runs").glob("*/spec.yaml")).parent)
     assert "note: exiting although user code left 1 thread(s) running (users-thread)" in done.stderr
     assert "Failed: " in done.stdout and "this model fails on every real batch" in done.stdout
+    # each failure said once, in one line, as it happens; Tune's 40-line traceback stays in error.txt
+    said = [line for line in done.stdout.splitlines() if "failed and ended in ERROR" in line]
+    assert len(said) == 2 and all("RuntimeError: this model fails on every real batch (traceback in " in line
+                                  for line in said), done.stdout
+    everything = done.stdout + done.stderr
+    assert "Trial task failed" not in everything and "Trials did not complete" not in everything
+    assert "Traceback" not in everything
 
 
 @pytest.mark.parametrize("where", ["/", "empty"])
