@@ -343,6 +343,14 @@ def exits(root):
 
 def one_class(root):
     return (torch.randn(12, 2), torch.full((12,), 2)), None
+
+
+def no_root(n=100):
+    return (torch.randn(n, 2), torch.zeros(n, dtype=torch.long)), None
+
+
+def nothing_positional(*, n=100):
+    return (torch.randn(n, 2), torch.zeros(n, dtype=torch.long)), None
 '''
 
 
@@ -489,6 +497,16 @@ def test_a_dataset_function_that_raises_is_a_data_error_naming_it(user_file, tmp
     message = str(caught.value)
     assert message.startswith("data.dataset: the dataset function")
     assert "my_data.py:raises raised FileNotFoundError: nothing in" in message
+
+
+def test_a_dataset_function_without_a_root_parameter_is_told_how_it_is_called(user_file, tmp_path):
+    with pytest.raises(DataError) as caught:
+        user_data(user_file("no_root"), tmp_path)
+    assert f"(it is called as f(root, **data.args): its parameter 'n' got '{tmp_path}')" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        user_data(user_file("nothing_positional"), tmp_path)
+    assert caught.value.problems == [f"data.dataset: a dataset function takes the data root as its first argument, "
+                                     f"def f(root, ...), got '{user_file('nothing_positional')}'"]
 
 
 def test_a_dataset_function_that_calls_sys_exit_is_a_data_error(user_file, tmp_path):

@@ -265,9 +265,15 @@ def call_dataset_function(function: Callable, config: TrialConfig, root: Path, k
     from trainable.factories import keyword_problems
 
     try:
-        first = list(inspect.signature(function).parameters)[:1]
+        parameters = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError):
-        first = []
+        parameters = None
+    positional = [p for p in parameters or []
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    if parameters is not None and not positional:
+        raise ConfigError([problem(key, "a dataset function takes the data root as its first argument, "
+                                        "def f(root, ...)", config.dataset)])
+    first = [positional[0].name] if positional and positional[0].kind is not positional[0].VAR_POSITIONAL else []
     prefix = f"{key.rsplit('.', 1)[0]}.args." if "." in key else "data_args."
     problems = keyword_problems(function, config.data_args, prefix, config.dataset, given=tuple(first))
     if problems:
@@ -277,8 +283,11 @@ def call_dataset_function(function: Callable, config: TrialConfig, root: Path, k
     except SystemExit as error:  # the search would end with its code and no word
         raise DataError(f"{key}: the dataset function {config.dataset} called sys.exit({error.code!r})") from None
     except Exception as error:
+        # a parameter meant for something else may have got the root: say which, as the call does it
+        called = f" (it is called as f(root, **data.args): its parameter {first[0]!r} got {str(root)!r})" \
+            if first else ""
         raise DataError(f"{key}: the dataset function {config.dataset} raised "
-                        f"{type(error).__name__}: {error}") from None
+                        f"{type(error).__name__}: {error}{called}") from None
     if not isinstance(returned, (tuple, list)) or len(returned) not in (2, 3):
         raise ConfigError([problem(key, CONTRACT, describe(returned))])
     parts = list(returned) + [None] * (3 - len(returned))
