@@ -55,8 +55,9 @@ def initial_population(space: Space) -> list[dict[str, Any]]:
     return [searcher.suggest(f"initial-{n}") for n in range(experiment.num_samples)]
 
 
-def _drawn(spec, *, population: list[dict[str, Any]], key: str) -> Any:
-    return population[spec.config.trial_number][key]
+def _drawn(config: dict[str, Any], *, population: list[dict[str, Any]], key: str) -> Any:
+    # the config dict, as Tune calls it: the spec form (spec.config.trial_number) warns it is deprecated
+    return population[config["trial_number"]][key]
 
 
 def population_space(space: Space, fixed: Mapping[str, Any]) -> dict[str, Any]:

@@ -104,6 +104,20 @@ def test_a_pbt_space_that_cannot_work_is_refused_before_the_search(tmp_path, dat
 
 
 @pytest.mark.slow
+def test_the_population_is_tunes_param_space_without_a_deprecated_spec_form(tmp_path, data_root, caplog):
+    import logging
+
+    from ray.tune.search.variant_generator import generate_variants
+
+    from search.pbt import initial_population, population_space
+
+    space = small_space(tmp_path, data_root, experiment={"num_samples": 3, "scheduler": "pbt"})
+    with caplog.at_level(logging.WARNING, logger="ray.tune"):
+        configs = [config for _, config in generate_variants(population_space(space, {}))]
+    assert configs == initial_population(space)
+    assert "deprecated" not in caplog.text  # Tune's "sample_from functions that take a spec dict" warning
+
+
 def test_pbt_changes_lr_within_trials_and_best_yaml_replays_the_best_trial(ray_local, tmp_path, data_root, capsys):
     from search.driver import run_search
 
