@@ -72,7 +72,9 @@ def quiet(verbose: bool = False) -> None:
       names once per message rather than once per place (matplotlib's, say, each report figure);
     - a failed trial's traceback, 40 lines in the progress, and Tune's "Trials did not complete"
       list (TUNE_PRINT_ALL_TRIAL_ERRORS=0): hpsearch says each failure in one line, with where its
-      error.txt is (search/progress.py), and the summary again.
+      error.txt is (search/progress.py), and the summary again;
+    - on --resume, Tune's "Failed to fetch metrics for N trial(s)" for trials that had not reported
+      yet: the resume reads Tune's record only for the trials' states, and runs those trials.
     """
     if verbose:
         return
@@ -82,6 +84,7 @@ def quiet(verbose: bool = False) -> None:
     logging.getLogger("ray.tune").setLevel(logging.WARNING)
     logging.getLogger("ray._private.worker").setLevel(logging.WARNING)
     logging.getLogger("ray.tune.tune").addFilter(DropMessages("Tuner.restore(", "Trials did not complete"))
+    logging.getLogger("ray.tune.analysis.experiment_analysis").addFilter(DropMessages("Failed to fetch metrics for"))
     logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
         DropMessages("Token authentication is enabled for this Ray cluster"))
     warnings.filterwarnings("once", append=True)  # after every filter set (-W, ignores): only the default changes

@@ -70,3 +70,19 @@ def test_search_restore_gives_tunes_tuner_of_a_run(interrupted, ray_local):
     reported = sorted(Path(result.path).name.removeprefix("trial_") for result in grid if result.metrics)
     frame = pd.read_parquet(run / "results.parquet").dropna(subset=["epoch"])
     assert set(frame["trial_id"]) <= set(reported), "Tune's record of every trial in results.parquet"
+
+
+def test_quiet_drops_only_the_records_it_names():
+    """Each filter of `quiet`, on the logger Ray and Tune log it with: dropped; another record there still shows."""
+    script = """if True:
+        import logging
+        from search.session import quiet
+        quiet()
+        logging.getLogger("ray.tune.analysis.experiment_analysis").warning("Failed to fetch metrics for 2 trial(s):")
+        logging.getLogger("ray.tune.tune").error("Trials did not complete: [t1]")
+        logging.getLogger("ray.tune.analysis.experiment_analysis").warning("a warning that is news")
+    """
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    shown = done.stderr.strip().splitlines()
+    assert len(shown) == 1 and shown[0].endswith("a warning that is news"), shown
