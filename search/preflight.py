@@ -34,7 +34,7 @@ from search.warm_start import read as read_warm_start
 from trainable.config import keyword_of, schedule_note
 from trainable.data import Data, load_data
 from trainable.errors import ConfigError, problem
-from trainable.factories import check_model
+from trainable.factories import check_model, width_problems
 from trainable.measures import check_measures
 from trainable.function import resolve_function
 
@@ -130,6 +130,10 @@ def check_search(space: Space) -> Data | None:
         return None
     data = load_data(space.trial_defaults(), space.data_root, key="data.dataset")
     searched_keys = tuple(keyword_of(d.name) for d in space.searched if keyword_of(d.name) is not None)
+    widths = [p for d in space.searched if d.is_choice
+              for p in width_problems(space.trial_defaults().model, keyword_of(d.name), d.values, f"space.{d.name}")]
+    if widths:
+        raise ConfigError(widths)
     check_model(example_config(space), data.sample(), data.num_classes, searched_keys)
     check_measures(example_config(space), data)  # training.loss and training.metrics, once on a few examples
     note = schedule_note(space.trial_defaults())  # a fixed t_max below epochs; a searched one is the user's choice

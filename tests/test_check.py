@@ -74,6 +74,20 @@ def test_check_of_the_shipped_space_prints_the_resolved_spec_and_exits_0(data_ro
     assert not ray_inits
 
 
+def test_check_says_every_width_of_a_built_in_model_that_it_would_refuse(tmp_path, data_root, capsys, ray_inits):
+    raw = yaml.safe_load(open(MNIST_SPACE))
+    raw["model"].pop("hidden_sizes", None)
+    raw["space"]["model.hidden_sizes"] = {"distribution": "choice", "values": [[], [64], [0, 8], 128]}
+    write(tmp_path / "space.yaml", yaml.safe_dump(raw))
+    assert main(["check", "--space", str(tmp_path / "space.yaml"), "--data-root", str(data_root)]) == 2
+    rule = "must be a non-empty list of integers in [1, 65536]"
+    said = [line.strip() for line in capsys.readouterr().err.splitlines()[1:]]
+    assert said == [f"space.model.hidden_sizes.values[0]: {rule}, got []",
+                    f"space.model.hidden_sizes.values[2]: {rule}, got [0, 8]",
+                    f"space.model.hidden_sizes.values[3]: {rule}, got 128"], "all at once, [64] passes"
+    assert not ray_inits
+
+
 def test_help_lists_every_command(capsys):
     with pytest.raises(SystemExit) as exited:
         main(["--help"])

@@ -16,14 +16,14 @@ import inspect
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from trainable.config import FACTORY_KEY, MODEL, REFERENCE, REGRESSION_LOSSES, TrialConfig, is_reference
 from trainable.errors import ConfigError, problem
-from trainable.model import make_cnn, make_mlp
+from trainable.model import WIDTHS, make_cnn, make_mlp, width_rule
 
 BUILTIN_MODELS: dict[str, Callable[..., nn.Module]] = {"mlp": make_mlp, "cnn": make_cnn}
 # keyword arguments a model factory gets from the data when its signature names them
@@ -172,6 +172,15 @@ def build_model(config: TrialConfig, input_shape: tuple[int, ...], num_classes: 
         raise ConfigError([problem(FACTORY_KEY, "must return a torch.nn.Module",
                                    type(model).__name__)])
     return model
+
+
+def width_problems(reference: str, keyword: str | None, values: Sequence[Any], path: str) -> list[str]:
+    """Each value of a choice of a built-in model's width that the model would refuse: check_model
+    builds the model with one value of each choice, so this says the others at once."""
+    if reference not in WIDTHS or keyword not in WIDTHS[reference]:
+        return []
+    return [problem(f"{path}.values[{i}]", rule, value) for i, value in enumerate(values)
+            if (rule := width_rule(keyword, value))]
 
 
 def check_model(config: TrialConfig, sample: torch.Tensor, num_classes: int,

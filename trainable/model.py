@@ -14,10 +14,23 @@ from torch import nn
 MAX_WIDTH = 65_536  # wider layers only exhaust memory on the way to an error
 
 
-def _widths(name: str, values: Sequence[int]) -> tuple[int, ...]:
+WIDTHS = {"mlp": ("hidden_sizes",), "cnn": ("channels", "hidden")}  # the width settings of each factory
+
+
+def width_rule(name: str, value: object) -> str | None:
+    """The rule a width setting's value breaks (hidden is one width, the others lists); None if it keeps it."""
+    values = [value] if name == "hidden" else value
     if (not isinstance(values, (list, tuple)) or not values
             or any(isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_WIDTH for v in values)):
-        raise ValueError(f"{name} must be a non-empty list of integers in [1, {MAX_WIDTH}], got {values!r}")
+        return f"must be an integer in [1, {MAX_WIDTH}]" if name == "hidden" else \
+            f"must be a non-empty list of integers in [1, {MAX_WIDTH}]"
+    return None
+
+
+def _widths(name: str, values: Sequence[int]) -> tuple[int, ...]:
+    rule = width_rule("widths", values)
+    if rule:
+        raise ValueError(f"{name} {rule}, got {values!r}")
     return tuple(values)
 
 
