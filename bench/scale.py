@@ -186,8 +186,9 @@ def main() -> int:
     folder = Path(tempfile.mkdtemp(prefix="hpsearch-scale-"))
     rounds: dict[int, list[dict[str, dict]]] = {n: [] for n in args.sizes}
     try:
-        for i, (r, n) in enumerate((r, n) for r in range(args.rounds) for n in args.sizes):
-            order = ["service", "plain"] if i % 2 == 0 else ["plain", "service"]
+        for r, n in ((r, n) for r in range(args.rounds) for n in args.sizes):
+            # which side runs first flips from round to round and from one N to the next
+            order = ["service", "plain"] if (r + args.sizes.index(n)) % 2 == 0 else ["plain", "service"]
             sides = {side: run_side(side, n, data_root, folder / f"round-{r + 1}") for side in order}
             rounds[n].append(sides)
             s, p = sides["service"], sides["plain"]

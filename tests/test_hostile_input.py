@@ -133,10 +133,23 @@ def test_a_key_written_twice_is_refused_not_silently_replaced(tmp_path, content,
     assert f"at line {line}, column" in text and f"written twice in one mapping (first on line {first})" in text
 
 
-def test_a_merged_key_may_still_be_overridden(tmp_path):
+@pytest.mark.parametrize("content, key, expected", [
+    ("defaults: &d {lr: 0.1, epochs: 2}\nrun:\n  <<: *d\n  lr: 0.5\n", "run", {"lr": 0.5, "epochs": 2}),
+    # a merge chain whose middle mapping sits deeper than the one merging it: PyYAML flattens the
+    # middle one first, so a check after flattening saw its override next to the key it overrides
+    ("a: &a {x: 1}\ndeep:\n  inner: &b {<<: *a, x: 2}\nc: {<<: *b, y: 3}\n", "c", {"x": 1, "y": 3}),
+    ("a: &a {x: 1}\nl:\n  - &b {<<: *a, x: 2}\nc: {<<: *b, y: 3}\n", "l", [{"x": 2}]),
+])
+def test_a_merged_key_may_still_be_overridden(tmp_path, content, key, expected):
     path = tmp_path / "merged.yaml"
-    path.write_text("defaults: &d {lr: 0.1, epochs: 2}\nrun:\n  <<: *d\n  lr: 0.5\n")
-    assert read_yaml_mapping(path)["run"] == {"lr": 0.5, "epochs": 2}
+    path.write_text(content)
+    assert read_yaml_mapping(path)[key] == expected
+
+
+def test_a_command_line_value_with_a_key_written_twice_is_refused_not_read_as_text():
+    with pytest.raises(ConfigError) as caught:
+        parse_value("{distribution: loguniform, low: 0.001, low: 0.1, high: 0.2}")
+    assert "the key 'low' is written twice in one mapping" in str(caught.value)
 
 
 def test_python_tags_are_rejected(tmp_path):

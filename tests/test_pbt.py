@@ -103,7 +103,6 @@ def test_a_pbt_space_that_cannot_work_is_refused_before_the_search(tmp_path, dat
     assert expected in str(error.value)
 
 
-@pytest.mark.slow
 def test_the_population_is_tunes_param_space_without_a_deprecated_spec_form(tmp_path, data_root, caplog):
     import logging
 
@@ -118,6 +117,7 @@ def test_the_population_is_tunes_param_space_without_a_deprecated_spec_form(tmp_
     assert "deprecated" not in caplog.text  # Tune's "sample_from functions that take a spec dict" warning
 
 
+@pytest.mark.slow
 def test_pbt_changes_lr_within_trials_and_best_yaml_replays_the_best_trial(ray_local, tmp_path, data_root, capsys):
     from search.driver import run_search
 

@@ -31,6 +31,11 @@ class LimitError(yaml.MarkedYAMLError):
         super().__init__(problem=problem, problem_mark=mark)
 
 
+class DuplicateKey(LimitError):
+    """A key written twice in one mapping (a LimitError: a command-line value with one is refused,
+    not read as plain text)."""
+
+
 class Loader(yaml.SafeLoader):
     """SafeLoader that also reads 1e-3 as a number (YAML 1.2 does; PyYAML's 1.1 rules need a dot).
 
@@ -67,21 +72,23 @@ class Loader(yaml.SafeLoader):
         self._aliases = []
         return node
 
-    def construct_mapping(self, node, deep=False):
+    def compose_mapping_node(self, anchor):
         """A key written twice in one mapping is an error: PyYAML would keep the last one silently.
-        Keys that a merge (<<: *name) brings in may be overridden, as YAML means them to be."""
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[Any, Any] = {}
-            for key_node, _ in node.value:
-                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node)
-                if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"the key {key!r} is written twice in one mapping (first on line "
-                        f"{seen[key].line + 1}); only one can hold", key_node.start_mark)
-                seen[key] = key_node.start_mark
-        return super().construct_mapping(node, deep=deep)
+
+        Checked as the mapping is composed, as written: a merge (<<: *name) flattens keys into
+        mappings later, and a merged key may be overridden, as YAML means it to be.
+        """
+        node = super().compose_mapping_node(anchor)
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node)
+            if key in seen:
+                raise DuplicateKey(f"the key {key!r} is written twice in one mapping (first on line "
+                                   f"{seen[key].line + 1}); only one can hold", key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return node
 
     def construct_object(self, node, deep=False):
         try:
