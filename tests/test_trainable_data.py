@@ -497,6 +497,7 @@ def test_a_dataset_function_that_raises_is_a_data_error_naming_it(user_file, tmp
     message = str(caught.value)
     assert message.startswith("data.dataset: the dataset function")
     assert "my_data.py:raises raised FileNotFoundError: nothing in" in message
+    assert "it is called as" not in message, "its root parameter got the root: nothing to add"
 
 
 def test_a_dataset_function_without_a_root_parameter_is_told_how_it_is_called(user_file, tmp_path):

@@ -274,6 +274,8 @@ def call_dataset_function(function: Callable, config: TrialConfig, root: Path, k
         raise ConfigError([problem(key, "a dataset function takes the data root as its first argument, "
                                         "def f(root, ...)", config.dataset)])
     first = [positional[0].name] if positional and positional[0].kind is not positional[0].VAR_POSITIONAL else []
+    # a first parameter with a default was likely meant for something else than the root it gets
+    defaulted = bool(first) and positional[0].default is not positional[0].empty
     prefix = f"{key.rsplit('.', 1)[0]}.args." if "." in key else "data_args."
     problems = keyword_problems(function, config.data_args, prefix, config.dataset, given=tuple(first))
     if problems:
@@ -283,9 +285,8 @@ def call_dataset_function(function: Callable, config: TrialConfig, root: Path, k
     except SystemExit as error:  # the search would end with its code and no word
         raise DataError(f"{key}: the dataset function {config.dataset} called sys.exit({error.code!r})") from None
     except Exception as error:
-        # a parameter meant for something else may have got the root: say which, as the call does it
         called = f" (it is called as f(root, **data.args): its parameter {first[0]!r} got {str(root)!r})" \
-            if first else ""
+            if defaulted else ""
         raise DataError(f"{key}: the dataset function {config.dataset} raised "
                         f"{type(error).__name__}: {error}{called}") from None
     if not isinstance(returned, (tuple, list)) or len(returned) not in (2, 3):
