@@ -74,7 +74,10 @@ def quiet(verbose: bool = False) -> None:
       list (TUNE_PRINT_ALL_TRIAL_ERRORS=0): hpsearch says each failure in one line, with where its
       error.txt is (search/progress.py), and the summary again;
     - on --resume, Tune's "Failed to fetch metrics for N trial(s)" for trials that had not reported
-      yet: the resume reads Tune's record only for the trials' states, and runs those trials.
+      yet: the resume reads Tune's record only for the trials' states, and runs those trials;
+    - Tune's "Remote file not found: .../result.json" when a trial restarts from a checkpoint (PBT
+      does it at every exploit) before Tune's snapshot has copied that file to the run folder: there
+      is nothing there to bring back, and the trial's file on the driver goes on.
     """
     if verbose:
         return
@@ -85,6 +88,7 @@ def quiet(verbose: bool = False) -> None:
     logging.getLogger("ray._private.worker").setLevel(logging.WARNING)
     logging.getLogger("ray.tune.tune").addFilter(DropMessages("Tuner.restore(", "Trials did not complete"))
     logging.getLogger("ray.tune.analysis.experiment_analysis").addFilter(DropMessages("Failed to fetch metrics for"))
+    logging.getLogger("ray.tune.logger.logger").addFilter(DropMessages("Remote file not found: "))
     logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
         DropMessages("Token authentication is enabled for this Ray cluster"))
     warnings.filterwarnings("once", append=True)  # after every filter set (-W, ignores): only the default changes

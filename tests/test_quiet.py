@@ -80,6 +80,7 @@ def test_quiet_drops_only_the_records_it_names():
         quiet()
         logging.getLogger("ray.tune.analysis.experiment_analysis").warning("Failed to fetch metrics for 2 trial(s):")
         logging.getLogger("ray.tune.tune").error("Trials did not complete: [t1]")
+        logging.getLogger("ray.tune.logger.logger").warning("Remote file not found: /runs/x/trial_1/result.json")
         logging.getLogger("ray.tune.analysis.experiment_analysis").warning("a warning that is news")
     """
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
