@@ -163,10 +163,7 @@ def check_main(argv: Sequence[str]) -> int:
                                   "capacity) without starting Ray; print the resolved spec. Exit 0 or 2.")
     try:
         space = load_space(args.space, assignments(args))
-        from search.schema import run_name_problem
-
-        if args.name is not None and (wrong := run_name_problem(args.name)):
-            raise ConfigError([wrong])  # as the search itself refuses it
+        check_name(args)  # as the search itself refuses it
     except ConfigError as error:  # in a second: neither torch nor Ray is imported yet
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -179,6 +176,14 @@ def check_main(argv: Sequence[str]) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def check_name(args: argparse.Namespace) -> None:
+    """--name must be a run folder's name (search/schema.py run_name_problem); ConfigError if not."""
+    from search.schema import run_name_problem
+
+    if args.name is not None and (wrong := run_name_problem(args.name)):
+        raise ConfigError([wrong])
 
 
 def resume_assignments(args: argparse.Namespace) -> list[tuple[str, Any]]:
@@ -247,11 +252,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         space = load_space(args.space, resume_assignments(args))
-        from search.schema import run_name_problem
         from search.storage import Storage, check_storage
 
-        if args.name is not None and (wrong := run_name_problem(args.name)):
-            raise ConfigError([wrong])
+        check_name(args)
 
         check_storage(Storage.at(space.experiment.storage_path))  # before a local Ray begins to start
     except ConfigError as error:

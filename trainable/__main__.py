@@ -67,9 +67,13 @@ def picked(document, number: int) -> dict:
     for entry in trials:
         if isinstance(entry, dict) and entry.get("trial_number") == number and isinstance(entry.get("config"), dict):
             return entry["config"]
-    held = [e.get("trial_number") for e in trials if isinstance(e, dict)]
-    raise ConfigError([problem("--pick", f"must be a trial_number of the front in --config (it holds {held})",
-                               number)])
+    raise ConfigError([problem("--pick", f"must be a trial_number of the front in --config (it holds "
+                                         f"{front_numbers(trials)})", number)])
+
+
+def front_numbers(trials: list) -> list:
+    """The trial_numbers of pareto.yaml's `trials` entries."""
+    return [e.get("trial_number") for e in trials if isinstance(e, dict)]
 
 
 def trial_config(args: argparse.Namespace) -> TrialConfig:
@@ -79,9 +83,9 @@ def trial_config(args: argparse.Namespace) -> TrialConfig:
         if args.pick is not None:
             document = picked(document, args.pick)
         elif isinstance(document.get("trials"), list) and "objectives" in document:  # a pareto.yaml
-            held = [e.get("trial_number") for e in document["trials"] if isinstance(e, dict)]
             raise ConfigError([problem("--pick", f"must name the trial to re-run when --config is a Pareto front "
-                                                 f"(pareto.yaml; its trial_numbers: {held})", None)])
+                                                 f"(pareto.yaml; its trial_numbers: "
+                                                 f"{front_numbers(document['trials'])})", None)])
         values = TrialConfig.from_mapping({k: v for k, v in document.items()
                                            if k not in (*INFORMATIONAL_KEYS, SCHEDULE_KEY)}).to_flat()
     elif args.pick is not None:
