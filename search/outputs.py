@@ -322,7 +322,7 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
     for result in grid:
         if result.error is not None:  # after max_failures restarts; Tune keeps the traceback
             first_line = str(result.error).strip().splitlines()[-1][:200]
-            summary += f"\nFailed: {result.path}: {first_line} (traceback in error.txt there)"
+            summary += f"\nFailed: {folder.trial_path(result.path)}: {first_line} (traceback in error.txt there)"
             if experiment.trial_timeout is not None and "process has died" in str(result.error):
                 summary += (f"\n      its process ended: a trial blocked outside Python past experiment.trial_timeout "
                             f"({experiment.trial_timeout:g} s) ends so (trainable/watchdog.py), as does a crash")

@@ -169,7 +169,7 @@ class Progress(Callback):
         if sys.stdout.isatty():
             sys.stdout.write("\n")  # below the progress bar
         print(f"trial {trial.trial_id} (#{trial.config.get('trial_number')}) failed and {what}: {last} "
-              f"(traceback in {trial.path}/error.txt)", flush=True)
+              f"(traceback in {self.folder.trial_path(trial.path)}/error.txt)", flush=True)
 
     def on_experiment_end(self, trials, **info) -> None:
         self.on_step_end(iteration=None, trials=trials)

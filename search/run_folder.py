@@ -81,6 +81,10 @@ class RunFolder:
     def path(self) -> str:
         return self.storage.join(self.name)
 
+    def trial_path(self, tune_path: str) -> str:
+        """A trial's folder as the user reaches it: Tune's path has no scheme on object storage (s3://...)."""
+        return self.storage.join(self.name, tune_path.rstrip("/").rsplit("/", 1)[-1])
+
     def exists(self) -> bool:
         return self.storage.exists(self.name)
 

@@ -87,6 +87,8 @@ def test_a_search_on_file_uri_storage_claims_its_folder_and_writes_its_outputs_t
     frame = first.results.drop_duplicates("trial_id").set_index("trial_number")["status"]
     assert frame.to_dict() == {0: COMPLETED, 1: ERROR}
     assert "Failed: " in first.summary and "trial #1 fails on purpose" in first.summary
+    failed = next(r for r in first.results.itertuples() if r.status == ERROR).trial_id
+    assert f"Failed: file://{run}/trial_{failed}: " in first.summary, "where the user finds error.txt, scheme included"
     # and a second search with that name is refused: the folder is claimed
     with pytest.raises(ConfigError, match="already holds a search"):
         run_folder_name(space, Storage.at(f"file://{root}"), "remote", resume=False)
