@@ -28,7 +28,7 @@ from search.phases import Phases
 from search.budget import resume_changes
 from search.run_folder import RUN_SECTION, SPEC_FILE, RunFolder, spec_hash
 from search.schema import run_name_problem
-from search.space import Space, example_config, to_raw
+from search.space import Space, example_config, spec_differences, to_raw
 from search.storage import Storage, check_storage, is_uri
 from search.warm_start import read as read_warm_start
 from trainable.config import keyword_of, schedule_note
@@ -176,13 +176,7 @@ def check_same_data(run: dict[str, Any], data: Data, folder: RunFolder) -> dict[
 
 def differing_keys(now: dict[str, Any], then: dict[str, Any], ignore: tuple[str, ...]) -> list[str]:
     """`section.key` of every value two space files (as to_raw writes them) disagree on."""
-    changed = []
-    for section in then:
-        for key in sorted(set(then[section]) | set(now.get(section, {}))):
-            path = f"{section}.{key}"
-            if path not in ignore and then[section].get(key) != now.get(section, {}).get(key):
-                changed.append(path)
-    return changed
+    return [path for path, _, _ in spec_differences(now, then) if path not in ignore]
 
 
 def spec_for_resume(space: Space, folder: RunFolder) -> tuple[Space, dict[str, Any]]:

@@ -27,6 +27,7 @@ from search.budget import read_ended
 from search.pareto import PARETO_FILE
 from search.results import ERROR, INTERRUPTED, RESULTS_FILE
 from search.run_folder import BEST_FILE, LOCK_FILE, SPEC_FILE, RunFolder
+from search.space import spec_differences
 from search.storage import Storage, is_uri
 from trainable.yaml_file import Loader
 
@@ -136,22 +137,12 @@ def best_of(run: Run) -> str:
     return "-" if run.best is None or not math.isfinite(run.best) else f"{run.metric} {run.best:.4f}"
 
 
-def spec_differences(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(section.key, value in a, value in b) wherever two spec.yaml files differ; the run section aside."""
-    out = []
-    for section in sorted((set(a) | set(b)) - {"run"}):
-        left, right = a.get(section) or {}, b.get(section) or {}
-        for key in sorted(set(left) | set(right)):
-            if left.get(key, "(absent)") != right.get(key, "(absent)"):
-                out.append((f"{section}.{key}", left.get(key, "(absent)"), right.get(key, "(absent)")))
-    return out
-
-
 def compare(a: RunFolder, b: RunFolder) -> str:
     """Two runs' spec differences and best trials, side by side."""
     specs = [read_yaml(a, SPEC_FILE), read_yaml(b, SPEC_FILE)]
     runs = [read_run(a), read_run(b)]
-    rows = [{"key": k, a.name: repr(x), b.name: repr(y)} for k, x, y in spec_differences(*specs)]
+    rows = [{"key": k, a.name: repr(x), b.name: repr(y)}
+            for k, x, y in spec_differences(*({k: v for k, v in spec.items() if k != "run"} for spec in specs))]
     lines = [f"Spec differences ({len(rows)}):",
              pd.DataFrame(rows).to_string(index=False) if rows else "  (none: the same search)", "", "Best trials:"]
     best = {}

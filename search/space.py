@@ -410,6 +410,27 @@ def to_raw(space: Space) -> dict[str, Any]:
     }
 
 
+def spec_differences(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(section.key, value in a, value in b) wherever two space files (as to_raw writes them) differ.
+
+    A top-level value that is not a section (`trainable: train.py:train`) is compared whole, under its own name."""
+    out = []
+    for section in sorted(set(a) | set(b)):
+        left, right = a.get(section), b.get(section)
+        if not all(isinstance(side, dict) or side is None for side in (left, right)):
+            if left != right:
+                out.append((section, ABSENT if section not in a else left, ABSENT if section not in b else right))
+            continue
+        left, right = left or {}, right or {}
+        for key in sorted(set(left) | set(right)):
+            if left.get(key, ABSENT) != right.get(key, ABSENT):
+                out.append((f"{section}.{key}", left.get(key, ABSENT), right.get(key, ABSENT)))
+    return out
+
+
+ABSENT = "(absent)"  #: spec_differences' value of a key one side lacks
+
+
 def example_config(space: Space) -> TrialConfig | FunctionConfig:
     """A trial config the search could produce: fixed fields plus each searched field's first value
     (a range's low end, of the type the distribution draws), where its `when:` holds for those.

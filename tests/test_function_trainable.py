@@ -115,7 +115,7 @@ def test_best_yaml_replays_the_function(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_a_toy_function_searches_restarts_from_its_checkpoint_and_reproduces(ray_local, tmp_path):
+def test_a_toy_function_searches_restarts_from_its_checkpoint_and_reproduces(ray_local, tmp_path, capsys):
     from search.driver import run_search
 
     (tmp_path / "fail-once").write_text("")
@@ -143,6 +143,31 @@ def test_a_toy_function_searches_restarts_from_its_checkpoint_and_reproduces(ray
     table = lambda f: f.sort_values(["trial_number", "epoch"])[columns].reset_index(drop=True)  # noqa: E731
     pd.testing.assert_frame_equal(table(frame), table(again))
     assert not math.isnan(again["score"].iloc[0])
+
+    # a finished run resumes (with another space file: a note, not a crash on the `trainable:` string)
+    capsys.readouterr()
+    resumed = run_search(parse_space(toy_space(tmp_path, max_concurrent=3), source=str(tmp_path / "space.yaml")),
+                         name="one", resume=True)
+    pd.testing.assert_frame_equal(table(resumed.results), table(frame))
+    assert "differs from the stored spec of this run in experiment.max_concurrent;" in capsys.readouterr().err
+    # and `compare` lists the two runs' differences
+    from search.run_folder import RunFolder
+    from search.runs import compare
+    from search.storage import Storage
+
+    storage = Storage.at(str(tmp_path / "runs"))
+    text = compare(RunFolder(storage, "one"), RunFolder(storage, "three"))
+    assert "Spec differences (1):" in text and "experiment.max_concurrent" in text
+
+
+def test_spec_differences_compare_the_trainable_reference_whole():
+    from search.space import spec_differences
+
+    a = {"trainable": "a.py:train", "training": {"epochs": 3}, "space": None}
+    b = {"trainable": "b.py:train", "training": {"epochs": 4, "lr": 0.1}, "space": {}}
+    assert spec_differences(a, b) == [("trainable", "a.py:train", "b.py:train"),
+                                      ("training.epochs", 3, 4), ("training.lr", "(absent)", 0.1)]
+    assert spec_differences(a, {**a, "trainable": None}) == [("trainable", "a.py:train", None)]
 
 
 def test_enqueued_configs_of_a_function_space_are_checked_against_its_free_names(tmp_path):
