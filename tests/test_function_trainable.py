@@ -160,6 +160,35 @@ def test_a_toy_function_searches_restarts_from_its_checkpoint_and_reproduces(ray
     assert "Spec differences (1):" in text and "experiment.max_concurrent" in text
 
 
+SOMETIMES_SILENT = '''
+def train(config, report, checkpoint=None):
+    if config["trial_number"] == 0:
+        return  # an early return before the first report (an empty loop, a bug): only this trial fails
+    for epoch in range(config["epochs"]):
+        report(score=config["lr"] * (epoch + 1))
+'''
+
+
+@pytest.mark.slow
+def test_a_function_that_returns_without_a_report_fails_its_trial_not_the_search(ray_local, tmp_path):
+    from search.driver import run_search
+
+    (tmp_path / "toy.py").write_text(SOMETIMES_SILENT)
+    raw = toy_space(tmp_path, max_concurrent=1, num_samples=2, max_failures=0)
+    (tmp_path / "toy.py").write_text(SOMETIMES_SILENT)
+    outcome = run_search(parse_space(raw, source=str(tmp_path / "space.yaml")), name="silent")
+    status = outcome.results.drop_duplicates("trial_number", keep="last").set_index("trial_number")["status"]
+    assert status.to_dict() == {0: "ERROR", 1: "COMPLETED"}
+    assert ("experiment.metric: must be one of the metrics the function reports (none: it returned without "
+            "calling report), got score") in outcome.summary
+
+
+def test_a_metric_of_several_numbers_is_refused_by_name():
+    report = Reporter("score", send=lambda *a: None)
+    with pytest.raises(TypeError, match=r"report\(score=\.\.\.\): a metric must be a number .* of shape \(2,\)"):
+        report(score=torch.zeros(2))
+
+
 def test_spec_differences_compare_the_trainable_reference_whole():
     from search.space import spec_differences
 

@@ -140,7 +140,11 @@ def load_state(folder: str | Path) -> dict[str, Any]:
 
 def _number(name: str, value: Any) -> float:
     if hasattr(value, "item"):  # a one-element tensor or numpy scalar
-        value = value.item()
+        try:
+            value = value.item()
+        except (ValueError, RuntimeError):  # more than one element: numpy's ValueError, torch's RuntimeError
+            raise TypeError(f"report({name}=...): a metric must be a number (or a one-element tensor), got "
+                            f"{type(value).__name__} of shape {tuple(getattr(value, 'shape', ()))}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"report({name}=...): a metric must be a number (or a one-element tensor), "
                         f"got {type(value).__name__}")
@@ -224,10 +228,14 @@ def tune_function(config: dict[str, Any], *, data: Any = None, metric: str) -> N
             adapter.report(row, checkpoint=tune.Checkpoint.from_directory(folder) if checkpoint is not None
                            else None)
 
+    reporter = Reporter(metric, send, epoch)
     try:
-        function(trial.for_function(), Reporter(metric, send, epoch), checkpoint=state)
+        function(trial.for_function(), reporter, checkpoint=state)
     except _Diverged:
         return  # the last row says diverged: the trial ends DIVERGED, as the canonical loop's does
+    if reporter.epoch == 0:  # Tune would end the whole search on its strict metric check: this trial ends ERROR
+        raise MetricNotReported(f"experiment.metric: must be one of the metrics the function reports (none: "
+                                f"it returned without calling report), got {metric}")
 
 
 def function_trial(metric: str) -> Callable[..., None]:
