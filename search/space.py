@@ -140,6 +140,11 @@ def pbt_problems(experiment: Experiment, searched: tuple[Searched, ...], epochs:
         problems.append(problem("experiment.num_to_keep", "must be null (keep all) for pbt: a trial that copies "
                                 "another restores a checkpoint the other may since have replaced (Ray warns of "
                                 "the same)", experiment.num_to_keep))
+    for d in searched:
+        if d.when:  # Ray's PBT gives every trial every key, and perturbs and copies whole configs
+            problems.append(problem(f"space.{d.name}.when", "is not supported with scheduler pbt: its trials copy "
+                                    "and perturb whole configs, so every searched key must be drawn in every trial",
+                                    {k: list(v) if len(v) > 1 else v[0] for k, v in d.when}))
     for key in ("time_budget", "stop_when", "enqueue", "warm_start"):  # they act through the searcher pbt lacks
         if getattr(experiment, key):
             problems.append(problem(f"experiment.{key}", "is not supported with scheduler pbt: Ray's PBT takes no "

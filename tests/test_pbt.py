@@ -93,6 +93,10 @@ def test_perturbed_values_stay_in_the_searched_range():
     ({"experiment": {"checkpoint_every": 2}}, "experiment.checkpoint_every: must divide perturbation_interval (1)"),
     ({"experiment": {"quantile_fraction": 0.6}}, "experiment.quantile_fraction: must be a number in (0, 0.5]"),
     ({"experiment": {"num_to_keep": 1}}, "experiment.num_to_keep: must be null (keep all) for pbt"),
+    ({"space": {"optimizer": {"distribution": "choice", "values": ["sgd", "adam"]},
+                "momentum": {"distribution": "float", "low": 0.5, "high": 0.95, "when": {"optimizer": "sgd"}}}},
+     "space.momentum.when: is not supported with scheduler pbt: its trials copy and perturb whole configs, so "
+     "every searched key must be drawn in every trial, got {'optimizer': 'sgd'}"),
 ])
 def test_a_pbt_space_that_cannot_work_is_refused_before_the_search(tmp_path, data_root, sections, expected):
     experiment = {"scheduler": "pbt", **sections.get("experiment", {})}
