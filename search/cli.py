@@ -101,17 +101,17 @@ def report_main(argv: Sequence[str]) -> int:
     parser.add_argument("run", help="the run folder, e.g. runs/mnist-20261130-101500")
     args = parser.parse_args(argv)
     import pandas as pd
-    import yaml
 
     from search.export import NotARunFolder, open_run
     from search.report import write_report
     from search.results import RESULTS_FILE
     from search.run_folder import BEST_FILE
+    from search.runs import read_yaml
     from search.storage import LinkError
 
     try:
         folder = open_run(args.run)
-        space, _ = folder.read_spec()
+        space, _ = folder.read_spec("RUN")
         frame = pd.read_parquet(f"{folder.path}/{RESULTS_FILE}")
     except (ConfigError, NotARunFolder) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -119,8 +119,7 @@ def report_main(argv: Sequence[str]) -> int:
     except (OSError, ValueError) as error:
         print(f"error: {folder.path}: no readable {RESULTS_FILE} ({error})", file=sys.stderr)
         return 2
-    best = folder.storage.read(f"{folder.name}/{BEST_FILE}")
-    best_trial = yaml.safe_load(best)["result"]["trial_id"] if best else None
+    best_trial = (read_yaml(folder, BEST_FILE).get("result") or {}).get("trial_id")  # none, or damaged: no mark
     try:
         print(write_report(folder, space, frame, best_trial))
     except LinkError as error:
@@ -151,7 +150,7 @@ def export_main(argv: Sequence[str]) -> int:
     except (ConfigError, NotARunFolder) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(describe(path, args.fmt, chosen, chosen.folder.read_spec()[0].experiment.metric))
+    print(describe(path, args.fmt, chosen, chosen.folder.read_spec("RUN")[0].experiment.metric))
     return 0
 
 
@@ -219,9 +218,14 @@ def runs_main(argv: Sequence[str]) -> int:
     parser.add_argument("--storage-path", default="./runs", help="the storage (default: ./runs)")
     args = parser.parse_args(argv)
     from search.runs import format_runs, list_runs
-    from search.storage import Storage
+    from search.storage import Storage, is_uri
 
-    print(format_runs(list_runs(Storage.at(args.storage_path)), args.storage_path))
+    storage = Storage.at(args.storage_path)
+    if not is_uri(storage.uri) and os.path.exists(storage.uri) and not os.path.isdir(storage.uri):
+        print(f"error: {problem('--storage-path', 'must be a folder of runs, and this is a file', args.storage_path)}",
+              file=sys.stderr)
+        return 2
+    print(format_runs(list_runs(storage), args.storage_path))
     return 0
 
 

@@ -116,7 +116,7 @@ def chosen_checkpoint(folder: RunFolder, trial: int | None = None) -> Chosen:
     from trainable.metrics import METRICS
     from trainable.report import CheckpointError
 
-    space, _ = folder.read_spec()
+    space, _ = folder.read_spec("RUN")
     if space.trainable:
         raise ConfigError([problem("RUN", f"is a search of your own training function ({space.trainable}): its "
                                           "checkpoints hold the dict your function reported (a state.pt under "

@@ -167,14 +167,19 @@ class RunFolder:
         text = yaml.safe_dump({RUN_SECTION: run, **to_raw(space)}, sort_keys=False)
         self.storage.write(f"{self.name}/{SPEC_FILE}", (header + text).encode())
 
-    def read_spec(self) -> tuple[Space, dict[str, Any]]:
-        """The stored spec and its run section; ConfigError if missing or unreadable."""
+    def read_spec(self, key: str = "--resume") -> tuple[Space, dict[str, Any]]:
+        """The stored spec and its run section; ConfigError if missing or unreadable.
+
+        `key` names what needed it in the message: --resume (which then advises a new run), or RUN for
+        the commands that read a run folder (report, export)."""
         data = self.storage.read(f"{self.name}/{SPEC_FILE}")
         where = self.storage.join(self.name, SPEC_FILE)
+        resuming = key == "--resume"
         if data is None:
-            raise ConfigError([problem("--resume", f"{where} is missing: this run was not started by this "
-                                                   "version of hpsearch (or its folder is damaged), so it "
-                                                   "cannot be resumed faithfully; start a new run", self.name)])
+            raise ConfigError([problem(key, f"{where} is missing: this run was not started by this version of "
+                                            "hpsearch (or its folder is damaged), so it cannot be "
+                                            + ("resumed faithfully; start a new run" if resuming else "read"),
+                                       self.name)])
         try:
             raw = yaml.load(data.decode("utf-8"), Loader=Loader)
             run = raw.pop(RUN_SECTION)
@@ -184,9 +189,9 @@ class RunFolder:
         except ConfigError:
             raise
         except Exception as error:
-            raise ConfigError([problem("--resume", f"{where} cannot be read ({type(error).__name__}: {error}); "
-                                                   "start a new run", self.name)]) from None
-        if run.get("spec_sha256") not in (None, written):  # runs from before the hash pass
+            raise ConfigError([problem(key, f"{where} cannot be read ({type(error).__name__}: {error})"
+                                            + ("; start a new run" if resuming else ""), self.name)]) from None
+        if resuming and run.get("spec_sha256") not in (None, written):  # runs from before the hash pass
             raise ConfigError([problem("--resume", f"{where} was edited after the run started; a resume runs the "
                                                    "search as it started (Tune's record holds its trials and their "
                                                    "count), so undo the edit, or start a new run from a space file "

@@ -29,6 +29,7 @@ from search.results import ERROR, INTERRUPTED, RESULTS_FILE
 from search.run_folder import BEST_FILE, LOCK_FILE, SPEC_FILE, RunFolder
 from search.space import spec_differences
 from search.storage import Storage, is_uri
+from trainable.errors import ConfigError, problem
 from trainable.yaml_file import Loader
 
 RUNNING, FINISHED, ENDED, FAILED, INTERRUPTED_RUN = "running", "finished", "ended by budget", "failed", "interrupted"
@@ -141,6 +142,10 @@ def compare(a: RunFolder, b: RunFolder) -> str:
     """Two runs' spec differences and best trials, side by side."""
     specs = [read_yaml(a, SPEC_FILE), read_yaml(b, SPEC_FILE)]
     runs = [read_run(a), read_run(b)]
+    for folder, run in zip((a, b), runs):
+        if run is None:
+            raise ConfigError([problem("RUN", f"{folder.path}/{SPEC_FILE} is missing or cannot be read: not a "
+                                              "run folder (or a damaged one)", folder.path)])
     rows = [{"key": k, a.name: repr(x), b.name: repr(y)}
             for k, x, y in spec_differences(*({k: v for k, v in spec.items() if k != "run"} for spec in specs))]
     lines = [f"Spec differences ({len(rows)}):",

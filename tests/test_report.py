@@ -119,6 +119,22 @@ def test_the_report_command_writes_it_again(searched):
     assert (run / "report.html").exists() and done.stdout.strip() == f"{run}/report.html"
 
 
+def test_the_report_command_on_a_damaged_folder_draws_without_a_best_or_names_the_spec(searched, tmp_path, capsys):
+    import shutil
+
+    from search.cli import main
+
+    _, outcome = searched
+    run = tmp_path / "copy"
+    shutil.copytree(outcome.path, run, ignore=shutil.ignore_patterns("*.lock", "report*"))
+    (run / "best.yaml").write_text("\n")  # emptied: the report is drawn, with no best trial marked
+    assert main(["report", str(run)]) == 0 and (run / "report.html").exists()
+    (run / "spec.yaml").write_text("garbage: [\n")
+    assert main(["report", str(run)]) == 2
+    error = capsys.readouterr().err
+    assert f"RUN: {run}/spec.yaml cannot be read (" in error and "--resume" not in error and "new run" not in error
+
+
 def legend(figure) -> dict[str, float]:
     """The figure's legend as label -> seconds ("label: 12.3 s")."""
     texts = [t.get_text().rsplit(": ", 1) for t in figure.legends[0].get_texts()]

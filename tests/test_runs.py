@@ -46,6 +46,20 @@ def test_runs_says_each_runs_state(tmp_path, data_root, capsys):
     assert "(none: the same search)" in capsys.readouterr().out
 
 
+def test_runs_and_compare_refuse_what_is_not_a_run_folder_with_exit_2(tmp_path, data_root, capsys):
+    from search.cli import main
+
+    storage = Storage.at(str(tmp_path / "runs"))
+    space = small_space(tmp_path / "runs", data_root)
+    good, bad = make_run(storage, space, "good", ["COMPLETED"]), make_run(storage, space, "bad", ["COMPLETED"])
+    storage.write("bad/spec.yaml", b"garbage: [\n")
+    assert main(["compare", good.path, bad.path]) == 2
+    assert f"RUN: {bad.path}/spec.yaml is missing or cannot be read: not a run folder" in capsys.readouterr().err
+    (tmp_path / "a-file").write_text("")
+    assert main(["runs", "--storage-path", str(tmp_path / "a-file")]) == 2
+    assert "--storage-path: must be a folder of runs, and this is a file, got" in capsys.readouterr().err
+
+
 def test_compare_shows_the_spec_differences(tmp_path, data_root):
     storage = Storage.at(str(tmp_path))
     a = make_run(storage, small_space(tmp_path, data_root), "a", ["COMPLETED"])
