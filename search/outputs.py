@@ -265,10 +265,13 @@ def _ends_a_line(path: str) -> bool:
         return f.read(1) == b"\n"
 
 
-def no_success(frame: pd.DataFrame, metric: str) -> str:
-    """Why no trial succeeded, for the summary: the trials' statuses, and whether best.yaml was written."""
+def no_success(frame: pd.DataFrame, metric: str, interrupted: bool = False) -> str:
+    """Why no trial succeeded, for the summary: the trials' statuses, and how the command exits
+    (an interrupted search exits 130, whatever its trials did)."""
     counts = frame.drop_duplicates("trial_id")["status"].value_counts().to_dict()
     statuses = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items())) or "no trial ran"
+    if interrupted:
+        return f"No trial has succeeded yet: none outside ERROR reported a finite {metric} ({statuses})"
     return (f"No trial succeeded: none outside ERROR reported a finite {metric} ({statuses}); "
             f"the command exits {NO_SUCCESS_EXIT}")
 
@@ -315,7 +318,7 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
             if space.trainable else epoch_metrics(space.trial_defaults().loss, space.trial_defaults().metrics)
         entry = best_entry(best, test, note, metric, folder.name, schema, metrics)
         folder.write_best(best_yaml(entry, best_path, space))
-    summary = format_summary(frame, entry, timing, no_best=no_best if succeeded else no_success(frame, metric), metric=metric, mode=first(experiment.mode),
+    summary = format_summary(frame, entry, timing, no_best=no_best if succeeded else no_success(frame, metric, interrupted), metric=metric, mode=first(experiment.mode),
                              searched=[d.name for d in space.searched], gpus_per_trial=gpu_plan.gpus,
                              also=tuple(names(experiment.metric)[1:]),
                              gpu_notes=(auto_note, gpu_plan.note), rerun=rerun_command(best_path, space))

@@ -151,3 +151,16 @@ def test_a_bug_of_ours_is_said_and_the_command_still_ends_despite_a_user_thread(
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == 1 and "ZeroDivisionError" in done.stderr, done.stderr[-2000:]
     assert "user code left 1 thread(s) running (users-thread)" in done.stderr
+
+
+def test_the_summary_of_an_interrupted_search_without_a_success_promises_no_exit_3():
+    import pandas as pd
+
+    from search.outputs import NO_SUCCESS_EXIT, no_success
+
+    frame = pd.DataFrame({"trial_id": ["a", "a", "b"], "status": ["INTERRUPTED", "INTERRUPTED", "ERROR"]})
+    ended = no_success(frame, "val_acc")
+    assert ended.startswith("No trial succeeded: none outside ERROR reported a finite val_acc (1 error, 1 interrupted)")
+    assert ended.endswith(f"the command exits {NO_SUCCESS_EXIT}")
+    stopped = no_success(frame, "val_acc", interrupted=True)  # Ctrl-C before a first epoch: the CLI exits 130
+    assert stopped.startswith("No trial has succeeded yet:") and "exits" not in stopped
