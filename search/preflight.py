@@ -134,12 +134,31 @@ def check_search(space: Space) -> Data | None:
               for p in width_problems(space.trial_defaults().model, keyword_of(d.name), d.values, f"space.{d.name}")]
     if widths:
         raise ConfigError(widths)
+    drop_last_problem(space, len(data.train.labels))
     check_model(example_config(space), data.sample(), data.num_classes, searched_keys)
     check_measures(example_config(space), data)  # training.loss and training.metrics, once on a few examples
     note = schedule_note(space.trial_defaults())  # a fixed t_max below epochs; a searched one is the user's choice
     if note:
         print(f"note: {note}", file=sys.stderr, flush=True)
     return data
+
+
+def drop_last_problem(space: Space, train_examples: int) -> None:
+    """data.drop_last with a batch_size above the training examples leaves no training batch at all: every
+    such trial would end DIVERGED (a loss of 0/0) without a step. ConfigError naming the largest."""
+    defaults = space.trial_defaults()
+    searched = {d.name: d for d in space.searched}
+    if not defaults.drop_last or "drop_last" in searched:
+        return
+    sizes = [defaults.batch_size]
+    if "batch_size" in searched:
+        drawn = searched["batch_size"]
+        sizes = list(drawn.values) if drawn.is_choice else [drawn.distribution.high]
+    if max(sizes) > train_examples:
+        key = "space.batch_size" if "batch_size" in searched else "training.batch_size"
+        raise ConfigError([problem(key, f"must be at most the {train_examples} training examples with "
+                                        "data.drop_last: true (every training batch would be dropped: no step is "
+                                        "taken); lower it or set drop_last: false", max(sizes))])
 
 
 def data_fingerprint(data: Data) -> dict[str, str | None]:

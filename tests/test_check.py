@@ -88,6 +88,21 @@ def test_check_says_every_width_of_a_built_in_model_that_it_would_refuse(tmp_pat
     assert not ray_inits
 
 
+@pytest.mark.parametrize("sets, said", [
+    (["data.drop_last=true"], "space.batch_size: must be at most the 200 training examples with data.drop_last: true "
+                              "(every training batch would be dropped: no step is taken); lower it or set drop_last: "
+                              "false, got 256"),
+    (["data.drop_last=true", "space.batch_size=201"], "training.batch_size: must be at most the 200 training examples"),
+    (["data.drop_last=true", "space.batch_size=200"], None),  # one full batch: it trains
+    (["space.batch_size=201"], None),  # without drop_last the one short batch trains
+])
+def test_check_refuses_a_batch_size_that_drop_last_would_drop_whole(data_root, capsys, ray_inits, sets, said):
+    flags = [f for s in ["data.train_size=200", *sets] for f in ("--set", s)]
+    code = main(["check", "--space", MNIST_SPACE, "--data-root", str(data_root), *flags])
+    assert (code, said is None or said in capsys.readouterr().err) == (0 if said is None else 2, True)
+    assert not ray_inits
+
+
 def test_help_lists_every_command(capsys):
     with pytest.raises(SystemExit) as exited:
         main(["--help"])
