@@ -153,7 +153,8 @@ class Progress(Callback):
         self._ended(trial, error=False)
 
     def on_trial_recover(self, iteration, trials, trial, **info) -> None:
-        self._say_failure(trial, "restarts from its last checkpoint (experiment.max_failures)")
+        where = "its last checkpoint" if trial.checkpoint is not None else "its start (no checkpoint yet)"
+        self._say_failure(trial, f"restarts from {where} (experiment.max_failures)")
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         self._say_failure(trial, "ended in ERROR")

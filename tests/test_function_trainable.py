@@ -104,6 +104,11 @@ def test_a_checkpoint_round_trips_readable_with_weights_only(tmp_path):
     assert torch.equal(back["state"]["model"]["w"], torch.arange(3.0))
     with pytest.raises(TypeError, match="must be a dict of tensors"):
         save_state(tmp_path, 1, [1, 2])
+    # a numpy array would be saved, then fail the restart that needs it: refused when it is reported
+    import numpy as np
+
+    with pytest.raises(TypeError, match=r"reads back, and this one does not \(UnpicklingError: .*Unsupported global"):
+        save_state(tmp_path, 1, {"array": np.zeros(2)})
 
 
 def test_best_yaml_replays_the_function(tmp_path, capsys):
@@ -145,7 +150,8 @@ def test_a_toy_function_searches_restarts_from_its_checkpoint_and_reproduces(ray
     assert not math.isnan(again["score"].iloc[0])
 
     # a finished run resumes (with another space file: a note, not a crash on the `trainable:` string)
-    capsys.readouterr()
+    assert "(#1) failed and restarts from its last checkpoint (experiment.max_failures): RuntimeError: killed " \
+           "once" in capsys.readouterr().out, "said once, as it happened"
     resumed = run_search(parse_space(toy_space(tmp_path, max_concurrent=3), source=str(tmp_path / "space.yaml")),
                          name="one", resume=True)
     pd.testing.assert_frame_equal(table(resumed.results), table(frame))
