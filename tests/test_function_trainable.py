@@ -78,6 +78,10 @@ def test_reserved_names_and_bad_references_are_refused(tmp_path):
     assert "trainable: must be FILE.py:FUNCTION" in problems({**toy_space(tmp_path), "trainable": "train"}, tmp_path)
     with pytest.raises(ConfigError, match="toy.py defines no nope"):
         resolve_function(f"{tmp_path / 'toy.py'}:nope")
+    several = toy_space(tmp_path)
+    several["experiment"].update(metric=["score", "loss"], mode=["max", "min"])
+    assert ("experiment.metric: must name one metric the function reports: several objectives are not supported "
+            "with a function trainable, got ['score', 'loss']") in problems(several, tmp_path)
 
 
 def test_a_first_report_without_the_metric_names_what_was_reported():
