@@ -269,12 +269,15 @@ def ended_note(ended: dict[str, Any] | None, trials: int) -> str | None:
         spent = ended.get("after_seconds")
         how = f"ended by time_budget {describe(ended['time_budget'])}" + (
             f" (noticed {spent:.1f} s after the search's start)" if isinstance(spent, (int, float)) else "")
+        more = "--resume with --more-trials N or --set experiment.time_budget=..."
     else:
         target = f"{ended['op']} {ended['target']:g}" if ended.get("op") else f"{ended['target']:g}"
         how = (f"ended by stop_when {ended['metric']}: {target} (trial #{ended['trial_number']} reached "
                f"{ended['value']:.4f} at epoch {ended['epoch']})")
+        # the target holds on a resume: the next trial that reaches it ends the search again
+        more = "--resume with --more-trials N and --set experiment.stop_when=null (or a higher target)"
     return (f"{how} after {trials} of {ended['num_samples']} trials; running trials stopped at their next epoch "
-            f"end (status STOPPED). More: --resume with --more-trials N or --set experiment.time_budget=...")
+            f"end (status STOPPED). More: {more}")
 
 
 def stored_num_samples(space: Space, name: str | None) -> int:

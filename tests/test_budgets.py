@@ -200,6 +200,13 @@ def test_time_budget_ends_the_search_with_a_prefix_of_its_trials(tmp_path, data_
     new = ended.results[ended.results["trial_number"] == len(numbers) + 1]
     assert list(new["epoch"]) == [1] and set(new["status"]) == {"STOPPED"}
     assert f"ended by stop_when val_loss: <= 1000 (trial #{len(numbers) + 1} reached" in ended.summary
+    assert "More: --resume with --more-trials N and --set experiment.stop_when=null" in ended.summary
+
+    # as that line says: without the target, the next trial runs all its epochs
+    untargeted = small_space(tmp_path, data_root, experiment={"num_samples": len(numbers) + 3, "stop_when": None},
+                             data={"train_size": 300, "val_size": 100}, training={"epochs": 3})
+    more = run_search(untargeted, name="budget", resume=True).results
+    assert list(more[more["trial_number"] == len(numbers) + 2]["epoch"]) == [1, 2, 3]
 
 
 def test_a_resume_may_change_only_the_budget_keys(tmp_path):
