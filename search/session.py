@@ -118,16 +118,28 @@ def reachable(address: str, timeout_s: float) -> bool:
             time.sleep(0.5)  # a retry interval, not a wait for something we control
 
 
+_private = False  # this process runs a local Ray it started for itself (see private_ray)
+
+
+def private_ray() -> bool:
+    """Whether the Ray this search uses is a local instance it started for itself: no autoscaler adds
+    nodes to it, whatever the machine is (a `ray up` head included: search/capacity.py)."""
+    return _private and ray.is_initialized()
+
+
 def start_ray(address: str | None, connect_timeout: float = 60.0) -> bool:
     """Join the cluster at `address` (or $RAY_ADDRESS), else start a local Ray; True if we started it."""
+    global _private
     if address is None and local_ray.pending():  # begun by the CLI, beside the imports and data loading
         local_ray.take()
+        _private = True
         return True
     if ray.is_initialized():
         return False
     if address is None and "RAY_ADDRESS" not in os.environ:
         # "local" always starts a new instance, never joins one some other process started
         ray.init(address="local", include_dashboard=False, log_to_driver=False)
+        _private = True
         return True
     target = address or os.environ["RAY_ADDRESS"]
     if not reachable(target, connect_timeout):
@@ -180,8 +192,10 @@ class RaySession:
 
     def close(self) -> None:
         """Shut Ray down, or wait for the shutdown `release` began."""
+        global _private
         if not self.started:
             return
+        _private = False
         if self._shutdown is None:
             ray.shutdown()
             return

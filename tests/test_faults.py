@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import gzip
+import os
 import shutil
 import signal
 import socket
@@ -366,3 +367,18 @@ def test_a_search_where_no_trial_started_ranks_no_row_instead_of_crashing():
     frame = pd.DataFrame({"trial_number": pd.Series([], dtype="int64"), "val_acc": pd.Series([], dtype="float64")})
     assert ranked(frame, "val_acc", "max").empty
     assert list(ranked(frame, "val_acc", "max").columns) == ["trial_number", "val_acc"]
+
+
+@pytest.mark.slow
+def test_a_local_search_on_a_ray_up_head_refuses_gpus_its_own_ray_cannot_get(tmp_path, data_root):
+    """`ray up`'s head holds ~/ray_bootstrap_config.yaml; a search there without --address starts a Ray
+    of its own, which no autoscaler grows: a GPU request fails at once, as on any machine without GPUs."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "ray_bootstrap_config.yaml").write_text("cluster_name: hpsearch\n")
+    space = space_file(tmp_path, data_root, resources={"gpus": 0.5})
+    env = {k: v for k, v in os.environ.items() if k not in ("HPSEARCH_AUTOSCALER", "RAY_ADDRESS")}
+    done = subprocess.run([sys.executable, "-m", "search", "--space", str(space), "--name", "boot"], cwd=REPO,
+                          capture_output=True, text=True, timeout=240, env={**env, "HOME": str(home)})
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "each trial asks for 1 CPU and 0.5 GPU, but no node" in done.stderr and no_traceback(done)
