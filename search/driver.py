@@ -55,14 +55,17 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
         gpu_plan = plan_gpus(resources, min(slots, experiment.num_samples))  # spread over every GPU
         phases.mark("probe")
         tuner = build_tuner(space, folder, data, trainable, gpus=gpu_plan.gpus, resume=resume)
+        # what continues this run, on the cluster it runs on ($RAY_ADDRESS, if that chose it, stays set)
+        again = resume_command(space, folder, address)
         try:
-            grid, ran_to_end = fit(tuner, folder, resume_command(space, folder))
+            grid, ran_to_end = fit(tuner, folder, again)
             phases.mark("trials")
             del tuner  # the trials are over: Ray shuts down while the results and the report are made
             session.release()
-            outcome = finish(grid, folder, space, data, phases, slots, gpu_plan, auto_note, ran_to_end=ran_to_end)
+            outcome = finish(grid, folder, space, data, phases, slots, gpu_plan, auto_note, resume=again,
+                             ran_to_end=ran_to_end)
         except OSError as error:
             if error.errno != errno.ENOSPC:
                 raise
-            raise DiskFull(folder.path, error, resume_command(space, folder)) from None
+            raise DiskFull(folder.path, error, again) from None
     return with_time(outcome, phases, folder)

@@ -195,12 +195,14 @@ def best_yaml(entry: dict[str, Any], path: str, space: Space) -> str:
     return header + yaml.safe_dump({**entry["config"], "result": result}, sort_keys=False)
 
 
-def resume_command(space: Space, folder: RunFolder) -> str:
-    """The exact command that continues this run (the Python API's call for a space given as a dict)."""
+def resume_command(space: Space, folder: RunFolder, address: str | None = None) -> str:
+    """The exact command that continues this run (the Python API's call for a space given as a dict),
+    on the cluster it ran on (`address`: the one the search joined, None for its own local Ray)."""
     if not space.source.endswith((".yaml", ".yml")):
-        return f"search.run(..., name={folder.name!r}, resume=True)  (storage_path {folder.storage.uri})"
+        on = f", address={address!r}" if address else ""
+        return f"search.run(..., name={folder.name!r}, resume=True{on})  (storage_path {folder.storage.uri})"
     return (f"python -m search --space {space.source} --storage-path {folder.storage.uri} "
-            f"--resume --name {folder.name}")
+            f"--resume --name {folder.name}" + (f" --address {address}" if address else ""))
 
 
 def rerun_command(path: str, space: Space) -> str:
@@ -277,7 +279,7 @@ def no_success(frame: pd.DataFrame, metric: str, interrupted: bool = False) -> s
 
 
 def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, slots: int, gpu_plan: GpuPlan,
-           auto_note: str, *, ran_to_end: bool = False) -> Outcome:
+           auto_note: str, *, resume: str, ran_to_end: bool = False) -> Outcome:
     """Derive results.parquet, best.yaml (with test accuracy), the report and the summary."""
     experiment = space.experiment
     notes: list[str] = []
@@ -357,7 +359,7 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
         unfinished = frame.loc[frame["status"] == INTERRUPTED, "trial_id"].nunique()
         summary += (f"\nInterrupted: {unfinished} trial(s) unfinished, "
                     f"{experiment.num_samples - frame['trial_id'].nunique()} not started. Continue with:\n"
-                    f"  {resume_command(space, folder)}")
+                    f"  {resume}")
     return Outcome(folder.name, folder.path, frame, entry, timing, summary, bool(interrupted), succeeded)
 
 

@@ -164,3 +164,19 @@ def test_the_summary_of_an_interrupted_search_without_a_success_promises_no_exit
     assert ended.endswith(f"the command exits {NO_SUCCESS_EXIT}")
     stopped = no_success(frame, "val_acc", interrupted=True)  # Ctrl-C before a first epoch: the CLI exits 130
     assert stopped.startswith("No trial has succeeded yet:") and "exits" not in stopped
+
+
+def test_the_resume_command_goes_back_to_the_cluster_the_search_joined(tmp_path):
+    from search.outputs import resume_command
+    from search.run_folder import RunFolder
+    from search.space import parse_space
+    from search.storage import Storage
+
+    raw = {"experiment": {"name": "x"}, "space": {"lr": {"distribution": "float", "low": 0.01, "high": 0.3}}}
+    space = parse_space(raw, source=str(tmp_path / "space.yaml"))
+    folder = RunFolder(Storage.at(str(tmp_path / "runs")), "x-1")
+    own = resume_command(space, folder)
+    assert own == f"python -m search --space {tmp_path / 'space.yaml'} --storage-path {tmp_path / 'runs'} --resume --name x-1"
+    assert resume_command(space, folder, "10.0.0.1:6379") == own + " --address 10.0.0.1:6379"
+    api = parse_space(raw)
+    assert "resume=True, address='auto')" in resume_command(api, folder, "auto")
