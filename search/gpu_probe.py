@@ -265,6 +265,18 @@ def probe_on_this_node(flat: dict[str, Any], data: Data, cpus_per_trial: float) 
     return probe(flat, data, max(1, math.floor(per_gpu)))
 
 
+def lease_returned(free_before: dict[str, float], bound_s: float = 5.0) -> None:
+    """Wait (at most `bound_s`) until Ray has the probe's GPU and CPUs back: it returns a finished task's
+    lease after ray.get has its result, and the capacity check that follows would count them as held
+    by another job. Another job taking resources meanwhile ends the wait at the bound."""
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        free = ray.available_resources()
+        if all(free.get(k, 0.0) >= free_before.get(k, 0.0) for k in ("GPU", "CPU")):
+            return
+        time.sleep(0.05)  # polling Ray's resource view: it has no event for a returned lease
+
+
 def resolve_auto(space: Space, data: Data, folder: RunFolder, *, resume: bool) -> tuple[Resources, str]:
     """`resources` with gpus: auto replaced by a measured fraction, and a line for the summary.
 
@@ -285,9 +297,11 @@ def resolve_auto(space: Space, data: Data, folder: RunFolder, *, resume: bool) -
         return resources.model_copy(update={"gpus": 0.0}), "auto: no GPU in the cluster, so CPU trials (gpus 0)"
     config = largest_config(space, data.input_shape, data.num_classes).to_flat()
     task = ray.remote(probe_on_this_node).options(num_gpus=1, num_cpus=resources.cpus, max_retries=0)
+    free_before = ray.available_resources()
     pending = task.remote(config, data.for_trials(), resources.cpus)
     try:
         figures = ray.get(pending, timeout=PROBE_TIMEOUT_S)
+        lease_returned(free_before)
     except ray.exceptions.GetTimeoutError:
         ray.cancel(pending, force=True)
         raise ConfigError([problem("resources.gpus", f"auto: no GPU could run the probe within "

@@ -203,3 +203,20 @@ def test_gpu_check_without_a_gpu_says_so_and_fails():
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert done.returncode == 1 and "no CUDA GPU" in done.stderr, done.stderr
+
+
+@pytest.mark.slow
+def test_auto_on_an_idle_gpu_cluster_says_no_other_job_holds_its_probes_gpu(cluster, tmp_path, data_root):
+    """The probe's task returns its GPU to Ray only after its result is in: the capacity check
+    after it must not take that GPU for another job's."""
+    gpus = cluster({"num_cpus": 1}, {"num_cpus": 2, "num_gpus": 2})
+    raw = copy.deepcopy(SMALL)
+    raw["experiment"].update(num_samples=2, max_concurrent=2, storage_path=str(tmp_path / "runs"))
+    raw["resources"] = {"cpus": 1, "gpus": "auto"}
+    raw["data"].update(root=str(data_root), train_size=300, val_size=100)
+    raw["training"].update(epochs=1)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(raw))
+    done = subprocess.run([sys.executable, "-m", "search", "--space", str(tmp_path / "space.yaml"), "--name", "auto",
+                           "--address", gpus.address], cwd=REPO, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "auto: " in done.stdout and "other jobs on this cluster hold" not in done.stdout + done.stderr
