@@ -127,6 +127,21 @@ def private_ray() -> bool:
     return _private and ray.is_initialized()
 
 
+def speaks_http(address: str) -> bool:
+    """True if host:port answers an HTTP/1.0 request in HTTP (a dashboard); Ray's GCS answers in gRPC's
+    HTTP/2 frames. False for anything else, or an address without a port."""
+    host, _, port = address.rpartition(":")
+    if "://" in address or not host or not port.isdigit():
+        return False
+    try:
+        with socket.create_connection((host, int(port)), timeout=2.0) as conn:
+            conn.settimeout(2.0)
+            conn.sendall(b"HEAD / HTTP/1.0\r\n\r\n")
+            return conn.recv(5) == b"HTTP/"
+    except OSError:
+        return False
+
+
 def start_ray(address: str | None, connect_timeout: float = 60.0) -> bool:
     """Join the cluster at `address` (or $RAY_ADDRESS), else start a local Ray; True if we started it."""
     global _private
@@ -146,6 +161,10 @@ def start_ray(address: str | None, connect_timeout: float = 60.0) -> bool:
         raise ConfigError([problem("--address", f"no Ray cluster answered at {target} within "
                                                 f"{connect_timeout:g} s (experiment.connect_timeout); is it up, "
                                                 "and is the port open?", target)])
+    if speaks_http(target):  # ray.init would retry it for about 14 minutes, whatever connect_timeout says
+        raise ConfigError([problem("--address", "answers HTTP there (Ray's dashboard, or another web server), not "
+                                                "Ray's GCS: give the head's GCS address, host:6379 by default (`ray "
+                                                "status` on the head says it)", target)])
     try:
         ray.init(address=address, log_to_driver=False)
     except (AuthenticationError, ConnectionError, RuntimeError, ValueError) as error:  # "auto" with none running

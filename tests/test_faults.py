@@ -272,6 +272,25 @@ def test_an_unreachable_address_gives_up_within_the_bound(tmp_path):
     assert f"no Ray cluster answered at 127.0.0.1:{port} within 2 s" in done.stderr
 
 
+def test_an_address_that_answers_http_is_refused_at_once(tmp_path):
+    """The dashboard's port (8265) given as --address: Ray would retry it for about 14 minutes."""
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    server = HTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)  # answers every request with an HTTP error
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        address = f"127.0.0.1:{server.server_address[1]}"
+        space = space_file(tmp_path, tmp_path / "data",
+                           data={"dataset": "blobs.py:blobs", "train_size": None, "val_size": 10})
+        (tmp_path / "blobs.py").write_text("import torch\n\ndef blobs(root):\n"
+                                           "    return (torch.randn(60, 4), torch.arange(60) % 2), None\n")
+        done = search_cli("--space", str(space), "--address", address, timeout=120)
+    finally:
+        server.shutdown()
+    assert done.returncode == 2 and no_traceback(done), done.stderr[-2000:]
+    assert f"--address: answers HTTP there (Ray's dashboard, or another web server), not Ray's GCS" in done.stderr
+
+
 def test_a_corrupt_test_part_is_found_before_any_trial(tmp_path, data_root):
     root = tmp_path / "data"
     shutil.copytree(data_root / "MNIST" / "raw", root / "MNIST" / "raw",
