@@ -176,8 +176,9 @@ def start_ray(address: str | None, connect_timeout: float = 60.0) -> bool:
 def auth_hint() -> str:
     """What to set when the cluster may want a token: Ray 2.60 turns token authentication on for
     `ray start --head`, and a client without RAY_AUTH_MODE=token is refused (Ray logs InvalidAuthToken)."""
-    if os.environ.get("RAY_AUTH_MODE") == "token":
-        return ""
+    if os.environ.get("RAY_AUTH_MODE") == "token":  # set, and still refused: perhaps another head's token
+        return ("; if Ray's log says InvalidAuthToken, the token this client sends (RAY_AUTH_TOKEN, "
+                "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) is not the head's")
     return ("; a cluster made with `ray start --head` (Ray 2.60) admits only clients with RAY_AUTH_MODE=token "
             "set, the token in ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN")
 
