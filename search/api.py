@@ -32,6 +32,13 @@ def run(space: str | Path | Mapping[str, Any], *, overrides: Mapping[str, Any] |
     from search.space import parse_space
     from trainable.yaml_file import read_yaml_mapping
 
+    from trainable.errors import ConfigError, problem
+
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise ConfigError([problem("overrides", 'must be a mapping of "section.key" to a value, as --set',
+                                   overrides)])
+    if not isinstance(space, (str, Path, Mapping)):
+        raise ConfigError([problem("space", "must be a space file's path or a mapping of its sections", space)])
     pairs = list((overrides or {}).items())
     if isinstance(space, Mapping):
         parsed = parse_space(set_keys(copy.deepcopy(dict(space)), pairs), source="<python>")
@@ -51,18 +58,13 @@ def restore(path: str, *, trainable: Callable | None = None):
     continue a search with `search.run(..., name=NAME, resume=True)` (`--resume`) instead.
     `trainable`: the trial function given to driver.run_search, if it was not the default.
     """
-    import os
-
+    from search.export import open_run
     from search.preflight import check_search
-    from search.run_folder import RunFolder
-    from search.storage import Storage, is_uri
     from search.tuner import build_tuner
     from trainable.adapter import tune_trial
 
-    run = path.rstrip("/") if is_uri(path) else os.path.abspath(os.path.expanduser(path))
-    parent, _, name = run.rpartition("/")
-    folder = RunFolder(Storage.at(parent or "/"), name)
-    space, _ = folder.read_spec()
+    folder = open_run(str(path))  # NotARunFolder where there is no run
+    space, _ = folder.read_spec("RUN")
     gpus = space.resources.gpus if isinstance(space.resources.gpus, (int, float)) else 0  # Tune keeps each trial's
     return build_tuner(space, folder, check_search(space), trainable or tune_trial, gpus=gpus, resume=True)
 
