@@ -225,6 +225,9 @@ def test_config_file_problems_are_all_reported(tmp_path):
 @pytest.mark.parametrize("text, expected", [
     ("lr: [0.1\n", "invalid YAML at line"),
     ("- 1\n- 2\n", "must hold a mapping"),
+    ("\n", "--config: must hold a trial config (a search's best.yaml works), and this file is empty"),
+    ("trainable: train.py:train\nexperiment: {name: x}\nrun: {}\n", "--config: must be a trial config, and this is a "
+                                                                     "space file (it has an experiment section)"),
 ])
 def test_unreadable_config_file_exits_2(tmp_path, capsys, text, expected):
     path = tmp_path / "run.yaml"

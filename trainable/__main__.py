@@ -112,6 +112,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         raw = read_yaml_mapping(args.config) if args.config else {}
+        if args.config and not raw:  # else the defaults would train, as if no --config had been given
+            raise ConfigError([problem("--config", "must hold a trial config (a search's best.yaml works), and "
+                                                   "this file is empty", args.config)])
+        if "experiment" in raw:  # spec.yaml or a space file: sections, not one trial's config
+            raise ConfigError([problem("--config", "must be a trial config, and this is a space file (it has an "
+                                                   "experiment section); re-run a trial with its run's best.yaml "
+                                                   "(or pareto.yaml --pick N)", args.config)])
         if is_function(raw):  # a function trainable's best.yaml: its function, called with that config
             result = raw.get("result") if isinstance(raw.get("result"), dict) else {}
             return replay({k: v for k, v in raw.items() if k not in INFORMATIONAL_KEYS}, result.get("metric"))
