@@ -123,7 +123,8 @@ class Progress(Callback):
         if sys.stdout.isatty():
             self._bar()
             return
-        shown = "nan" if value is None else f"{value:.4f}"
+        raw = result.get(self.metric)
+        shown = f"{value:.4f}" if value is not None else str(raw) if isinstance(raw, (int, float)) else "nan"
         best = "-" if self.best is None else f"{self.best:.4f}"
         elapsed, eta = self._times()
         print(f"[{len(self.ended):>{len(str(self.total))}}/{self.total} done] trial {trial.trial_id} "
