@@ -42,6 +42,9 @@ SHORTHANDS = {
 }
 
 
+NOT_GIVEN = argparse.SUPPRESS  #: a shorthand flag not on the command line leaves no attribute (None is `null`)
+
+
 COMMANDS = """commands:
   python -m search --space FILE [flags]     run (or --resume) a search
   python -m search check --space FILE       check a space without running it; prints the resolved spec
@@ -63,7 +66,7 @@ def parse_args(argv: Sequence[str] | None, prog: str = "python -m search",
                         help="continue the interrupted run --name (default: the newest run of this space)")
     for flag, key in SHORTHANDS.items():
         parser.add_argument("--" + flag.replace("_", "-"), dest=flag, type=flag_value, metavar="VALUE",
-                            help=f"sets {key}")
+                            default=NOT_GIVEN, help=f"sets {key}")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="set any key of the space file, e.g. training.momentum=0.8, "
                              "model.hidden_sizes=[64] or space.lr.high=0.5 (repeatable)")
@@ -76,7 +79,8 @@ def parse_args(argv: Sequence[str] | None, prog: str = "python -m search",
 
 def assignments(args: argparse.Namespace) -> list[tuple[str, Any]]:
     """(key, value) pairs of the flags and --set items; a malformed --set is a problem."""
-    pairs = [(key, getattr(args, flag)) for flag, key in SHORTHANDS.items() if getattr(args, flag) is not None]
+    # a flag given as null or "" sets null (--warm-start null drops the file's), which the key's rule then judges
+    pairs = [(key, getattr(args, flag)) for flag, key in SHORTHANDS.items() if hasattr(args, flag)]
     for item in args.sets:
         key, sep, value = item.partition("=")
         if not sep or not key or any(not part for part in key.split(".")):

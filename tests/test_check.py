@@ -110,3 +110,16 @@ def test_help_lists_every_command(capsys):
     out = capsys.readouterr().out
     for command in ("--space FILE", "check --space FILE", "report RUN", "export RUN"):
         assert f"python -m search {command}" in out
+
+
+def test_a_flag_given_as_null_or_empty_sets_null_and_is_judged(tmp_path, data_root, capsys, ray_inits):
+    """`--storage-path ""` was ignored (the file's path used); `--warm-start null` could not drop the file's."""
+    assert main(["check", "--space", MNIST_SPACE, "--data-root", str(data_root), "--storage-path", ""]) == 2
+    assert "experiment.storage_path: must be a folder or URI, got None" in capsys.readouterr().err
+    raw = yaml.safe_load(open(MNIST_SPACE))
+    raw["experiment"]["warm_start"] = str(tmp_path / "no-such-run")  # refused unless the flag drops it
+    write(tmp_path / "space.yaml", yaml.safe_dump(raw))
+    assert main(["check", "--space", str(tmp_path / "space.yaml"), "--data-root", str(data_root),
+                 "--set", "data.train_size=500", "--warm-start", "null"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["experiment"]["warm_start"] is None
+    assert not ray_inits
