@@ -61,6 +61,14 @@ def clock(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
+def of_epochs(epoch: Any, epochs: Any) -> str:
+    """"/5" after an epoch of 5; nothing where a function trainable reports past its `epochs` (or has none)."""
+    try:
+        return f"/{epochs}" if epochs is not None and int(epoch) <= int(epochs) else ""
+    except (TypeError, ValueError):
+        return ""
+
+
 class Progress(Callback):
     """Shows progress, writes a trial's rows when it ends and its journal entry as it goes."""
 
@@ -128,7 +136,7 @@ class Progress(Callback):
         best = "-" if self.best is None else f"{self.best:.4f}"
         elapsed, eta = self._times()
         print(f"[{len(self.ended):>{len(str(self.total))}}/{self.total} done] trial {trial.trial_id} "
-              f"epoch {epoch}/{trial.config.get('epochs')} {self.metric} {shown} | best {best} "
+              f"epoch {epoch}{of_epochs(epoch, trial.config.get('epochs'))} {self.metric} {shown} | best {best} "
               f"| elapsed {elapsed} | ETA {eta}", flush=True)
 
     def _times(self) -> tuple[str, str]:

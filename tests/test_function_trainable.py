@@ -221,3 +221,9 @@ def test_enqueued_configs_of_a_function_space_are_checked_against_its_free_names
     assert "experiment.enqueue[0].nope: must be a searched key (lr, units), got 1" in said
     raw["experiment"].update(enqueue=[], lag=1, reproducible=False)
     assert "experiment.lag: applies to the reproducible searcher only" in problems(raw, tmp_path)
+
+
+def test_progress_shows_a_report_past_epochs_without_a_total():
+    from search.progress import of_epochs
+
+    assert [of_epochs(3, 5), of_epochs(5, 5), of_epochs(6, 5), of_epochs(2, None)] == ["/5", "/5", "", ""]
