@@ -48,6 +48,7 @@ class Run:
     when: str  #: when its last trial ended (or its spec was written), local time
     several: bool = False  #: several objectives: a front in pareto.yaml, no best.yaml
     front: int | None = None  #: several objectives: the trials on pareto.yaml's front (None: no pareto.yaml yet)
+    so_far: bool = False  #: `best` is the best epoch of the trials that ended, read while the search runs
 
 
 def is_held(folder: RunFolder) -> bool:
@@ -114,8 +115,25 @@ def read_run(folder: RunFolder) -> Run | None:
     else:
         stamp = None if is_uri(folder.path) else os.path.getmtime(os.path.join(folder.path, SPEC_FILE))
     when = "-" if stamp is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(stamp))
+    so_far = best is None and state == RUNNING and not several and frame is not None
+    if so_far:  # best.yaml comes at the search's end: until then, the ended trials' best feasible epoch
+        best = best_so_far(frame, metric, experiment.get("mode", "max"))
     return Run(folder.name, state, done, total, metric, best if isinstance(best, (int, float)) else None, when,
-               several, front)
+               several, front, so_far=so_far)
+
+
+def best_so_far(frame: pd.DataFrame, metric: str, mode: str) -> float | None:
+    """The best finite `metric` of the rows outside ERROR that met the constraints (None if none)."""
+    if metric not in frame.columns:
+        return None
+    rows = frame[frame["status"] != ERROR]
+    if "feasible" in rows.columns:
+        rows = rows[rows["feasible"].fillna(True).astype(bool)]
+    values = pd.to_numeric(rows[metric], errors="coerce")
+    values = values[values.map(math.isfinite)]
+    if not len(values):
+        return None
+    return float(values.min() if mode == "min" else values.max())
 
 
 def list_runs(storage: Storage) -> list[Run]:
@@ -135,7 +153,9 @@ def format_runs(runs: list[Run], where: str) -> str:
 def best_of(run: Run) -> str:
     if run.several:
         return "-" if run.front is None else f"{run.front} on the Pareto front ({run.metric})"
-    return "-" if run.best is None or not math.isfinite(run.best) else f"{run.metric} {run.best:.4f}"
+    if run.best is None or not math.isfinite(run.best):
+        return "-"
+    return f"{run.metric} {run.best:.4f}" + (" (so far)" if run.so_far else "")
 
 
 def compare(a: RunFolder, b: RunFolder) -> str:

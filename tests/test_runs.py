@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from search.results import results_schema
 from search.run_folder import RunFolder
-from search.runs import compare, list_runs, read_run
+from search.runs import best_of, compare, list_runs, read_run
 from search.storage import Storage
 from tests.helpers import small_space
 
@@ -30,11 +30,14 @@ def test_runs_says_each_runs_state(tmp_path, data_root, capsys):
     make_run(storage, space, "crashed", ["ERROR"] * 4)
     ended = make_run(storage, space, "budget", ["COMPLETED", "STOPPED"])
     storage.write("budget/ended.yaml", b"ended_by: time_budget\ntime_budget: 5.0\n")
-    live = make_run(storage, space, "live", ["COMPLETED"])
+    live = make_run(storage, space, "live", ["COMPLETED", "ERROR"])
     with live.held("--name"):
         states = {run.name: (run.state, run.done, run.total) for run in list_runs(storage)}
+        running = read_run(live)
     assert states == {"done": ("finished", 4, 4), "stopped": ("interrupted", 1, 4), "crashed": ("failed", 4, 4),
-                      "budget": ("ended by budget", 2, 4), "live": ("running", 1, 4)}
+                      "budget": ("ended by budget", 2, 4), "live": ("running", 2, 4)}
+    # no best.yaml while it runs: the best epoch of its trials that ended, outside ERROR (trial 1's 0.51 is not)
+    assert (running.best, best_of(running)) == (0.5, "val_acc 0.5000 (so far)")
     assert read_run(live).state == "interrupted"  # its process ended with one of four trials
 
     from search.cli import main
