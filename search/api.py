@@ -14,6 +14,7 @@ A space may also be a dict with the space file's sections. Bad input raises Conf
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -45,6 +46,7 @@ def run(space: str | Path | Mapping[str, Any], *, overrides: Mapping[str, Any] |
     else:
         parsed = parse_space(set_keys(read_yaml_mapping(space), pairs), source=str(space))
     quiet(verbose)
+    parsed = dataclasses.replace(parsed, asked=tuple(key for key, _ in pairs))  # a resume takes these (budget keys)
     return run_search(parsed, name=name, address=address, resume=resume)
 
 

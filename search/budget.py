@@ -275,7 +275,9 @@ def ended_note(ended: dict[str, Any] | None, trials: int) -> str | None:
         how = (f"ended by stop_when {ended['metric']}: {target} (trial #{ended['trial_number']} reached "
                f"{ended['value']:.4f} at epoch {ended['epoch']})")
         # the target holds on a resume: the next trial that reaches it ends the search again
-        more = "--resume with --more-trials N and --set experiment.stop_when=null (or a higher target)"
+        more = (("--resume --set experiment.stop_when=null (or a target further off)"
+                 if trials < ended["num_samples"] else "--resume with --more-trials N and --set "
+                 "experiment.stop_when=null (or a target further off)"))
     return (f"{how} after {trials} of {ended['num_samples']} trials; running trials stopped at their next epoch "
             f"end (status STOPPED). More: {more}")
 
@@ -306,5 +308,6 @@ def resume_changes(space: Space, stored: Space) -> dict[str, Any]:
         except Exception:  # an unreadable file: the stored spec names it; only the flags count then
             in_file = None
     keys = [key.removeprefix("experiment.") for key in RESUME_KEYS]
-    return {key: now[key] for key in keys
-            if now[key] != then[key] and (in_file is None or now[key] != in_file.get(key))}
+    # a flag's value counts even where it equals the file's (--set experiment.stop_when=null, a file without one)
+    return {key: now[key] for key in keys if now[key] != then[key] and (
+        f"experiment.{key}" in space.asked or in_file is None or now[key] != in_file.get(key))}

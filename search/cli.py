@@ -95,7 +95,9 @@ def apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, 
 
 def load_space(path: str, pairs: list[tuple[str, Any]]) -> Space:
     """Read, override and validate a space file (ConfigError listing every problem)."""
-    return parse_space(set_keys(read_yaml_mapping(path), pairs), source=path)
+    from dataclasses import replace
+
+    return replace(parse_space(set_keys(read_yaml_mapping(path), pairs), source=path), asked=tuple(k for k, _ in pairs))
 
 
 def report_main(argv: Sequence[str]) -> int:

@@ -52,6 +52,7 @@ class Space:
     searched: tuple[Searched, ...]
     source: str = "<memory>"  #: the file it came from, for messages
     trainable: str | None = None  #: the user's training function (absolute FILE.py:FUNCTION); None: the canonical loop
+    asked: tuple[str, ...] = ()  #: the keys this command's flags and --set gave (a resume takes those it may change)
 
     def trial_defaults(self) -> TrialConfig | FunctionConfig:
         """The trial config with the fixed fields set and searched ones at their defaults."""

@@ -301,3 +301,16 @@ def test_a_resume_gets_spec_yamls_budget_and_more_trials_and_its_stopper_copy_fo
     from search.progress import Progress
 
     assert pickle.loads(pickle.dumps(Progress(folder, space))).total == 3
+
+
+def test_a_resume_takes_a_flag_that_lifts_a_target_the_file_never_had(tmp_path):
+    """The target came from a flag at the start; the file has none: `--set experiment.stop_when=null` on the
+    resume equals the file's value, and is still the user's ask."""
+    from search.budget import resume_changes
+    from search.cli import load_space
+
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text("space:\n  lr: {distribution: float, low: 0.01, high: 0.3}\n")
+    stored = load_space(str(space_file), [("experiment.stop_when", {"val_acc": 0.9})])
+    assert resume_changes(load_space(str(space_file), [("experiment.stop_when", None)]), stored) == {"stop_when": None}
+    assert resume_changes(load_space(str(space_file), []), stored) == {}, "no flag: spec.yaml's target stays"
