@@ -65,8 +65,14 @@ def restore(path: str, *, trainable: Callable | None = None):
     from search.tuner import build_tuner
     from trainable.adapter import tune_trial
 
-    folder = open_run(str(path))  # NotARunFolder where there is no run
-    space, _ = folder.read_spec("RUN")
+    from search.export import NotARunFolder
+    from trainable.errors import ConfigError, problem
+
+    try:
+        folder = open_run(str(path))
+    except NotARunFolder as error:
+        raise ConfigError([problem("path", f"must be a run folder of hpsearch ({error})", str(path))]) from None
+    space, _ = folder.read_spec()  # an edited spec.yaml is refused, as on --resume: this Tuner continues it
     gpus = space.resources.gpus if isinstance(space.resources.gpus, (int, float)) else 0  # Tune keeps each trial's
     return build_tuner(space, folder, check_search(space), trainable or tune_trial, gpus=gpus, resume=True)
 

@@ -33,17 +33,17 @@ AUTOSCALER_SETTING = "HPSEARCH_AUTOSCALER"  #: 1: an autoscaler adds nodes, 0: n
 def has_autoscaler() -> bool:
     """True where an autoscaler can add nodes to the cluster this driver joined.
 
-    Asked in order: HPSEARCH_AUTOSCALER=1/0 (the user says so, for a provider we cannot see); a local
-    Ray this search started for itself (none); `ray up`'s bootstrap config on the head (Ray Tune's own test, insufficient_resources_manager);
+    Asked in order: a local Ray this search started for itself (none, whatever else says so);
+    HPSEARCH_AUTOSCALER=1/0 (the user says so, for a provider we cannot see); `ray up`'s bootstrap config on the head (Ray Tune's own test, insufficient_resources_manager);
     then the cluster itself, as `ray status` reads it (autoscaler_status).
     """
-    setting = os.environ.get(AUTOSCALER_SETTING, "").strip()
-    if setting in ("0", "1"):
-        return setting == "1"
     from search.session import private_ray
 
     if private_ray():  # started by this search for itself, on a `ray up` head too: nothing adds nodes to it
         return False
+    setting = os.environ.get(AUTOSCALER_SETTING, "").strip()
+    if setting in ("0", "1"):
+        return setting == "1"
     if os.path.exists(os.path.expanduser("~/ray_bootstrap_config.yaml")):
         return True
     if not ray.is_initialized():

@@ -241,3 +241,14 @@ def test_unreadable_config_file_exits_2(tmp_path, capsys, text, expected):
 def test_missing_config_file_exits_2(tmp_path, capsys):
     assert main(["--config", str(tmp_path / "nope.yaml")]) == 2
     assert "cannot be read" in capsys.readouterr().err
+
+
+def test_a_function_best_yaml_may_name_a_key_experiment(tmp_path, capsys):
+    """`experiment` is a free name of a function's config: its best.yaml is no space file."""
+    (tmp_path / "train.py").write_text("def train(config, report, checkpoint=None):\n"
+                                       "    report(score=1.0 if config['experiment'] == 'baseline' else 0.0)\n")
+    best = tmp_path / "best.yaml"
+    best.write_text(f"trainable: {tmp_path / 'train.py'}:train\nexperiment: baseline\nseed: 1\ntrial_number: 0\n"
+                    "result: {metric: score, score: 1.0}\n")
+    assert main(["--config", str(best)]) == 0
+    assert "score 1.0000" in capsys.readouterr().out

@@ -115,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.config and not raw:  # else the defaults would train, as if no --config had been given
             raise ConfigError([problem("--config", "must hold a trial config (a search's best.yaml works), and "
                                                    "this file is empty", args.config)])
-        if "experiment" in raw:  # spec.yaml or a space file: sections, not one trial's config
+        if isinstance(raw.get("experiment"), dict) and "result" not in raw:  # spec.yaml or a space file
             raise ConfigError([problem("--config", "must be a trial config, and this is a space file (it has an "
                                                    "experiment section); re-run a trial with its run's best.yaml "
                                                    "(or pareto.yaml --pick N)", args.config)])
