@@ -111,8 +111,7 @@ def report_main(argv: Sequence[str]) -> int:
     from search.export import NotARunFolder, open_run
     from search.report import write_report
     from search.results import RESULTS_FILE
-    from search.run_folder import BEST_FILE
-    from search.runs import read_yaml
+    from search.runs import best_result
     from search.storage import LinkError
 
     try:
@@ -125,7 +124,7 @@ def report_main(argv: Sequence[str]) -> int:
     except (OSError, ValueError) as error:
         print(f"error: {folder.path}: no readable {RESULTS_FILE} ({error})", file=sys.stderr)
         return 2
-    best_trial = (read_yaml(folder, BEST_FILE).get("result") or {}).get("trial_id")  # none, or damaged: no mark
+    best_trial = best_result(folder).get("trial_id")  # no best.yaml, or a damaged one: no trial marked
     try:
         print(write_report(folder, space, frame, best_trial))
     except LinkError as error:
@@ -231,7 +230,13 @@ def runs_main(argv: Sequence[str]) -> int:
         print(f"error: {problem('--storage-path', 'must be a folder of runs, and this is a file', args.storage_path)}",
               file=sys.stderr)
         return 2
-    print(format_runs(list_runs(storage), args.storage_path))
+    try:
+        runs = list_runs(storage)
+    except OSError as error:  # a URI that names a file, an unreachable bucket
+        print(f"error: {problem('--storage-path', f'must be a folder of runs ({error})', args.storage_path)}",
+              file=sys.stderr)
+        return 2
+    print(format_runs(runs, args.storage_path))
     return 0
 
 

@@ -77,6 +77,12 @@ def read_yaml(folder: RunFolder, name: str) -> dict[str, Any]:
     return loaded if isinstance(loaded, dict) else {}
 
 
+def best_result(folder: RunFolder) -> dict[str, Any]:
+    """best.yaml's `result` mapping ({} where there is none, or it is damaged)."""
+    result = read_yaml(folder, BEST_FILE).get("result")
+    return result if isinstance(result, dict) else {}
+
+
 def read_results(folder: RunFolder) -> pd.DataFrame | None:
     try:
         return pd.read_parquet(f"{folder.path}/{RESULTS_FILE}")
@@ -85,12 +91,16 @@ def read_results(folder: RunFolder) -> pd.DataFrame | None:
 
 
 def read_run(folder: RunFolder) -> Run | None:
-    """The run in `folder`; None if it holds no spec.yaml (not a run folder)."""
+    """The run in `folder`; None if it holds no readable spec.yaml (not a run folder, or a damaged one)."""
     spec = read_yaml(folder, SPEC_FILE)
-    if not spec:
+    experiment = spec.get("experiment")
+    if not isinstance(experiment, dict):
         return None
-    experiment = spec.get("experiment", {})
-    metric, total = experiment.get("metric", "val_acc"), int(experiment.get("num_samples", 0))
+    try:
+        total = int(experiment.get("num_samples", 0))
+    except (TypeError, ValueError):
+        return None
+    metric = experiment.get("metric", "val_acc")
     several, front = isinstance(metric, list), None
     if several:  # several objectives: a front in pareto.yaml, not one best
         metric = ", ".join(map(str, metric))
@@ -99,7 +109,7 @@ def read_run(folder: RunFolder) -> Run | None:
     frame = read_results(folder)
     trials = frame.drop_duplicates("trial_id", keep="last") if frame is not None else pd.DataFrame()
     done = int((trials["status"] != INTERRUPTED).sum()) if len(trials) else 0
-    best = (read_yaml(folder, BEST_FILE).get("result") or {}).get(metric)
+    best = best_result(folder).get(metric)
     if is_held(folder):
         state = RUNNING
     elif read_ended(folder) is not None and (not len(trials) or (trials["status"] != INTERRUPTED).all()):
@@ -173,7 +183,8 @@ def compare(a: RunFolder, b: RunFolder) -> str:
     best = {}
     for folder, run in zip((a, b), runs):
         entry = read_yaml(folder, BEST_FILE)
-        result = entry.pop("result", {}) or {}
+        result = entry.pop("result", None)
+        result = result if isinstance(result, dict) else {}
         shown = ("trial_number", "epoch", run.metric, "test_acc") if not run.several else ()  # no best.yaml
         best[folder.name] = {"state": run.state, "trials": f"{run.done}/{run.total}", "best": best_of(run),
                              **{f"result.{k}": result.get(k) for k in shown},

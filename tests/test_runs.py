@@ -55,12 +55,19 @@ def test_runs_and_compare_refuse_what_is_not_a_run_folder_with_exit_2(tmp_path, 
     storage = Storage.at(str(tmp_path / "runs"))
     space = small_space(tmp_path / "runs", data_root)
     good, bad = make_run(storage, space, "good", ["COMPLETED"]), make_run(storage, space, "bad", ["COMPLETED"])
-    storage.write("bad/spec.yaml", b"garbage: [\n")
-    assert main(["compare", good.path, bad.path]) == 2
-    assert f"RUN: {bad.path}/spec.yaml is missing or cannot be read: not a run folder" in capsys.readouterr().err
+    for damaged in (b"garbage: [\n", b"experiment: 3\n", b"experiment: {num_samples: abc}\n", b"run: {}\nexperiment:\n"):
+        storage.write("bad/spec.yaml", damaged)
+        assert main(["compare", good.path, bad.path]) == 2, damaged
+        assert f"RUN: {bad.path}/spec.yaml is missing or cannot be read: not a run folder" in capsys.readouterr().err
+        assert main(["runs", "--storage-path", str(tmp_path / "runs")]) == 0, damaged  # the damaged one left out
+        assert "good" in capsys.readouterr().out
+    storage.write("good/best.yaml", b"result: 5\n")  # a damaged best.yaml: no best, no crash
+    assert read_run(good).best is None
     (tmp_path / "a-file").write_text("")
     assert main(["runs", "--storage-path", str(tmp_path / "a-file")]) == 2
     assert "--storage-path: must be a folder of runs, and this is a file, got" in capsys.readouterr().err
+    assert main(["runs", "--storage-path", f"file://{tmp_path / 'a-file'}"]) == 2
+    assert "--storage-path: must be a folder of runs (" in capsys.readouterr().err
 
 
 def test_compare_shows_the_spec_differences(tmp_path, data_root):
