@@ -113,6 +113,16 @@ def test_a_checkpoint_round_trips_readable_with_weights_only(tmp_path):
 
     with pytest.raises(TypeError, match=r"reads back, and this one does not \(UnpicklingError: .*Unsupported global"):
         save_state(tmp_path, 1, {"array": np.zeros(2)})
+    # ... also where the function allowed numpy for itself: a restart loads before the function runs
+    reconstruct = np.zeros(1).__reduce__()[0]  # with these four, torch.load reads a numpy array in this process
+    torch.serialization.add_safe_globals([reconstruct, np.ndarray, np.dtype, type(np.dtype("float64"))])
+    try:
+        with pytest.raises(TypeError, match="reads back, and this one does not") as refused:
+            save_state(tmp_path, 1, {"array": np.zeros(2)})
+        assert "Please use" not in str(refused.value), "not torch's advice to allow it"
+        assert reconstruct in torch.serialization.get_safe_globals(), "the function's own allowance stays"
+    finally:
+        torch.serialization.clear_safe_globals()
 
 
 def test_best_yaml_replays_the_function(tmp_path, capsys):

@@ -118,15 +118,22 @@ def save_state(folder: str | Path, epoch: int, state: Mapping[str, Any]) -> Path
 
     path = Path(folder) / CHECKPOINT_FILE
     torch.save({"format": CHECKPOINT_FORMAT, "epoch": epoch, "state": dict(state)}, path)
-    try:  # read back now, as a restart would (mmap: the tensors' bytes are not read), so it fails here, not then
+    # read back now, as a restart would (mmap: the tensors' bytes are not read), so it fails here, not then;
+    # a restart loads in a fresh process, before the function runs: without the globals it may have allowed
+    allowed = torch.serialization.get_safe_globals()
+    torch.serialization.clear_safe_globals()
+    try:
         torch.load(path, weights_only=True, mmap=True, map_location="cpu")
     except Exception as error:
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-        # torch's long message: the line that names what it refused ("Unsupported global: ...")
+        # torch's long message: the line that names what it refused, without its advice to allow it
         first = next((line for line in lines if "Unsupported" in line), lines[0] if lines else "")
+        first = first.split(". Please use", 1)[0]
         raise TypeError(f"report(checkpoint=...) must be a dict of tensors and plain data that torch.load("
                         f"weights_only=True) reads back, and this one does not ({type(error).__name__}: {first}); "
                         "turn numpy arrays into tensors (torch.from_numpy) and objects into their state_dict()") from None
+    finally:
+        torch.serialization.add_safe_globals(allowed)
     return path
 
 
