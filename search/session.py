@@ -137,7 +137,10 @@ def speaks_http(address: str) -> bool:
         with socket.create_connection((host, int(port)), timeout=2.0) as conn:
             conn.settimeout(2.0)
             conn.sendall(b"HEAD / HTTP/1.0\r\n\r\n")
-            return conn.recv(5) == b"HTTP/"
+            head = b""
+            while len(head) < 5 and (part := conn.recv(5 - len(head))):  # a reply may come in pieces
+                head += part
+            return head == b"HTTP/"
     except OSError:
         return False
 

@@ -335,8 +335,8 @@ def _parse_function_space(raw: Mapping[str, Any], source: str) -> Space:
         update={"metric": metric, "stop_when": {k: float(v) if isinstance(v, int) else v
                                                 for k, v in stop_when.items()} if stop_when else None})
     if isinstance(metric, list):  # docs/multi-objective.md: the canonical loop's metrics only, for now
-        problems.append(problem("experiment.metric", "must name one metric the function reports: several "
-                                                     "objectives are not supported with a function trainable", metric))
+        problems.append(problem("experiment.metric", "must name one metric the function reports: a list of "
+                                                     "objectives works with the canonical loop only", metric))
     elif not isinstance(metric, str) or not metric:
         problems.append(problem("experiment.metric", "must name a metric the function reports", metric))
     if experiment.constraints:  # docs/multi-objective.md: on the canonical loop's metrics only, for now

@@ -80,8 +80,8 @@ def test_reserved_names_and_bad_references_are_refused(tmp_path):
         resolve_function(f"{tmp_path / 'toy.py'}:nope")
     several = toy_space(tmp_path)
     several["experiment"].update(metric=["score", "loss"], mode=["max", "min"])
-    assert ("experiment.metric: must name one metric the function reports: several objectives are not supported "
-            "with a function trainable, got ['score', 'loss']") in problems(several, tmp_path)
+    assert ("experiment.metric: must name one metric the function reports: a list of objectives works with the "
+            "canonical loop only, got ['score', 'loss']") in problems(several, tmp_path)
 
 
 def test_a_first_report_without_the_metric_names_what_was_reported():
@@ -193,8 +193,7 @@ def train(config, report, checkpoint=None):
 def test_a_function_that_returns_without_a_report_fails_its_trial_not_the_search(ray_local, tmp_path):
     from search.driver import run_search
 
-    (tmp_path / "toy.py").write_text(SOMETIMES_SILENT)
-    raw = toy_space(tmp_path, max_concurrent=1, num_samples=2, max_failures=0)
+    raw = toy_space(tmp_path, max_concurrent=1, num_samples=2, max_failures=0)  # writes the toy's toy.py
     (tmp_path / "toy.py").write_text(SOMETIMES_SILENT)
     outcome = run_search(parse_space(raw, source=str(tmp_path / "space.yaml")), name="silent")
     status = outcome.results.drop_duplicates("trial_number", keep="last").set_index("trial_number")["status"]
