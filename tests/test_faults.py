@@ -389,6 +389,7 @@ def test_a_search_where_no_trial_started_ranks_no_row_instead_of_crashing():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU here: its own Ray can get one")
 def test_a_local_search_on_a_ray_up_head_refuses_gpus_its_own_ray_cannot_get(tmp_path, data_root):
     """`ray up`'s head holds ~/ray_bootstrap_config.yaml; a search there without --address starts a Ray
     of its own, which no autoscaler grows: a GPU request fails at once, as on any machine without GPUs."""

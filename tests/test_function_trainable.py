@@ -190,16 +190,19 @@ def train(config, report, checkpoint=None):
 
 
 @pytest.mark.slow
-def test_a_function_that_returns_without_a_report_fails_its_trial_not_the_search(ray_local, tmp_path):
+def test_a_function_that_returns_without_a_report_fails_its_trial_not_the_search(ray_local, tmp_path, capsys):
     from search.driver import run_search
 
-    raw = toy_space(tmp_path, max_concurrent=1, num_samples=2, max_failures=0)  # writes the toy's toy.py
+    raw = toy_space(tmp_path, max_concurrent=1, num_samples=2, max_failures=1)  # writes the toy's toy.py
     (tmp_path / "toy.py").write_text(SOMETIMES_SILENT)
     outcome = run_search(parse_space(raw, source=str(tmp_path / "space.yaml")), name="silent")
     status = outcome.results.drop_duplicates("trial_number", keep="last").set_index("trial_number")["status"]
     assert status.to_dict() == {0: "ERROR", 1: "COMPLETED"}
     assert ("experiment.metric: must be one of the metrics the function reports (none: it returned without "
             "calling report), got score") in outcome.summary
+    said = capsys.readouterr().out  # its one restart, then its end
+    assert "(#0) failed and restarts from its start (no checkpoint yet) (experiment.max_failures)" in said
+    assert "(#0) failed and ended in ERROR" in said
 
 
 def test_a_metric_of_several_numbers_is_refused_by_name():
