@@ -295,8 +295,8 @@ def stored_num_samples(space: Space, name: str | None) -> int:
 def resume_changes(space: Space, stored: Space) -> dict[str, Any]:
     """The RESUME_KEYS that this command sets to values other than spec.yaml's: those a resume takes.
 
-    Asked for by a flag or --set, that is: a key whose value only the space file changed since the
-    run started is not (spec.yaml decides; the resume notes the difference).
+    Asked for by a flag or --set (space.asked), that is: a key whose value only the space file changed
+    since the run started is not (spec.yaml decides; the resume notes the difference).
     """
     from trainable.yaml_file import read_yaml_mapping
 

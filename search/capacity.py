@@ -34,8 +34,9 @@ def has_autoscaler() -> bool:
     """True where an autoscaler can add nodes to the cluster this driver joined.
 
     Asked in order: a local Ray this search started for itself (none, whatever else says so);
-    HPSEARCH_AUTOSCALER=1/0 (the user says so, for a provider we cannot see); `ray up`'s bootstrap config on the head (Ray Tune's own test, insufficient_resources_manager);
-    then the cluster itself, as `ray status` reads it (autoscaler_status).
+    HPSEARCH_AUTOSCALER=1/0 (the user says so, for a provider we cannot see); `ray up`'s bootstrap
+    config on the head (Ray Tune's own test, insufficient_resources_manager); then the cluster
+    itself, as `ray status` reads it (autoscaler_status).
     """
     from search.session import private_ray
 
