@@ -14,7 +14,6 @@ A space may also be a dict with the space file's sections. Bad input raises Conf
 from __future__ import annotations
 
 import copy
-import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -28,12 +27,10 @@ def run(space: str | Path | Mapping[str, Any], *, overrides: Mapping[str, Any] |
     as `--set`. `name`, `resume`, `address`, `verbose`: as the CLI's flags.
     """
     from search.driver import run_search
-    from search.overrides import set_keys
     from search.session import quiet
-    from search.space import parse_space
-    from trainable.yaml_file import read_yaml_mapping
-
+    from search.space import with_overrides
     from trainable.errors import ConfigError, problem
+    from trainable.yaml_file import read_yaml_mapping
 
     if overrides is not None and not isinstance(overrides, Mapping):
         raise ConfigError([problem("overrides", 'must be a mapping of "section.key" to a value, as --set',
@@ -42,11 +39,10 @@ def run(space: str | Path | Mapping[str, Any], *, overrides: Mapping[str, Any] |
         raise ConfigError([problem("space", "must be a space file's path or a mapping of its sections", space)])
     pairs = list((overrides or {}).items())
     if isinstance(space, Mapping):
-        parsed = parse_space(set_keys(copy.deepcopy(dict(space)), pairs), source="<python>")
+        parsed = with_overrides(copy.deepcopy(dict(space)), pairs, "<python>")
     else:
-        parsed = parse_space(set_keys(read_yaml_mapping(space), pairs), source=str(space))
+        parsed = with_overrides(read_yaml_mapping(space), pairs, str(space))
     quiet(verbose)
-    parsed = dataclasses.replace(parsed, asked=tuple(key for key, _ in pairs))  # a resume takes these (budget keys)
     return run_search(parsed, name=name, address=address, resume=resume)
 
 

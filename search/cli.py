@@ -22,7 +22,7 @@ import traceback
 from typing import Any, Sequence
 
 from search.overrides import set_keys
-from search.space import Space, parse_space
+from search.space import Space, with_overrides
 from trainable.errors import ConfigError, DataError, DiskFull, problem
 from trainable.yaml_file import flag_value, parse_value, read_yaml_mapping
 
@@ -95,9 +95,7 @@ def apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, 
 
 def load_space(path: str, pairs: list[tuple[str, Any]]) -> Space:
     """Read, override and validate a space file (ConfigError listing every problem)."""
-    from dataclasses import replace
-
-    return replace(parse_space(set_keys(read_yaml_mapping(path), pairs), source=path), asked=tuple(k for k, _ in pairs))
+    return with_overrides(read_yaml_mapping(path), pairs, path)
 
 
 def report_main(argv: Sequence[str]) -> int:

@@ -419,6 +419,17 @@ def to_raw(space: Space) -> dict[str, Any]:
     }
 
 
+ABSENT = "(absent)"  #: spec_differences' value of a key one side lacks
+
+
+def with_overrides(raw: dict[str, Any], pairs: list[tuple[str, Any]], source: str) -> Space:
+    """A space file's sections with a command's overrides (`--set` and flags, or search.run's `overrides`)
+    applied and validated; `asked` keeps their keys: a resume takes the budget keys among them."""
+    from search.overrides import set_keys
+
+    return replace(parse_space(set_keys(raw, pairs), source=source), asked=tuple(key for key, _ in pairs))
+
+
 def spec_differences(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """(section.key, value in a, value in b) wherever two space files (as to_raw writes them) differ.
 
@@ -435,9 +446,6 @@ def spec_differences(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, An
             if left.get(key, ABSENT) != right.get(key, ABSENT):
                 out.append((f"{section}.{key}", left.get(key, ABSENT), right.get(key, ABSENT)))
     return out
-
-
-ABSENT = "(absent)"  #: spec_differences' value of a key one side lacks
 
 
 def example_config(space: Space) -> TrialConfig | FunctionConfig:

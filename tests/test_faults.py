@@ -258,14 +258,19 @@ def test_a_stopped_search_exits_130_marks_unfinished_trials_and_resumes(tmp_path
     assert_kept_checkpoints(run)  # the held trials' checkpoints from before the stop are ranked too
 
 
+def blobs_space(tmp_path: Path) -> Path:
+    """A space file on 60 random points of a dataset function: no MNIST, for tests that end before any trial."""
+    (tmp_path / "blobs.py").write_text("import torch\n\ndef blobs(root):\n"
+                                       "    return (torch.randn(60, 4), torch.arange(60) % 2), None\n")
+    return space_file(tmp_path, tmp_path / "data",
+                      data={"dataset": "blobs.py:blobs", "train_size": None, "val_size": 10})
+
+
 def test_an_unreachable_address_gives_up_within_the_bound(tmp_path):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    space = space_file(tmp_path, tmp_path / "data",
-                       data={"dataset": "blobs.py:blobs", "train_size": None, "val_size": 10})
-    (tmp_path / "blobs.py").write_text("import torch\n\ndef blobs(root):\n"
-                                       "    return (torch.randn(60, 4), torch.arange(60) % 2), None\n")
+    space = blobs_space(tmp_path)
     done = search_cli("--space", str(space), "--address", f"127.0.0.1:{port}", "--connect-timeout", "2",
                       timeout=120)
     assert done.returncode == 2 and no_traceback(done), done.stderr[-2000:]
@@ -280,10 +285,7 @@ def test_an_address_that_answers_http_is_refused_at_once(tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         address = f"127.0.0.1:{server.server_address[1]}"
-        space = space_file(tmp_path, tmp_path / "data",
-                           data={"dataset": "blobs.py:blobs", "train_size": None, "val_size": 10})
-        (tmp_path / "blobs.py").write_text("import torch\n\ndef blobs(root):\n"
-                                           "    return (torch.randn(60, 4), torch.arange(60) % 2), None\n")
+        space = blobs_space(tmp_path)
         done = search_cli("--space", str(space), "--address", address, timeout=120)
     finally:
         server.shutdown()
