@@ -13,8 +13,9 @@ one torch thread, TPE seeded with 0 over lr, batch_size, t_max and clip_norm:
 Each side is a subprocess timed from outside (Python's start and imports included). Printed per
 round: both wall times, each side's floor (its trials' training and validation seconds, summed
 over trials, over the 2 slots: what the command would take with nothing else to do), wall /
-floor, optuna / service, both best val_acc, and the service's phases (timing.yaml): what bounds
-it. Goals (issue 21): service wall <= 1.15x its floor, optuna / service >= 1.3x.
+floor, optuna / service, both best val_acc, the service's phases (timing.yaml), and each side's
+busy core-seconds with the same work packed on every core (bench/commands.py): what bounds it.
+Goals (issue 21): service wall <= 1.15x its floor, optuna / service >= 1.3x.
 
     .venv/bin/python bench/default_search.py --data-root DIR [--rounds 1] [--keep]
 
@@ -37,6 +38,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 if sys.path and Path(sys.path[0]).resolve() == REPO / "bench":
     sys.path[0] = str(REPO)  # else bench/search.py hides the search package
+from bench.commands import cores, import_core_seconds, timed  # noqa: E402
+
 SPACE_FILE = REPO / "spaces" / "mnist.yaml"
 SEED = 0
 
@@ -76,38 +79,29 @@ def optuna_side(data_root: str, out: str) -> None:
                                      "slots": space.experiment.max_concurrent}))
 
 
-def timed(command: list[str], log: Path) -> float:
-    start = time.perf_counter()
-    with log.open("w") as handle:
-        code = subprocess.run(command, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT).returncode
-    wall = time.perf_counter() - start
-    if code != 0:
-        sys.exit(f"{' '.join(command)} exited with {code}; last lines of {log}:\n"
-                 + "\n".join(log.read_text().splitlines()[-30:]))
-    return wall
-
-
 def run_service(folder: Path, data_root: str) -> dict:
     import pandas as pd
     import yaml
 
-    wall = timed([sys.executable, "-m", "search", "--space", str(SPACE_FILE), "--storage-path", str(folder),
-                  "--name", "service", "--data-root", data_root], folder / "service.log")
+    command = timed([sys.executable, "-m", "search", "--space", str(SPACE_FILE), "--storage-path", str(folder),
+                     "--name", "service", "--data-root", data_root], folder / "service.log")
     run = folder / "service"
     frame = pd.read_parquet(run / "results.parquet")
     spec = yaml.safe_load((run / "spec.yaml").read_text())
     timing = yaml.safe_load((run / "timing.yaml").read_text())
-    return {"wall": wall, "training": float(frame["epoch_seconds"].sum()),
+    return {"wall": command.wall_s, "busy": command.busy_core_s, "processes": command.processes,
+            "training": float(frame["epoch_seconds"].sum()),
             "slots": spec["experiment"]["max_concurrent"], "best": float(frame["val_acc"].max()),
             "phases": timing["phases"]}
 
 
 def run_optuna(folder: Path, data_root: str) -> dict:
     out = folder / "optuna.json"
-    wall = timed([sys.executable, __file__, "--optuna", "--data-root", data_root, "--out", str(out)],
-                 folder / "optuna.log")
+    command = timed([sys.executable, __file__, "--optuna", "--data-root", data_root, "--out", str(out)],
+                    folder / "optuna.log")
     measured = json.loads(out.read_text())
-    return {"wall": wall, "training": sum(measured["epoch_seconds"]), "slots": measured["slots"],
+    return {"wall": command.wall_s, "busy": command.busy_core_s, "processes": command.processes,
+            "training": sum(measured["epoch_seconds"]), "slots": measured["slots"],
             "best": measured["best_val_acc"], "phases": {}}
 
 
@@ -128,6 +122,9 @@ def main() -> int:
         return 0
 
     base = Path(tempfile.mkdtemp(prefix="hpsearch-default-"))
+    # what every new process of the service pays before its first step: the driver once, each trial actor once
+    trial_imports = import_core_seconds("trainable.adapter")
+    print(f"a new process importing a trial's modules (trainable.adapter): {trial_imports:.1f} core-s", flush=True)
     rows = []
     try:
         for round_ in range(1, args.rounds + 1):
@@ -141,6 +138,10 @@ def main() -> int:
                 m = measured[side]
                 print(f"  {m['wall']:.1f} s, floor {m['training'] / m['slots']:.1f} s, best val_acc {m['best']:.4f}, "
                       f"load {os.getloadavg()[0]:.1f}", flush=True)
+                if m["busy"] is not None:
+                    print(f"  busy: {m['busy']:.1f} core-s, {m['busy'] / (m['wall'] * cores()):.0%} of {cores()} cores; "
+                          f"packed with no idle core: {m['busy'] / cores():.1f} s")
+                    print("  CPU by process (s): " + ", ".join(f"{k} {v:.1f}" for k, v in m["processes"].items()))
                 if m["phases"]:
                     print("  phases: " + ", ".join(f"{k} {v:.1f}" for k, v in m["phases"].items()) + " s")
             rows.append(measured)
@@ -155,19 +156,36 @@ def main() -> int:
 
     print(f"\n16 trials x 5 epochs, 2 at a time (spaces/mnist.yaml); wall = the whole command; "
           f"floor = training and validation seconds / slots; medians of {len(rows)} round(s)")
-    print("| | wall | floor | wall / floor | best val_acc |\n|---|---:|---:|---:|---:|")
+    print("| | wall | floor | wall / floor | busy core-s | packed | best val_acc |\n|---|---:|---:|---:|---:|---:|---:|")
     for side in ("service", "optuna"):
+        busy = median(side, lambda m: m["busy"] or 0.0)
         print(f"| {side} | {median(side, lambda m: m['wall']):.1f} s | "
               f"{median(side, lambda m: m['training'] / m['slots']):.1f} s | "
               f"{median(side, lambda m: m['wall'] * m['slots'] / m['training']):.2f}x | "
-              f"{median(side, lambda m: m['best']):.4f} |")
+              f"{busy:.1f} | {busy / cores():.1f} s | {median(side, lambda m: m['best']):.4f} |")
     ratio = statistics.median(row["optuna"]["wall"] / row["service"]["wall"] for row in rows)
     over = median("service", lambda m: m["wall"] * m["slots"] / m["training"])
     print(f"service wall / floor <= 1.15x: {'met' if over <= 1.15 else 'MISSED'} ({over:.2f}x)")
     print(f"optuna / service >= 1.3x: {'met' if ratio >= 1.3 else 'MISSED'} ({ratio:.2f}x)")
+    # what bounds the goals: what the service cannot do without (its trial actors' imports and training, the
+    # driver's imports, Ray's own processes), packed on every core, against the wall times the goals allow
+    slots = rows[0]["service"]["slots"]
+    actors = median("service", lambda m: m["processes"].get("trial actors", 0.0))
+    ray = median("service", lambda m: sum(v for k, v in m["processes"].items() if k.startswith("Ray")))
+    least = actors + trial_imports + ray
+    for goal, wanted in (("wall <= 1.15x floor", 1.15 * median("service", lambda m: m["training"]) / slots),
+                         ("optuna / service >= 1.3x", median("optuna", lambda m: m["wall"]) / 1.3)):
+        print(f"{goal} needs {wanted:.1f} s; what the service cannot do without: trial actors {actors:.1f} + "
+              f"the driver's imports {trial_imports:.1f} + Ray's processes {ray:.1f} = {least:.1f} core-s, packed "
+              f"{least / cores():.1f} s: " + ("out of reach unless imports, training or Ray's start get cheaper"
+                                               if least / cores() > wanted else "within reach"))
     phases = {name: statistics.median(row["service"]["phases"].get(name, 0.0) for row in rows)
               for name in rows[0]["service"]["phases"]}
     print("service phases (median s): " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
+    for side in ("service", "optuna"):
+        kinds = dict.fromkeys(kind for row in rows for kind in row[side]["processes"])
+        print(f"{side} CPU by process (median s): "
+              + ", ".join(f"{kind} {median(side, lambda m: m['processes'].get(kind, 0.0)):.1f}" for kind in kinds))
     return 0
 
 
