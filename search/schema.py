@@ -362,7 +362,16 @@ def holds(when: When, drawn: Mapping[str, Any]) -> bool:
             value = None
         return label(value)
 
-    return all(key in drawn and as_label(drawn[key]) in {label(v) for v in allowed} for key, allowed in when)
+    def among(value: Any, allowed: tuple[Any, ...]) -> bool:
+        value = as_label(value)
+        if value in {label(v) for v in allowed}:
+            return True
+        # a float with a step is drawn as low + k * step in floating point (0.01 + 6 * 0.01 is
+        # 0.06999999999999999): the condition's 0.07 names that step; two steps are never this close
+        return isinstance(value, float) and any(
+            _is_number(v) and math.isclose(value, v, rel_tol=1e-9, abs_tol=1e-12) for v in allowed)
+
+    return all(key in drawn and among(drawn[key], allowed) for key, allowed in when)
 
 
 def not_drawn(conditions: list[tuple[str, When]], values: Mapping[str, Any]) -> set[str]:

@@ -102,6 +102,27 @@ def test_keys_are_drawn_define_by_run_only_where_their_condition_holds():
     assert example_config(parse_space({"space": OPTIMIZERS})).model_args == {"layers": 1}
 
 
+def test_a_condition_on_a_float_with_a_step_holds_for_the_steps_it_names():
+    # Optuna draws low + k * step in floating point: 0.06999999999999999 and 0.09999999999999999 for the
+    # 0.07 and 0.1 the file names; exact equality left momentum undrawn there
+    space = parse_space({"experiment": {"sampler": "random"}, "space": {
+        "lr": {"distribution": "float", "low": 0.01, "high": 0.1, "step": 0.01},
+        "momentum": {"distribution": "float", "low": 0.5, "high": 0.9, "when": {"lr": [0.03, 0.07, 0.1]}}}})
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    gated = {}
+    for _ in range(200):
+        trial = study.ask()
+        config = suggest(trial, space.searched, experiment_seed=0)
+        study.tell(trial, 0.0)
+        step = round(config["lr"], 6)
+        gated.setdefault(step, set()).add("momentum" in config)
+    assert {step: drawn for step, drawn in gated.items() if step in (0.03, 0.07, 0.1)} == \
+        {0.03: {True}, 0.07: {True}, 0.1: {True}}
+    assert all(drawn == {False} for step, drawn in gated.items() if step not in (0.03, 0.07, 0.1))
+    assert not_drawn(conditions(space.searched), {"lr": 0.06999999999999999, "momentum": 0.7}) == set()
+    assert not_drawn(conditions(space.searched), {"lr": 0.06, "momentum": 0.7}) == {"momentum"}
+
+
 def test_a_key_gated_by_a_key_not_drawn_is_not_drawn_even_where_the_default_matches():
     gated = [("momentum", (("optimizer", ("sgd",)),)), ("nesterov", (("momentum", (0.9,)),))]
     # adamw: momentum was not drawn, so nesterov's condition on it fails although the default 0.9 matches
