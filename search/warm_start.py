@@ -114,7 +114,7 @@ class WarmStart:
 
     source: str  #: experiment.warm_start as given (runs/<earlier>)
     run: str  #: the earlier run's name
-    trials: list[dict[str, Any]] = field(default_factory=list)  #: {number, params (Optuna's), value}, by number
+    trials: list[dict[str, Any]] = field(default_factory=list)  #: {number, params (Optuna's), value[, constraints]}
     left_out: dict[str, int] = field(default_factory=dict)  #: why -> how many earlier trials
 
     def note(self) -> str:
@@ -127,12 +127,15 @@ class WarmStart:
 
 
 def select(frame, earlier_space, space) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """The earlier run's finished trials that fit today's space (by trial_number), and why others did not."""
+    """The earlier run's finished trials that fit today's space (by trial_number), each with today's
+    experiment.constraints measured on it where there are any, and why others did not fit."""
     import pandas as pd
 
-    from search.results import INTERRUPTED, LOST, is_json, results_schema
+    from search.objectives import objectives_of, point_row
+    from search.results import INTERRUPTED, LOST, is_json, results_schema, score
     from search.study import frozen_trial
 
+    objectives = objectives_of(space.experiment)
     schema = results_schema(earlier_space)
     json_columns = {f.name for f in schema if is_json(f)}
     # a key today's space searches that the earlier run fixed has a column there too (every config key
@@ -167,10 +170,21 @@ def select(frame, earlier_space, space) -> tuple[list[dict[str, Any]], dict[str,
                 why = f"without {d.name}"
             elif outside(d, params[d.name]):
                 why = f"{d.name} {outside(d, params[d.name]).removeprefix('must be ')}"
+        constraints = None
+        if not why and objectives.constraints:
+            # told as feasible without them (Optuna scores a trial with no constraints as feasible), so
+            # each earlier trial carries today's constraints, measured at its point as this run's trials are
+            point = point_row(rows.to_dict("records"), objectives)
+            absent = [c.metric for c in objectives.constraints if point is None or score(point.get(c.metric)) is None]
+            if absent:
+                why = f"without {absent[0]} (experiment.constraints)"
+            else:
+                constraints = dict(zip(map(str, objectives.constraints), objectives.violations(point)))
         if why:
             left_out[why] = left_out.get(why, 0) + 1
         else:
-            kept.append({"number": int(first["trial_number"]), "params": params, "value": earlier.value})
+            kept.append({"number": int(first["trial_number"]), "params": params, "value": earlier.value,
+                         **({"constraints": constraints} if constraints is not None else {})})
     return kept, left_out
 
 
@@ -229,7 +243,7 @@ def told(warm: WarmStart | None, searched: Sequence[Searched]) -> list[FrozenTri
     distributions = {d.name: d.distribution for d in searched}
     return [create_trial(state=TrialState.COMPLETE, value=t["value"], params=t["params"],
                          distributions={name: distributions[name] for name in t["params"]},
-                         user_attrs={FROM: warm.run, NUMBER: t["number"]})
+                         user_attrs={FROM: warm.run, NUMBER: t["number"]}, constraints=t.get("constraints"))
             for t in warm.trials]
 
 

@@ -19,7 +19,7 @@ from search.run_folder import RunFolder
 from search.searcher import make_searcher
 from search.space import parse_space
 from search.storage import Storage
-from search.warm_start import NUMBER, UNFINISHED, WARM_START_FILE, WarmStart, read, select
+from search.warm_start import NUMBER, UNFINISHED, WARM_START_FILE, WarmStart, read, select, told
 from tests.helpers import small_space
 from trainable.errors import ConfigError
 from trainable.seed import derive_seed
@@ -188,3 +188,21 @@ def test_a_search_with_enqueued_configs_warm_starts_the_next(ray_local, tmp_path
     Journal(folder, folder.read_spec()[0])  # as a resume opens it
     storage = optuna.storages.JournalStorage(JournalFileBackend(f"{later.path}/optuna.journal"))
     assert len(optuna.load_study(study_name="later.warm_start", storage=storage).trials) == 1, "not twice"
+
+
+def test_earlier_trials_carry_todays_constraints_measured_on_them():
+    # told without constraints, Optuna scores a trial as feasible: TPE would be drawn to configs that break them
+    earlier = parse_space({"space": {"lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3}}})
+    today = parse_space({"experiment": {"constraints": ["params <= 100"]},
+                         "space": {"lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3}}})
+    frame = pd.DataFrame([{**rows(0, "COMPLETED", 0.05, 32, 0.8), "params": 25350.0},
+                          {**rows(1, "COMPLETED", 0.02, 32, 0.7), "params": 90.0}])
+    kept, left_out = select(frame, earlier, today)
+    assert [(k["number"], k["constraints"]) for k in kept] == [(0, {"params <= 100": 25250.0}),
+                                                               (1, {"params <= 100": -10.0})]
+    assert left_out == {}
+    warm = told(WarmStart("runs/x", "x", kept, left_out), today.searched)
+    assert [t.constraints for t in warm] == [{"params <= 100": 25250.0}, {"params <= 100": -10.0}]
+    # an earlier run that did not report what a constraint measures cannot say whether its trials met it
+    assert select(frame.drop(columns="params"), earlier, today) == ([], {"without params (experiment.constraints)": 2})
+    assert "constraints" not in select(frame, earlier, earlier)[0][0], "no constraints today: none told"
