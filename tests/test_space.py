@@ -93,6 +93,8 @@ def test_shipped_mnist_space_searches_the_four_fields():
      "data.dataset: must be one of mnist, fashion_mnist, kmnist, cifar10 or FILE.py:FUNCTION / "
      "package.module:FUNCTION, got 'imagenet'"),
     ({"data": {"persistent_workers": True}}, "data.persistent_workers: needs num_workers > 0, got True"),
+    ({"data": {"args": {"n": 1}}},
+     "data.args: is for a dataset function (FILE.py:FUNCTION); the built-in mnist takes no arguments, got {'n': 1}"),
     ({"data": {"train_size": 0}}, "data.train_size: must be in [1, 10**9] (or null for the rest), got 0"),
     ({"data": {"args": [1, 2]}}, "data.args: must be a mapping of keyword arguments to plain values, got [1, 2]"),
     ({"data": {"data_args": {"n": 3}}}, "data.data_args: unknown key (known: root, dataset, args, train_size"),
@@ -147,15 +149,15 @@ def test_plain_values_in_space_are_fixed_and_lists_can_be_chosen():
 
 def test_model_section_keys_and_searched_model_keywords_reach_the_trial_config():
     space = parse_space({"model": {"factory": "cnn", "hidden": 32},
-                         "data": {"dataset": "fashion_mnist", "args": {"n": 3}},
+                         "data": {"dataset": "my_data.py:load", "args": {"n": 3}},
                          "space": {"model.dropout": {"distribution": "uniform", "low": 0.1, "high": 0.3},
                                    "model.channels": {"distribution": "choice", "values": [[8], [8, 16]]}}})
     defaults = space.trial_defaults()
     assert (defaults.model, defaults.model_args) == ("cnn", {"hidden": 32})
-    assert (defaults.dataset, defaults.data_args) == ("fashion_mnist", {"n": 3})  # data.args -> data_args
+    assert (defaults.dataset.endswith("/my_data.py:load"), defaults.data_args) == (True, {"n": 3})  # data.args -> data_args
     example = example_config(space)  # the fixed part plus each searched field's low or first value
     assert example.model_args == {"hidden": 32, "dropout": 0.1, "channels": [8]}
-    assert example.dataset == "fashion_mnist"
+    assert example.dataset == defaults.dataset
 
 
 def test_an_oversized_split_passes_the_file_and_fails_when_the_data_loads(data_root):

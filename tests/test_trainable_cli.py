@@ -84,7 +84,7 @@ def test_config_precedence_defaults_file_flags(tmp_path):
 
 def test_a_best_yaml_keeps_its_model_and_flags_change_parts_of_it(tmp_path):
     config = best_yaml(tmp_path / "best.yaml", model="cnn", model_args={"channels": [8], "hidden": 32},
-                       data_args={"n": 3}, optimizer="adamw", beta2=0.99)
+                       dataset="data.py:load", data_args={"n": 3}, optimizer="adamw", beta2=0.99)
     parsed = trial_config(parse_args(["--config", str(config)]))
     assert (parsed.model, parsed.model_args) == ("cnn", {"channels": [8], "hidden": 32})
     assert (parsed.data_args, parsed.optimizer, parsed.beta2) == ({"n": 3}, "adamw", 0.99)

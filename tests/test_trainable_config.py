@@ -38,7 +38,7 @@ def test_defaults_are_valid_and_round_trip_through_plain_data():
 
 def test_nested_and_flat_forms_round_trip_with_model_and_data_args():
     config = TrialConfig(model="cnn", model_args={"channels": (8, 16), "hidden": 32, "opts": {"a": [1, 2]}},
-                         data_args={"n": 3}, train_size=1000, val_size=None)
+                         dataset="data/sets.py:load", data_args={"n": 3}, train_size=1000, val_size=None)
     nested, flat = config.to_dict(), config.to_flat()
     assert nested["model"] == {"factory": "cnn", "channels": [8, 16], "hidden": 32, "opts": {"a": [1, 2]}}
     assert "model_args" not in nested and "model_args" not in flat
@@ -194,6 +194,12 @@ def test_the_error_message_lists_every_problem():
 def test_persistent_workers_need_workers():
     assert problems_of(persistent_workers=True) == ["persistent_workers: needs num_workers > 0, got True"]
     assert TrialConfig(persistent_workers=True, num_workers=2).persistent_workers
+
+
+def test_data_args_are_for_a_dataset_function_only():
+    assert problems_of(data_args={"n": 1}) == [
+        "data_args: is for a dataset function (FILE.py:FUNCTION); the built-in mnist takes no arguments, got {'n': 1}"]
+    assert TrialConfig(dataset="data.py:load", data_args={"n": 1}).data_args == {"n": 1}
 
 
 def test_sizes_are_not_checked_against_a_dataset_here():

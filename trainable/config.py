@@ -391,6 +391,11 @@ def cross_field_problems(values: Mapping[str, Any], prefix: str = "") -> list[st
     problems = []
     if values.get("persistent_workers") and not values.get("num_workers", FIELDS["num_workers"].default):
         problems.append(problem(prefix + "persistent_workers", "needs num_workers > 0", True))
+    dataset = values.get("dataset", FIELDS["dataset"].default)
+    if values.get("data_args") and dataset in BUILTIN_DATASETS:  # else the arguments would go unused, unsaid
+        problems.append(problem(prefix + ("args" if prefix == "data." else "data_args"),
+                                f"is for a dataset function (FILE.py:FUNCTION); the built-in {dataset} takes no "
+                                "arguments", plain(values["data_args"])))
     return problems
 
 
