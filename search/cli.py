@@ -107,7 +107,7 @@ def report_main(argv: Sequence[str]) -> int:
     import pandas as pd
 
     from search.export import NotARunFolder, open_run
-    from search.report import write_report
+    from search.report import kept_summary, redrawn_summary, write_report
     from search.results import RESULTS_FILE
     from search.runs import best_result
     from search.storage import LinkError
@@ -122,9 +122,11 @@ def report_main(argv: Sequence[str]) -> int:
     except (OSError, ValueError) as error:
         print(f"error: {folder.path}: no readable {RESULTS_FILE} ({error})", file=sys.stderr)
         return 2
-    best_trial = best_result(folder).get("trial_id")  # no best.yaml, or a damaged one: no trial marked
+    best = best_result(folder)  # {}: no best.yaml, or a damaged one: no trial marked
+    # the search's own summary, kept; the figures are what is drawn again
+    summary = kept_summary(folder) or redrawn_summary(folder, frame, space, best)
     try:
-        print(write_report(folder, space, frame, best_trial))
+        print(write_report(folder, space, frame, best.get("trial_id"), summary))
     except LinkError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

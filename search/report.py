@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import re
 import warnings
 from typing import Callable
 
@@ -240,6 +241,27 @@ def png(figure: plt.Figure) -> bytes:
     figure.savefig(buffer, format="png", dpi=100)
     plt.close(figure)
     return buffer.getvalue()
+
+
+def kept_summary(folder: RunFolder) -> str | None:
+    """The summary in the folder's report.html, as its search wrote it, or None (no report, or none in it):
+    `python -m search report` draws the figures again and keeps what the search said."""
+    page = folder.storage.read(f"{folder.name}/{REPORT_FILE}")
+    found = None if page is None else re.search(r'<pre id="summary">(.*?)</pre>', page.decode(errors="replace"), re.S)
+    return html.unescape(found.group(1)) if found and found.group(1).strip() else None
+
+
+def redrawn_summary(folder: RunFolder, frame: pd.DataFrame, space: Space, best: dict) -> str:
+    """A summary for a redraw where the search left none (a stopped or running search has no report yet)."""
+    counts = frame.drop_duplicates("trial_id")["status"].value_counts().to_dict()
+    metric = space.experiment.metric
+    line = (f"Redrawn by python -m search report from the run folder: {frame['trial_id'].nunique()} of "
+            f"experiment.num_samples {space.experiment.num_samples} trials "
+            f"({', '.join(f'{n} {s.lower()}' for s, n in sorted(counts.items()))})")
+    if best.get("trial_id") and isinstance(metric, str) and isinstance(best.get(metric), (int, float)):
+        line += (f"\nBest (best.yaml): trial #{best.get('trial_number')} ({best['trial_id']}) epoch "
+                 f"{best.get('epoch')}: {metric} {best[metric]:.4f}")
+    return line
 
 
 def write_report(folder: RunFolder, space: Space, frame: pd.DataFrame, best_trial: str | None,

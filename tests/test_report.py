@@ -109,14 +109,33 @@ def test_mlflow_records_one_run_per_trial(searched):
     assert shown == pytest.approx({trial_id: best[trial_id] for trial_id in shown})
 
 
-def test_the_report_command_writes_it_again(searched):
+def test_the_report_command_writes_it_again_and_keeps_the_searchs_summary(searched, tmp_path):
+    from search.export import open_run
+    from search.report import kept_summary
+
     _, outcome = searched
     run = Path(outcome.path)
-    (run / "report.html").unlink()
-    done = subprocess.run([os.sys.executable, "-m", "search", "report", str(run)], capture_output=True,
-                          text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert (run / "report.html").exists() and done.stdout.strip() == f"{run}/report.html"
+    folder = open_run(str(run))
+    said = kept_summary(folder)
+    assert said and "Best: trial #" in said and "Top trials" in said
+
+    def redraw() -> str:
+        done = subprocess.run([os.sys.executable, "-m", "search", "report", str(run)], capture_output=True,
+                              text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip() == f"{run}/report.html"
+        return kept_summary(folder)
+
+    shutil.copy(run / "report.html", tmp_path / "report.html")
+    try:
+        assert redraw() == said, "a redraw keeps what the search said"
+        (run / "report.html").unlink()  # a stopped search leaves none: the redraw says what the folder holds
+        best = outcome.best["result"]
+        assert redraw() == (f"Redrawn by python -m search report from the run folder: 4 of experiment.num_samples 4 "
+                            f"trials (4 completed)\nBest (best.yaml): trial #{best['trial_number']} "
+                            f"({best['trial_id']}) epoch {best['epoch']}: val_acc {best['val_acc']:.4f}")
+    finally:
+        shutil.copy(tmp_path / "report.html", run / "report.html")
 
 
 def test_the_report_command_on_a_damaged_folder_draws_without_a_best_or_names_the_spec(searched, tmp_path, capsys):
