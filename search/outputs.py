@@ -161,7 +161,9 @@ def best_with_test(grid, rows: pd.DataFrame, data: Data | None, metric: str | No
 
 
 def best_entry(best: pd.Series, test: dict[str, float] | None, note: str, metric: str, name: str,
-               schema, metrics: tuple[str, ...] = METRICS) -> dict[str, Any]:
+               schema, metrics: tuple[str, ...] = METRICS, trials: int | None = None) -> dict[str, Any]:
+    """best.yaml's content; `trials`: how many trials it is the best of (a resume that finds fewer than
+    its trials there derives it again: a stop between results.parquet and best.yaml left an older one)."""
     return {
         "config": replay_config(config_from_row(best, schema), best.attrs.get("lineage")),
         "result": {
@@ -177,6 +179,7 @@ def best_entry(best: pd.Series, test: dict[str, float] | None, note: str, metric
             "checkpoint": best.get("checkpoint"),  #: its folder, relative to the run folder; null: none read
             **({"note": note} if note else {}),
             "search": name,
+            **({"trials": trials} if trials is not None else {}),
         },
     }
 
@@ -318,7 +321,7 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
         schema = results_schema(space)  # a function's metrics: every reported column beyond the schema's
         metrics = tuple(c for c in frame.columns if c not in schema.names or c == metric) \
             if space.trainable else epoch_metrics(space.trial_defaults().loss, space.trial_defaults().metrics)
-        entry = best_entry(best, test, note, metric, folder.name, schema, metrics)
+        entry = best_entry(best, test, note, metric, folder.name, schema, metrics, trials=frame["trial_id"].nunique())
         folder.write_best(best_yaml(entry, best_path, space))
     summary = format_summary(frame, entry, timing, no_best=no_best if succeeded else no_success(frame, metric, interrupted), metric=metric, mode=first(experiment.mode),
                              searched=[d.name for d in space.searched], gpus_per_trial=gpu_plan.gpus,

@@ -335,6 +335,8 @@ def finished(space: Space, folder: RunFolder) -> bool:
         if pd.read_parquet(f"{folder.path}/{RESULTS_FILE}")["trial_id"].nunique() != len(saved):
             return False
         best = yaml.safe_load(folder.storage.read(f"{folder.name}/{BEST_FILE}") or b"null")
+        if best["result"].get("trials") != len(saved):  # written before the last trials ended: stale
+            return False
         read_checkpoint(folder, best["result"]["checkpoint"])
     except (OSError, ValueError, TypeError, KeyError, CheckpointError):  # derived files to derive again
         return False

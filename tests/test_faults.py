@@ -118,6 +118,22 @@ def test_a_corrupt_best_checkpoint_falls_back_to_the_next_best(finished, tmp_pat
     assert again["val_acc"] <= row["val_acc"].iloc[0] and again["test_acc"] is not None
 
 
+def test_a_best_yaml_older_than_the_last_trials_is_derived_again_on_resume(finished, tmp_path):
+    # a stop between results.parquet and best.yaml at a resume's end: every trial has its rows, but
+    # best.yaml is the one of before the resume, the best of fewer trials
+    space, run = copy_run(finished, tmp_path)
+    best = yaml.safe_load((run / "best.yaml").read_text())
+    trials = best["result"]["trials"]
+    assert trials == pd.read_parquet(run / "results.parquet")["trial_id"].nunique()
+    stale = {**best, "result": {**best["result"], "trials": trials - 1, "val_acc": 0.1}}
+    (run / "best.yaml").write_text(yaml.safe_dump(stale))
+    done = search_cli("--space", str(space), "--name", "done", "--resume")
+    assert done.returncode == 0 and no_traceback(done), done.stderr[-2000:]
+    assert "is finished" not in done.stdout, "not taken for finished: derived again"
+    again = yaml.safe_load((run / "best.yaml").read_text())["result"]
+    assert again["trials"] == trials and again["val_acc"] == best["result"]["val_acc"]
+
+
 @pytest.mark.slow
 def test_a_corrupt_results_part_is_rebuilt_from_tunes_records_and_said(finished, tmp_path):
     space, run = copy_run(finished, tmp_path)
