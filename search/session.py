@@ -77,7 +77,9 @@ def quiet(verbose: bool = False) -> None:
       yet: the resume reads Tune's record only for the trials' states, and runs those trials;
     - Tune's "Remote file not found: .../result.json" when a trial restarts from a checkpoint (PBT
       does it at every exploit) before Tune's snapshot has copied that file to the run folder: there
-      is nothing there to bring back, and the trial's file on the driver goes on.
+      is nothing there to bring back, and the trial's file on the driver goes on;
+    - Tune's "The `X` operation took 0.6 s, which may be a performance bottleneck" about its own steps
+      (results, snapshots) on a busy machine: advice on Tune's internals the user cannot act on.
     """
     if verbose:
         return
@@ -89,6 +91,8 @@ def quiet(verbose: bool = False) -> None:
     logging.getLogger("ray.tune.tune").addFilter(DropMessages("Tuner.restore(", "Trials did not complete"))
     logging.getLogger("ray.tune.analysis.experiment_analysis").addFilter(DropMessages("Failed to fetch metrics for"))
     logging.getLogger("ray.tune.logger.logger").addFilter(DropMessages("Remote file not found: "))
+    for name in ("ray.tune.utils.util", "ray.tune.execution.tune_controller"):  # warn_if_slow's loggers
+        logging.getLogger(name).addFilter(DropMessages("which may be a performance bottleneck"))
     logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
         DropMessages("Token authentication is enabled for this Ray cluster"))
     warnings.filterwarnings("once", append=True)  # after every filter set (-W, ignores): only the default changes

@@ -81,6 +81,12 @@ def test_quiet_drops_only_the_records_it_names():
         logging.getLogger("ray.tune.analysis.experiment_analysis").warning("Failed to fetch metrics for 2 trial(s):")
         logging.getLogger("ray.tune.tune").error("Trials did not complete: [t1]")
         logging.getLogger("ray.tune.logger.logger").warning("Remote file not found: /runs/x/trial_1/result.json")
+        import ray.tune.utils.util as util  # Tune's own warn_if_slow, which says so only a minute after its start
+        util.START_OF_TIME -= 120
+        with util.warn_if_slow("process_trial_result", threshold=1e-9):
+            pass
+        logging.getLogger("ray.tune.execution.tune_controller").warning(
+            "Processing trial results took 0.600 s, which may be a performance bottleneck. Please consider ...")
         logging.getLogger("ray.tune.analysis.experiment_analysis").warning("a warning that is news")
     """
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
