@@ -282,14 +282,26 @@ def ended_note(ended: dict[str, Any] | None, trials: int) -> str | None:
             f"end (status STOPPED). More: {more}")
 
 
-def stored_num_samples(space: Space, name: str | None) -> int:
-    """experiment.num_samples in the spec.yaml of the run a --resume continues (--more-trials adds to it)."""
+def more_trials_base(space: Space, name: str | None) -> int:
+    """What --more-trials N adds N to, for the run a --resume continues: its stored experiment.num_samples;
+    where a budget or a target ended its last search first, the trials it holds (num_samples was then a
+    ceiling, and N more than it would run every trial up to it first)."""
+    import pandas as pd
+
     from search.preflight import run_folder_name
+    from search.results import RESULTS_FILE
     from search.storage import Storage
 
     storage = Storage.at(space.experiment.storage_path)
     folder = RunFolder(storage, run_folder_name(space, storage, name, resume=True))
-    return folder.read_spec()[0].experiment.num_samples
+    stored = folder.read_spec()[0].experiment.num_samples
+    if read_ended(folder) is None:
+        return stored
+    try:
+        held = pd.read_parquet(f"{folder.path}/{RESULTS_FILE}", columns=["trial_id"])["trial_id"].nunique()
+    except (OSError, ValueError):  # no results to count: the ceiling, as without an ending
+        return stored
+    return min(stored, held)
 
 
 def resume_changes(space: Space, stored: Space) -> dict[str, Any]:

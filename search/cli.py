@@ -192,14 +192,15 @@ def check_name(args: argparse.Namespace) -> None:
 
 def resume_assignments(args: argparse.Namespace) -> list[tuple[str, Any]]:
     """The overrides of a search; a --resume may change only search/budget.py's RESUME_KEYS (and where
-    the run is), and --more-trials N adds N to the run's stored experiment.num_samples."""
+    the run is), and --more-trials N adds N to the run's stored experiment.num_samples (to the trials it
+    holds where a budget or a target ended it: search/budget.py more_trials_base)."""
     pairs = assignments(args)
     if not args.resume:
         if args.more_trials is not None:
             raise ConfigError([problem("--more-trials", "needs --resume (a new run sets experiment.num_samples)",
                                        args.more_trials)])
         return pairs
-    from search.budget import LOCATION_KEYS, RESUME_KEYS, stored_num_samples
+    from search.budget import LOCATION_KEYS, RESUME_KEYS, more_trials_base
 
     refused = [problem(f"--set {key}", f"a --resume runs the run's spec.yaml and may change only "
                                        f"{', '.join(RESUME_KEYS)}; start a new run to change {key}", value)
@@ -209,7 +210,7 @@ def resume_assignments(args: argparse.Namespace) -> list[tuple[str, Any]]:
     if args.more_trials is not None:
         if args.more_trials < 1:
             raise ConfigError([problem("--more-trials", "must be an integer >= 1", args.more_trials)])
-        pairs.append(("experiment.num_samples", stored_num_samples(load_space(args.space, pairs), args.name)
+        pairs.append(("experiment.num_samples", more_trials_base(load_space(args.space, pairs), args.name)
                       + args.more_trials))
     return pairs
 

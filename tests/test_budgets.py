@@ -218,7 +218,7 @@ def test_a_resume_may_change_only_the_budget_keys(tmp_path):
     assert main(["--space", str(space), "--more-trials", "5"]) == 2
 
 
-def test_more_trials_adds_to_the_stored_num_samples(tmp_path, data_root):
+def test_more_trials_adds_to_the_stored_num_samples_or_to_the_trials_a_budget_let_run(tmp_path, data_root):
     from search.cli import parse_args, resume_assignments
     from search.run_folder import RunFolder
     from search.storage import Storage
@@ -230,6 +230,16 @@ def test_more_trials_adds_to_the_stored_num_samples(tmp_path, data_root):
     args = parse_args(["--space", mnist, "--resume", "--name", "seven", "--storage-path", str(tmp_path),
                        "--more-trials", "5"])
     assert ("experiment.num_samples", 12) in resume_assignments(args)  # the space file says 16
+    # a budget ended it after 3 trials: num_samples 7 was a ceiling, and 5 more means 5 more than it ran
+    import pandas as pd
+    import yaml
+
+    from search.budget import ENDED_FILE
+
+    pd.DataFrame({"trial_id": ["a", "a", "b", "c"], "epoch": [1, 2, 1, 1]}).to_parquet(
+        Path(folder.path) / "results.parquet")
+    (Path(folder.path) / ENDED_FILE).write_text(yaml.safe_dump({"ended_by": "time_budget", "num_samples": 7}))
+    assert ("experiment.num_samples", 8) in resume_assignments(args)
 
 
 def test_a_target_or_a_spent_budget_ends_the_search_and_stops_running_trials(tmp_path, data_root):
