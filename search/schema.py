@@ -97,12 +97,14 @@ def is_run_name(value: Any) -> bool:
     return isinstance(value, str) and NAME_PATTERN.fullmatch(value) is not None and value not in (".", "..")
 
 
+NAME_RULE = "must be letters, digits, '_', '.' or '-', at most 128, starting with a letter or digit"
+
+
 def run_name_problem(name: Any) -> str | None:
     """Why --name cannot name a run folder, or None: said by the CLI before Ray starts, and by the driver."""
     if is_run_name(name):
         return None
-    return problem("--name", "must be letters, digits, '_', '.' or '-', at most 128, starting with a letter or "
-                             "digit (it names one folder)", name)
+    return problem("--name", f"{NAME_RULE} (it names one folder)", name)
 
 
 def _finite(v: float) -> bool:
@@ -185,7 +187,7 @@ class Section(BaseModel):
 class Experiment(Section):
     """How the search runs."""
 
-    name: Annotated[str, rule("must be letters, digits, '_', '.' or '-' (it names a folder)", is_run_name)] = "search"
+    name: Annotated[str, rule(f"{NAME_RULE} (it names a folder)", is_run_name)] = "search"
     #: run folder prefix; a run is <storage_path>/<name>-<time> unless --name is given
     metric: Annotated[str | AList[str], rule(
         f"must be a metric the trainable reports, or a list of distinct ones: {', '.join(OBJECTIVES)}, or "

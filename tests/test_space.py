@@ -86,6 +86,8 @@ def test_shipped_mnist_space_searches_the_four_fields():
     ({"experiment": {"num_samples": "many"}}, "experiment.num_samples: must be an integer in [1, 1000000], got 'many'"),
     ({"experiment": {"colour": "blue"}}, "experiment.colour: unknown key"),
     ({"experiment": {"name": "../up"}}, "experiment.name: must be letters, digits, '_', '.' or '-'"),
+    ({"experiment": {"name": "-x"}}, "experiment.name: must be letters, digits, '_', '.' or '-', at most 128, "
+                                      "starting with a letter or digit (it names a folder), got '-x'"),
     ({"training": {"lr": 0.1}, "space": {"lr": {"distribution": "uniform", "low": 0.1, "high": 0.2}}},
      "space.lr: is also fixed in the training section; set it in one place"),
     ({"training": {"dataset": "mnist"}}, "training.dataset: belongs in the data section"),
