@@ -86,6 +86,11 @@ def write_pareto(folder: RunFolder, space: Space, frame: pd.DataFrame, objective
     trials = frame["trial_id"].nunique()
     numbers = ", ".join(f"#{e['trial_number']}" for e in entries) or "none"
     # the summary adds "; no best.yaml" to the last line
+    if not entries:  # nothing to replay: say why instead of a command that cannot work
+        why = (f"no trial met experiment.constraints ({', '.join(map(str, objectives.constraints))})"
+               if objectives.constraints and len(frame) else "no trial reported every objective")
+        return (f"Pareto front ({wanted}): 0 feasible non-dominated trial(s) of {trials}: {why}\n"
+                f"      the front (empty): {path}")
     return (f"Pareto front ({wanted}): {len(entries)} feasible non-dominated trial(s) of {trials} ({numbers})\n"
             f"      replay one: {replay}\n      the front, each trial's config and metrics: {path}")
 

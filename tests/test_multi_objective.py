@@ -80,6 +80,24 @@ def test_a_trials_point_is_its_last_epoch_with_several_objectives_and_infeasible
     assert front["val_acc"].tolist() == [0.9, 0.6]
 
 
+def test_an_empty_front_says_why_and_offers_no_replay(tmp_path):
+    import yaml
+
+    from search.pareto import write_pareto
+    from search.run_folder import RunFolder
+    from search.storage import Storage
+
+    space = parse_space({"experiment": {"metric": ["val_acc", "params"], "mode": ["max", "min"],
+                                        "constraints": ["params <= 100"]}, "space": LR})
+    folder = RunFolder(Storage.at(str(tmp_path)), "none")
+    folder.claim()
+    frame = pd.DataFrame(rows(0, [(0.9, 500)]) + rows(1, [(0.8, 400)]))
+    line = write_pareto(folder, space, frame, objectives_of(space.experiment))
+    assert "0 feasible non-dominated trial(s) of 2: no trial met experiment.constraints (params <= 100)" in line
+    assert "replay" not in line and "--pick" not in line
+    assert yaml.safe_load((tmp_path / "none" / "pareto.yaml").read_text())["trials"] == []
+
+
 def test_the_summary_lists_infeasible_trials_after_the_feasible_ones_and_marks_them():
     from search.summary import format_table
 
@@ -206,6 +224,7 @@ def test_a_search_with_two_objectives_a_constraint_conditional_keys_enqueued_con
                                                              if v == entry["metrics"]["params"]][0]]
     assert not (run / "best.yaml").exists() and outcome.best is None
     assert "pareto.yaml" in outcome.summary and "no best.yaml" in outcome.summary
+    assert f"replay one: python -m trainable --config {run}/pareto.yaml --pick N" in outcome.summary
     header = outcome.summary.split("Top trials by val_acc")[1].splitlines()[1].split()
     assert header[:6] == ["trial_number", "trial_id", "status", "epoch", "val_acc", "params"], "both objectives shown"
 
