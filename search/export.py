@@ -90,6 +90,20 @@ def trial_reports(folder: RunFolder, trial_id: str) -> list[dict[str, Any]]:
     return reports
 
 
+def none_feasible(folder: RunFolder) -> bool:
+    """Whether the run's results hold trials with a point and none of them met experiment.constraints."""
+    import pandas as pd
+
+    from search.objectives import FEASIBLE
+    from search.results import RESULTS_FILE
+
+    try:
+        marked = pd.read_parquet(f"{folder.path}/{RESULTS_FILE}", columns=[FEASIBLE])[FEASIBLE].dropna()
+    except (OSError, ValueError, KeyError):
+        return False
+    return len(marked) > 0 and not marked.astype(bool).any()
+
+
 def trial_id_of_number(folder: RunFolder, number: int) -> str:
     import pandas as pd
 
@@ -130,8 +144,11 @@ def chosen_checkpoint(folder: RunFolder, trial: int | None = None) -> Chosen:
                                               "instead of a best.yaml; pass --trial N, N one of its trial_numbers",
                                        folder.path)])
         if not isinstance(best, dict) or "result" not in best:
-            raise ConfigError([problem("RUN", f"has no {BEST_FILE} (the search has not ended, or no trial "
-                                              "succeeded); pass --trial N to export a trial", folder.path)])
+            constraints = objectives_of(space.experiment).constraints
+            why = (f"no trial met experiment.constraints ({', '.join(map(str, constraints))})"
+                   if constraints and none_feasible(folder) else "the search has not ended, or no trial succeeded")
+            raise ConfigError([problem("RUN", f"has no {BEST_FILE} ({why}); pass --trial N to export a trial",
+                                       folder.path)])
         result = best["result"]
         trial_id, number = str(result["trial_id"]), result.get("trial_number")
         wanted = [result["epoch"]]  # older runs' best.yaml named no checkpoint: find it by its epoch

@@ -98,6 +98,22 @@ def test_an_empty_front_says_why_and_offers_no_replay(tmp_path):
     assert yaml.safe_load((tmp_path / "none" / "pareto.yaml").read_text())["trials"] == []
 
 
+def test_export_of_a_run_where_no_trial_met_the_constraints_says_so(tmp_path, capsys):
+    from search.cli import main
+    from search.run_folder import RunFolder
+    from search.storage import Storage
+
+    space = parse_space({"experiment": {"constraints": ["params <= 100"]}, "space": LR})
+    folder = RunFolder(Storage.at(str(tmp_path)), "none")
+    folder.claim()
+    folder.write_spec(space)
+    frame = pd.DataFrame(rows(0, [(0.9, 500)]) + rows(1, [(0.8, 400)])).assign(feasible=False)
+    frame.to_parquet(tmp_path / "none" / "results.parquet")
+    assert main(["export", str(tmp_path / "none"), "-o", str(tmp_path / "x.pt")]) == 2
+    assert "has no best.yaml (no trial met experiment.constraints (params <= 100)); pass --trial N" \
+        in capsys.readouterr().err
+
+
 def test_the_summary_lists_infeasible_trials_after_the_feasible_ones_and_marks_them():
     from search.summary import format_table
 
