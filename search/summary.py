@@ -180,7 +180,11 @@ def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Tim
     counts = frame.drop_duplicates("trial_id")["status"].value_counts().to_dict()
     lines = [
         "",
-        f"Top trials by {metric} ({mode}), {frame['trial_id'].nunique()} trials: "
+        f"Top trials by {metric} ({mode})"
+        # infeasible trials are listed after the rest (format_table), whatever their metric
+        + (" among those that met experiment.constraints, then the others"
+           if "feasible" in frame.columns and frame["feasible"].eq(False).any() else "")
+        + f", {frame['trial_id'].nunique()} trials: "
         + ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items())),
         format_table(frame, metric, mode, searched, also=also),
         "",

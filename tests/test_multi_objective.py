@@ -123,6 +123,16 @@ def test_the_summary_lists_infeasible_trials_after_the_feasible_ones_and_marks_t
     lines = format_table(frame, "val_acc", "max", ["lr"], also=("params",)).splitlines()
     assert lines[0].split() == ["trial_number", "trial_id", "status", "epoch", "val_acc", "params", "feasible", "lr"]
     assert [line.split()[0] for line in lines[1:]] == ["#1", "#0", "#2"]
+    # and the header says so, where some trial broke them
+    from search.summary import Timing, format_summary
+
+    def header(frame) -> str:
+        return format_summary(frame, None, Timing(10.0, 5.0, 1), metric="val_acc", mode="max", searched=["lr"],
+                              gpus_per_trial=0, rerun="").splitlines()[1]
+
+    assert header(frame).startswith("Top trials by val_acc (max) among those that met experiment.constraints, "
+                                    "then the others, 3 trials")
+    assert header(frame.assign(feasible=True)).startswith("Top trials by val_acc (max), 3 trials")
 
 
 def test_infeasible_trials_are_never_best_with_one_objective():
