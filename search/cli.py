@@ -124,7 +124,7 @@ def report_main(argv: Sequence[str]) -> int:
         return 2
     best = best_result(folder)  # {}: no best.yaml, or a damaged one: no trial marked
     # the search's own summary, kept; the figures are what is drawn again
-    summary = kept_summary(folder) or redrawn_summary(folder, frame, space, best)
+    summary = kept_summary(folder) or redrawn_summary(frame, space, best)
     try:
         print(write_report(folder, space, frame, best.get("trial_id"), summary))
     except LinkError as error:

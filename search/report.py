@@ -251,7 +251,7 @@ def kept_summary(folder: RunFolder) -> str | None:
     return html.unescape(found.group(1)) if found and found.group(1).strip() else None
 
 
-def redrawn_summary(folder: RunFolder, frame: pd.DataFrame, space: Space, best: dict) -> str:
+def redrawn_summary(frame: pd.DataFrame, space: Space, best: dict) -> str:
     """A summary for a redraw where the search left none (a stopped or running search has no report yet)."""
     counts = frame.drop_duplicates("trial_id")["status"].value_counts().to_dict()
     metric = space.experiment.metric
