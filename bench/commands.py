@@ -133,6 +133,12 @@ class Timed:
         """The wall time the same CPU work would take with no core ever idle: a floor for this command."""
         return None if self.busy_core_s is None else self.busy_core_s / cores()
 
+    def cpu_lines(self) -> str:
+        """The bench's two lines on where the cores went (with /proc only)."""
+        return (f"  busy: {self.busy_core_s:.1f} core-s, {self.busy_share:.0%} of {cores()} cores over the wall "
+                f"time; packed with no idle core: {self.packed_s:.1f} s\n"
+                "  CPU by process (s): " + ", ".join(f"{kind} {seconds:.1f}" for kind, seconds in self.processes.items()))
+
 
 def timed(command: list[str], log: Path, env: dict[str, str] | None = None) -> Timed:
     """Run `command` from the repo root, its output to `log`; exits with the log's tail if it fails."""
@@ -152,6 +158,19 @@ def timed(command: list[str], log: Path, env: dict[str, str] | None = None) -> T
                  + "\n".join(log.read_text().splitlines()[-30:]))
     busy = None if busy_before is None or busy_after is None else busy_after - busy_before
     return Timed(wall, (load_before, os.getloadavg()[0]), busy, processes)
+
+
+def least_work(processes: dict[str, float], imports_core_s: float, wanted_s: float) -> str:
+    """What a search cannot do without, in CPU seconds from this run, packed on every core, against a goal:
+    its trial actors (their imports and training), the driver's imports, and Ray's own processes."""
+    actors = processes.get("trial actors", 0.0)
+    ray = sum(seconds for kind, seconds in processes.items() if kind.startswith("Ray"))
+    least = actors + imports_core_s + ray
+    packed = least / cores()
+    return (f"  what it cannot do without: trial actors {actors:.1f} + the driver's imports {imports_core_s:.1f} + "
+            f"Ray's processes {ray:.1f} = {least:.1f} core-s, packed {packed:.1f} s "
+            + (f"> {wanted_s:.1f} s: out of reach unless imports, training or Ray's start get cheaper"
+               if packed > wanted_s else f"<= {wanted_s:.1f} s: the rest is the driver's own work and idle cores"))
 
 
 def import_core_seconds(module: str, repeat: int = 3) -> float:

@@ -29,16 +29,14 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 if sys.path and Path(sys.path[0]).resolve() == REPO / "bench":
     sys.path[0] = str(REPO)  # else bench/search.py hides the search package
-from bench.commands import cores, import_core_seconds, timed  # noqa: E402
+from bench.commands import cores, import_core_seconds, least_work, timed  # noqa: E402
 
 SPACE_FILE = REPO / "spaces" / "mnist.yaml"
 SEED = 0
@@ -89,7 +87,7 @@ def run_service(folder: Path, data_root: str) -> dict:
     frame = pd.read_parquet(run / "results.parquet")
     spec = yaml.safe_load((run / "spec.yaml").read_text())
     timing = yaml.safe_load((run / "timing.yaml").read_text())
-    return {"wall": command.wall_s, "busy": command.busy_core_s, "processes": command.processes,
+    return {"wall": command.wall_s, "run": command,
             "training": float(frame["epoch_seconds"].sum()),
             "slots": spec["experiment"]["max_concurrent"], "best": float(frame["val_acc"].max()),
             "phases": timing["phases"]}
@@ -100,7 +98,7 @@ def run_optuna(folder: Path, data_root: str) -> dict:
     command = timed([sys.executable, __file__, "--optuna", "--data-root", data_root, "--out", str(out)],
                     folder / "optuna.log")
     measured = json.loads(out.read_text())
-    return {"wall": command.wall_s, "busy": command.busy_core_s, "processes": command.processes,
+    return {"wall": command.wall_s, "run": command,
             "training": sum(measured["epoch_seconds"]), "slots": measured["slots"],
             "best": measured["best_val_acc"], "phases": {}}
 
@@ -138,10 +136,8 @@ def main() -> int:
                 m = measured[side]
                 print(f"  {m['wall']:.1f} s, floor {m['training'] / m['slots']:.1f} s, best val_acc {m['best']:.4f}, "
                       f"load {os.getloadavg()[0]:.1f}", flush=True)
-                if m["busy"] is not None:
-                    print(f"  busy: {m['busy']:.1f} core-s, {m['busy'] / (m['wall'] * cores()):.0%} of {cores()} cores; "
-                          f"packed with no idle core: {m['busy'] / cores():.1f} s")
-                    print("  CPU by process (s): " + ", ".join(f"{k} {v:.1f}" for k, v in m["processes"].items()))
+                if m["run"].busy_core_s is not None:
+                    print(m["run"].cpu_lines())
                 if m["phases"]:
                     print("  phases: " + ", ".join(f"{k} {v:.1f}" for k, v in m["phases"].items()) + " s")
             rows.append(measured)
@@ -158,7 +154,7 @@ def main() -> int:
           f"floor = training and validation seconds / slots; medians of {len(rows)} round(s)")
     print("| | wall | floor | wall / floor | busy core-s | packed | best val_acc |\n|---|---:|---:|---:|---:|---:|---:|")
     for side in ("service", "optuna"):
-        busy = median(side, lambda m: m["busy"] or 0.0)
+        busy = median(side, lambda m: m["run"].busy_core_s or 0.0)
         print(f"| {side} | {median(side, lambda m: m['wall']):.1f} s | "
               f"{median(side, lambda m: m['training'] / m['slots']):.1f} s | "
               f"{median(side, lambda m: m['wall'] * m['slots'] / m['training']):.2f}x | "
@@ -170,20 +166,16 @@ def main() -> int:
     # what bounds the goals: what the service cannot do without (its trial actors' imports and training, the
     # driver's imports, Ray's own processes), packed on every core, against the wall times the goals allow
     slots = rows[0]["service"]["slots"]
-    actors = median("service", lambda m: m["processes"].get("trial actors", 0.0))
-    ray = median("service", lambda m: sum(v for k, v in m["processes"].items() if k.startswith("Ray")))
-    least = actors + trial_imports + ray
+    kinds = dict.fromkeys(kind for row in rows for kind in row["service"]["run"].processes)
+    processes = {kind: median("service", lambda m: m["run"].processes.get(kind, 0.0)) for kind in kinds}
     for goal, wanted in (("wall <= 1.15x floor", 1.15 * median("service", lambda m: m["training"]) / slots),
                          ("optuna / service >= 1.3x", median("optuna", lambda m: m["wall"]) / 1.3)):
-        print(f"{goal} needs {wanted:.1f} s; what the service cannot do without: trial actors {actors:.1f} + "
-              f"the driver's imports {trial_imports:.1f} + Ray's processes {ray:.1f} = {least:.1f} core-s, packed "
-              f"{least / cores():.1f} s: " + ("out of reach unless imports, training or Ray's start get cheaper"
-                                               if least / cores() > wanted else "within reach"))
+        print(f"{goal} needs {wanted:.1f} s;\n{least_work(processes, trial_imports, wanted)}")
     phases = {name: statistics.median(row["service"]["phases"].get(name, 0.0) for row in rows)
               for name in rows[0]["service"]["phases"]}
     print("service phases (median s): " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
     for side in ("service", "optuna"):
-        kinds = dict.fromkeys(kind for row in rows for kind in row[side]["processes"])
+        kinds = dict.fromkeys(kind for row in rows for kind in row[side]["run"].processes)
         print(f"{side} CPU by process (median s): "
               + ", ".join(f"{kind} {median(side, lambda m: m['processes'].get(kind, 0.0)):.1f}" for kind in kinds))
     return 0

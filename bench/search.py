@@ -51,7 +51,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,7 +60,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 if sys.path and Path(sys.path[0]).resolve() == REPO / "bench":
     sys.path[0] = str(REPO)  # bench.commands; nothing here imports the search package
-from bench.commands import Timed, cores, import_core_seconds, timed  # noqa: E402
+from bench.commands import Timed, cores, import_core_seconds, least_work, timed  # noqa: E402
 WORK = dict(num_samples=8, epochs=2, max_concurrent=2, cpus_per_trial=1)  # flags of both commands
 # The rest of the work, pinned on the service's command line (--set) so that an edit to
 # spaces/mnist.yaml or to the trial defaults cannot make the two sides train different
@@ -177,19 +176,6 @@ def run_naive(folder: Path, data_root: str) -> Measure:
                    sum(result["epoch_seconds"]), sorted_configs(result["configs"]), result["timing"]["phases"])
 
 
-def least_work(processes: dict[str, float], imports_core_s: float, wanted_s: float) -> str:
-    """What a search cannot do without, in CPU seconds from this run, packed on every core, against a goal:
-    its trial actors (their imports and training), the driver's imports, and Ray's own processes."""
-    actors = processes.get("trial actors", 0.0)
-    ray = sum(seconds for kind, seconds in processes.items() if kind.startswith("Ray"))
-    least = actors + imports_core_s + ray
-    packed = least / cores()
-    return (f"  what it cannot do without: trial actors {actors:.1f} + the driver's imports {imports_core_s:.1f} + "
-            f"Ray's processes {ray:.1f} = {least:.1f} core-s, packed {packed:.1f} s "
-            + (f"> {wanted_s:.1f} s: out of reach unless imports, training or Ray's start get cheaper"
-               if packed > wanted_s else f"<= {wanted_s:.1f} s: the rest is the driver's own work and idle cores"))
-
-
 def rounds(count: int, base: Path, data_root: str, address: str | None, slots: int, naive: bool) -> list[dict]:
     """Each round runs every side once, the order flipping every round; one row per round."""
     rows = []
@@ -211,9 +197,7 @@ def rounds(count: int, base: Path, data_root: str, address: str | None, slots: i
             print(f"  {m.wall_s:.1f} s, best val_acc {m.best_val_acc:.4f}, "
                   f"training {m.training_s:.1f} trial-s, load {m.run.load[0]:.1f} -> {m.run.load[1]:.1f}", flush=True)
             if m.run.busy_core_s is not None:
-                print(f"  busy: {m.run.busy_core_s:.1f} core-s, {m.run.busy_share:.0%} of {cores()} cores over the wall "
-                      f"time; packed with no idle core: {m.run.packed_s:.1f} s")
-                print("  CPU by process (s): " + ", ".join(f"{kind} {seconds:.1f}" for kind, seconds in m.run.processes.items()))
+                print(m.run.cpu_lines())
             print("  phases: " + ", ".join(f"{name} {seconds:.1f}" for name, seconds in m.phases.items()) + " s")
         service = measured["service"]
         row = {"round": round_, "order": ",".join(order), "service s": service.wall_s}

@@ -134,6 +134,10 @@ class Objectives:
     def violations(self, report: Mapping[str, Any]) -> list[float]:
         return [c.violation(report.get(c.metric)) for c in self.constraints]
 
+    def constraint_values(self, report: Mapping[str, Any]) -> dict[str, float]:
+        """The constraints as Optuna holds them on a trial: 'params <= 200000' -> its violation."""
+        return dict(zip(map(str, self.constraints), self.violations(report)))
+
     def feasible(self, report: Mapping[str, Any]) -> bool:
         return all(v <= 0 for v in self.violations(report))
 

@@ -339,7 +339,7 @@ class OrderedSearch(Searcher):
         """A finished trial's constraints as Optuna holds them: 'params <= 200000' -> its violation."""
         if not self.objectives.constraints or value is None or point is None:
             return None
-        return dict(zip(map(str, self.objectives.constraints), self.objectives.violations(point)))
+        return self.objectives.constraint_values(point)
 
     def _drop_caches(self) -> None:
         """Forget what is derived from the record; it is derived again when next needed."""

@@ -31,7 +31,7 @@ from search.journal import Journal, local_journal_path
 from search.pbt import replay_config
 from search.study import JOURNAL_FILE
 from search.phases import TIMING_FILE, Phases
-from search.summary import Timing, format_summary, journal_note, wall_line
+from search.summary import Timing, format_summary, journal_note, status_counts, wall_line
 from trainable.data import Data
 from trainable.device import get_default_device
 from trainable.loop import metrics_on
@@ -273,8 +273,7 @@ def _ends_a_line(path: str) -> bool:
 def no_success(frame: pd.DataFrame, metric: str, interrupted: bool = False) -> str:
     """Why no trial succeeded, for the summary: the trials' statuses, and how the command exits
     (an interrupted search exits 130, whatever its trials did)."""
-    counts = frame.drop_duplicates("trial_id")["status"].value_counts().to_dict()
-    statuses = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items())) or "no trial ran"
+    statuses = status_counts(frame) or "no trial ran"
     if interrupted:
         return f"No trial has succeeded yet: none outside ERROR reported a finite {metric} ({statuses})"
     return (f"No trial succeeded: none outside ERROR reported a finite {metric} ({statuses}); "

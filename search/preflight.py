@@ -352,17 +352,16 @@ def finished_run(space: Space, folder: RunFolder, phases: Phases):
     from search.outputs import Outcome
     from search.results import RESULTS_FILE
     from search.run_folder import BEST_FILE
-    from search.summary import Timing
+    from search.summary import Timing, status_counts
 
     if not finished(space, folder):
         return None
     frame = pd.read_parquet(f"{folder.path}/{RESULTS_FILE}")
     best = yaml.safe_load(folder.storage.read(f"{folder.name}/{BEST_FILE}"))
-    counts = frame.drop_duplicates("trial_id")["status"].value_counts().to_dict()
     result, metric = best["result"], space.experiment.metric
     summary = (f"Search {folder.name} is finished: all {frame['trial_id'].nunique()} of experiment.num_samples "
                f"{space.experiment.num_samples} trials ended "
-               f"({', '.join(f'{n} {s.lower()}' for s, n in sorted(counts.items()))}); --resume has nothing to "
+               f"({status_counts(frame)}); --resume has nothing to "
                f"run (Ray was not started). More trials: --resume --more-trials N.\n"
                f"Best: trial #{result['trial_number']} ({result['trial_id']}), epoch {result['epoch']}, "
                f"{metric} {result[metric]:.4f}: {folder.storage.join(folder.name, BEST_FILE)}\n"

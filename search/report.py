@@ -29,7 +29,7 @@ from search.run_folder import RunFolder  # noqa: E402
 from search.space import Space  # noqa: E402
 from search.study import make_study  # noqa: E402
 from search.objectives import objectives_of  # noqa: E402
-from search.summary import PHASES, journal_note, slot_time  # noqa: E402
+from search.summary import PHASES, journal_note, slot_time, status_counts  # noqa: E402
 
 HANDOVER = 0.05  # seconds; see most_at_once
 REPORT_FILE = "report.html"
@@ -253,11 +253,10 @@ def kept_summary(folder: RunFolder) -> str | None:
 
 def redrawn_summary(frame: pd.DataFrame, space: Space, best: dict) -> str:
     """A summary for a redraw where the search left none (a stopped or running search has no report yet)."""
-    counts = frame.drop_duplicates("trial_id")["status"].value_counts().to_dict()
     metric = space.experiment.metric
     line = (f"Redrawn by python -m search report from the run folder: {frame['trial_id'].nunique()} of "
             f"experiment.num_samples {space.experiment.num_samples} trials "
-            f"({', '.join(f'{n} {s.lower()}' for s, n in sorted(counts.items()))})")
+            f"({status_counts(frame)})")
     if best.get("trial_id") and isinstance(metric, str) and isinstance(best.get(metric), (int, float)):
         line += (f"\nBest (best.yaml): trial #{best.get('trial_number')} ({best['trial_id']}) epoch "
                  f"{best.get('epoch')}: {metric} {best[metric]:.4f}")

@@ -63,7 +63,7 @@ def frozen_trial(rows: Sequence[Mapping[str, Any]], space: Space, schema=None, *
     return create_trial(
         state=state,
         values=values,
-        constraints=dict(zip(map(str, objectives.constraints), objectives.violations(point)))
+        constraints=objectives.constraint_values(point)
         if point is not None and objectives.constraints and state == TrialState.COMPLETE else None,
         params={d.name: d.param(cells[d.name]) for d in drawn},
         distributions={d.name: d.distribution for d in drawn},

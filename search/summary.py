@@ -170,6 +170,12 @@ def searched_values(config: dict[str, Any], searched: list[str]) -> str:
     return text + (f" at epoch 1, then {len(schedule)} change(s) in best.yaml's schedule" if schedule else "")
 
 
+def status_counts(frame: pd.DataFrame) -> str:
+    """The trials by status, as the summary says them: '3 completed, 1 error' ('' without trials)."""
+    counts = frame.drop_duplicates("trial_id")["status"].value_counts().to_dict()
+    return ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items()))
+
+
 def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Timing, *,
                    metric: str, mode: str, searched: list[str], gpus_per_trial: float,
                    rerun: str, gpu_notes: tuple[str, ...] = (), no_best: str | None = None,
@@ -177,7 +183,6 @@ def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Tim
     """`gpu_notes`: how the GPUs per trial were chosen (auto's probe, spreading), one line each;
     `no_best`: why no trial succeeded (said where the best trial would be); `also`: the other
     objectives, shown in the table beside `metric`."""
-    counts = frame.drop_duplicates("trial_id")["status"].value_counts().to_dict()
     lines = [
         "",
         f"Top trials by {metric} ({mode})"
@@ -185,7 +190,7 @@ def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Tim
         + (" among those that met experiment.constraints, then the others"
            if "feasible" in frame.columns and frame["feasible"].eq(False).any() else "")
         + f", {frame['trial_id'].nunique()} trials: "
-        + ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items())),
+        + status_counts(frame),
         format_table(frame, metric, mode, searched, also=also),
         "",
     ]

@@ -179,7 +179,7 @@ def select(frame, earlier_space, space) -> tuple[list[dict[str, Any]], dict[str,
             if absent:
                 why = f"without {absent[0]} (experiment.constraints)"
             else:
-                constraints = dict(zip(map(str, objectives.constraints), objectives.violations(point)))
+                constraints = objectives.constraint_values(point)
         if why:
             left_out[why] = left_out.get(why, 0) + 1
         else:

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from bench.commands import _kind, timed
+from bench.commands import _kind, least_work, timed
 
 BURN = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\nprint('burnt')"
 
@@ -18,7 +18,16 @@ def test_a_command_is_timed_and_its_own_cpu_counted(tmp_path):
     assert own >= 0.5  # 0.6 s of CPU, sampled every 0.1 s
     assert run.busy_core_s >= own - 0.05  # the machine's busy time holds the command's (ticks: 10 ms)
     assert run.wall_s >= own / 2 and 0 < run.busy_share <= 1.05
-    assert run.packed_s == pytest.approx(run.busy_core_s / len(os.sched_getaffinity(0)))
+
+
+def test_what_a_search_cannot_do_without_is_its_actors_the_drivers_imports_and_rays_processes():
+    cores = len(os.sched_getaffinity(0))
+    processes = {"trial actors": 30.0, "the command's process": 12.0, "Ray: raylet": 1.0, "Ray: node agents": 2.0,
+                 "other processes": 5.0}
+    said = least_work(processes, 9.0, wanted_s=100.0)
+    assert "trial actors 30.0 + the driver's imports 9.0 + Ray's processes 3.0 = 42.0 core-s" in said
+    assert f"packed {42.0 / cores:.1f} s <= 100.0 s" in said
+    assert "out of reach" in least_work(processes, 9.0, wanted_s=42.0 / cores - 0.5)
 
 
 def test_a_failing_command_ends_the_bench_with_its_log(tmp_path):
