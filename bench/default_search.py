@@ -177,7 +177,7 @@ def main() -> int:
     for side in ("service", "optuna"):
         kinds = dict.fromkeys(kind for row in rows for kind in row[side]["run"].processes)
         print(f"{side} CPU by process (median s): "
-              + ", ".join(f"{kind} {median(side, lambda m: m['processes'].get(kind, 0.0)):.1f}" for kind in kinds))
+              + ", ".join(f"{kind} {median(side, lambda m: m['run'].processes.get(kind, 0.0)):.1f}" for kind in kinds))
     return 0
 
 
