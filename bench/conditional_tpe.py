@@ -7,7 +7,7 @@ The space is spaces/conditional.yaml's shape: an optimizer choice with its own k
 (momentum, nesterov for sgd; beta1, weight_decay for adamw), a depth with a width per extra
 layer, and lr. The objective is a cheap function of the drawn config whose best lies in one
 branch; keys not drawn do not count. Each seed runs OrderedSearch as Tune drives it (suggest,
-on_trial_result, on_trial_complete, 2 at once) with search/searcher.py's suggest, so the
+on_trial_result, on_trial_complete, 2 at once) with search/searching/searcher.py's suggest, so the
 conditions are drawn define-by-run exactly as in a search.
 
 Printed: the mean (and median) regret of the best trial after N trials, over the seeds, for
@@ -29,9 +29,9 @@ sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
 import optuna  # noqa: E402
 
-from search.ordered import TPE_SETTINGS, OrderedSearch  # noqa: E402
-from search.searcher import suggest  # noqa: E402
-from search.space import parse_space  # noqa: E402
+from search.searching.ordered import TPE_SETTINGS, OrderedSearch  # noqa: E402
+from search.searching.searcher import suggest  # noqa: E402
+from search.spec.space import parse_space  # noqa: E402
 
 SPACE = {"space": {
     "optimizer": {"distribution": "choice", "values": ["sgd", "adamw"]},

@@ -3,7 +3,7 @@
 For a machine with a real CUDA GPU (it uses one). Runs one search of spaces/mnist.yaml per
 row, `python -m search` each in its own process on a local Ray: --gpus-per-trial 1, 0.5,
 0.25 and 0.125 with as many trials at once, then --gpus-per-trial auto (the probe of
-search/gpu_probe.py picks trials per GPU; at most 8 at once). Each search runs at least
+search/execution/gpu_probe.py picks trials per GPU; at most 8 at once). Each search runs at least
 --trials-per-slot trials per slot (8) on the full split (50,000 training images), so a
 slot's start-up (its trial actor, Ray's placement) is paid once per 8 trials. It prints:
 
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no CUDA GPU: torch sees no CUDA device, and bench/gpu_check.py measures trials on "
               "one real GPU. Run it on a machine with one (make gpu-check).", file=sys.stderr)
         return 1
-    from search.summary import max_trials_per_gpu  # the project, imported only when it will run
+    from search.outputs.summary import max_trials_per_gpu  # the project, imported only when it will run
 
     # one GPU: with several, the search would spread trials over them and nothing would be packed
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")

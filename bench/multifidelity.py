@@ -23,7 +23,7 @@ with the last result), one trial after another. Both are reproducible: which con
 asked and which trials stop depend only on the seed, not on the order trials run in
 (tests/test_halving.py, tests/test_ordered.py), so this order gives the table a search through
 Tune would, without Ray's start-up per run. Compared, per scheduler (fifo, asha, hyperband):
-the ways of telling a stopped trial, search/ordered.py MULTIFIDELITY:
+the ways of telling a stopped trial, search/searching/ordered.py MULTIFIDELITY:
 
 - before: what hpsearch did before: as final, but the value of the epoch a trial was stopped at
   lost when Tune stopped it at once (so a trial stopped at its first epoch was told FAIL, unseen
@@ -60,9 +60,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
 from bench.quality import Table, in_workers, load_table, table_names  # noqa: E402
-from search.halving import OrderedHalving, bracket_count  # noqa: E402
-from search.ordered import MULTIFIDELITY, OrderedSearch  # noqa: E402
-from search.searcher import suggest  # noqa: E402
+from search.searching.halving import OrderedHalving, bracket_count  # noqa: E402
+from search.searching.ordered import MULTIFIDELITY, OrderedSearch  # noqa: E402
+from search.searching.searcher import suggest  # noqa: E402
 
 EPOCHS, GRACE_PERIOD, REDUCTION_FACTOR, MAX_CONCURRENT = 27, 1, 3, 4
 SCHEDULERS = ("fifo", "asha", "hyperband")

@@ -28,10 +28,9 @@ from pathlib import Path
 if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)  # else bench/search.py hides the search package
 
-from search import phases  # noqa: E402
+from search.outputs.phases import Phases, command_start  # noqa: E402
 
-phases.begin_command()  # the command's time counts from the process's start, as the service's does
-from search.phases import Phases  # noqa: E402
+STARTED = command_start()  # the command's time counts from the process's start, as the service's does
 
 import ray  # noqa: E402
 import torch  # noqa: E402
@@ -113,7 +112,7 @@ def main() -> None:
     parser.add_argument("--cpus-per-trial", type=float, default=1)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    timing = Phases()  # where this command's time goes, as the service counts it (search/phases.py)
+    timing = Phases(STARTED)  # where this command's time goes, as the service counts it (search/outputs/phases.py)
 
     # the service's Ray start options ("local": a fresh Ray, never a cluster someone else
     # started here), so the comparison is about the trials, not the dashboard
@@ -127,7 +126,7 @@ def main() -> None:
     }
     # the service's sampler for its asynchronous mode (TPE, settings pinned), so both sides draw
     # the same configs; everything else here is the Ray-docs style
-    from search.ordered import make_sampler
+    from search.searching.ordered import make_sampler
 
     searcher = OptunaSearch(sampler=make_sampler("tpe", args.seed, 0))
     tuner = tune.Tuner(

@@ -17,7 +17,7 @@ lower trial number). So concurrency, and which results a searcher has when it is
 as in a real search whose trials take the table's times, deterministically, and thousands
 of trials cost seconds rather than Ray's start-up per run. Searchers:
 
-- hpsearch's OrderedSearch (search/ordered.py), the searcher the service runs, with its own
+- hpsearch's OrderedSearch (search/searching/ordered.py), the searcher the service runs, with its own
   make_sampler settings: tpe, random, qmc, cmaes, gp at max_concurrent 1, 4 and 8;
 - plain Optuna: TPE sequential, and TPE as `study.optimize(n_jobs=4)` runs it (4 pending
   trials, constant liar; ask/tell on the simulated clock, since threads would finish in the
@@ -58,9 +58,9 @@ from scipy.stats import rankdata
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
-from search.ordered import TPE_SETTINGS, OrderedSearch  # noqa: E402
-from search.schema import Searched  # noqa: E402
-from search.searcher import suggest  # noqa: E402
+from search.searching.ordered import TPE_SETTINGS, OrderedSearch  # noqa: E402
+from search.spec.schema import Searched  # noqa: E402
+from search.searching.searcher import suggest  # noqa: E402
 
 # family -> (the package's benchmark class name, metric, whether larger is better)
 FAMILIES = {"hpolib": ("HPOLib", "val_loss", False), "hpobench": ("HPOBench", "val_acc", True),

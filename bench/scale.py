@@ -44,7 +44,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 if sys.path and Path(sys.path[0]).resolve() == REPO / "bench":
     sys.path[0] = str(REPO)  # else bench/search.py hides the search package from the plain side
-from search.summary import PHASES as SUMMARY_PHASES  # noqa: E402  (after the sys.path fix above)
+from search.outputs.summary import PHASES as SUMMARY_PHASES  # noqa: E402  (after the sys.path fix above)
 
 SLOTS = 2
 SPACE = {
@@ -60,10 +60,10 @@ SPACE = {
         "clip_norm": {"distribution": "loguniform", "low": 0.5, "high": 10.0},
     },
 }
-# where the service's time goes: results.parquet's phase columns (search/summary.py names them)
+# where the service's time goes: results.parquet's phase columns (search/outputs/summary.py names them)
 PHASES = list(SUMMARY_PHASES)
 WORK = ["setup_seconds", "train_seconds", "evaluate_seconds", "checkpoint_seconds"]  # the trial's own
-END_PHASES = ["results", "test", "report", "shutdown"]  # the end of a search, in timing.yaml (search/phases.py)
+END_PHASES = ["results", "test", "report", "shutdown"]  # the end of a search, in timing.yaml (search/outputs/phases.py)
 
 
 def plain(n: int, data_root: str, storage: str, out: str) -> None:
@@ -74,7 +74,7 @@ def plain(n: int, data_root: str, storage: str, out: str) -> None:
     from ray.tune.search import ConcurrencyLimiter
     from ray.tune.search.optuna import OptunaSearch
 
-    from search.ordered import make_sampler
+    from search.searching.ordered import make_sampler
     from trainable.config import TrialConfig
     from trainable.data import load_data
     from trainable.loop import build_run, train_and_evaluate

@@ -11,7 +11,7 @@ SGD with momentum 0.9, and Optuna's seeded TPE over the space of spaces/mnist.ya
 - naive: `python bench/naive_tune.py ...`, a Ray docs style script where every trial
   builds its own torchvision dataset with per-sample transforms and a DataLoader.
 
-Each side also says where its time went (imports, Ray's start, the trials, the end: search/phases.py;
+Each side also says where its time went (imports, Ray's start, the trials, the end: search/outputs/phases.py;
 the naive script counts its own the same way), printed per run and as rows of the table.
 Each side is its own subprocess, timed from outside (wall time as a user sees it,
 Ray start-up and imports included). With --rounds N they alternate, the order flipping
@@ -94,7 +94,7 @@ class Measure:
     mean_val_acc: float  #: mean over trials of each trial's best val_acc
     training_s: float  #: sum of epoch_seconds over all trials
     configs: list[tuple]  #: the searched values of every trial, sorted
-    phases: dict[str, float]  #: where the command's time went, as the command measured it (search/phases.py)
+    phases: dict[str, float]  #: where the command's time went, as the command measured it (search/outputs/phases.py)
 
     @property
     def wall_s(self) -> float:

@@ -27,8 +27,8 @@ def run(space: str | Path | Mapping[str, Any], *, overrides: Mapping[str, Any] |
     as `--set`. `name`, `resume`, `address`, `verbose`: as the CLI's flags.
     """
     from search.driver import run_search
-    from search.session import quiet
-    from search.space import with_overrides
+    from search.execution.session import quiet
+    from search.spec.space import with_overrides
     from trainable.errors import ConfigError, problem
     from trainable.yaml_file import read_yaml_mapping
 
@@ -56,12 +56,12 @@ def restore(path: str, *, trainable: Callable | None = None):
     continue a search with `search.run(..., name=NAME, resume=True)` (`--resume`) instead.
     `trainable`: the trial function given to driver.run_search, if it was not the default.
     """
-    from search.export import open_run
-    from search.preflight import check_search
-    from search.tuner import build_tuner
+    from search.run.run_folder import open_run
+    from search.execution.preflight import check_search
+    from search.execution.tuner import build_tuner
     from trainable.adapter import tune_trial
 
-    from search.export import NotARunFolder
+    from search.run.run_folder import NotARunFolder
     from trainable.errors import ConfigError, problem
 
     try:
@@ -79,8 +79,9 @@ def load_best(run: str | Path, *, trial: int | None = None):
 
     It takes inputs as the trials' models got them (docs/outputs.md, "Export the model").
     Raises ConfigError (no best.yaml, no such trial, no readable checkpoint) or
-    search.export.NotARunFolder.
+    search.outputs.export.NotARunFolder.
     """
-    from search.export import chosen_checkpoint, model_of, open_run
+    from search.outputs.export import chosen_checkpoint, model_of
+    from search.run.run_folder import open_run
 
     return model_of(chosen_checkpoint(open_run(str(run)), trial))

@@ -6,7 +6,7 @@
 Every flag is a shorthand for `--set section.key=value` on the space file; overrides are
 applied to the file's contents and validated with it, so a bad flag reads like a bad file.
 Exit codes: 0 done, 2 bad input (nothing started), 3 the search ran but no trial succeeded
-(every trial failed or diverged: search/outputs.py NO_SUCCESS_EXIT), 130 interrupted (Ctrl-C or
+(every trial failed or diverged: search/outputs/finish.py NO_SUCCESS_EXIT), 130 interrupted (Ctrl-C or
 SIGTERM; the summary prints the --resume command), 1 the search itself failed.
 """
 
@@ -21,8 +21,8 @@ import threading
 import traceback
 from typing import Any, Sequence
 
-from search.overrides import set_keys
-from search.space import Space, with_overrides
+from search.spec.overrides import set_keys
+from search.spec.space import Space, with_overrides
 from trainable.errors import ConfigError, DataError, DiskFull, problem
 from trainable.yaml_file import flag_value, parse_value, read_yaml_mapping
 
@@ -106,11 +106,11 @@ def report_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     import pandas as pd
 
-    from search.export import NotARunFolder, open_run
-    from search.report import kept_summary, redrawn_summary, write_report
-    from search.results import RESULTS_FILE
-    from search.runs import best_result
-    from search.storage import LinkError
+    from search.run.run_folder import NotARunFolder, open_run
+    from search.outputs.report import kept_summary, redrawn_summary, write_report
+    from search.run.results import RESULTS_FILE
+    from search.outputs.runs import best_result
+    from search.run.storage import LinkError
 
     try:
         folder = open_run(args.run)
@@ -135,7 +135,7 @@ def report_main(argv: Sequence[str]) -> int:
 
 def export_main(argv: Sequence[str]) -> int:
     """`python -m search export RUN_FOLDER`: the best (or a chosen) trial's model, ready for inference."""
-    from search.export import FORMATS
+    from search.outputs.export import FORMATS
 
     parser = argparse.ArgumentParser(prog="python -m search export",
                                      description="Write the model of best.yaml's checkpoint (or of --trial N's best "
@@ -148,7 +148,8 @@ def export_main(argv: Sequence[str]) -> int:
     parser.add_argument("-o", "--output", metavar="FILE",
                         help="where to write it (default: <run name>-best<ending> in the current folder)")
     args = parser.parse_args(argv)
-    from search.export import NotARunFolder, describe, export
+    from search.outputs.export import describe, export
+    from search.run.run_folder import NotARunFolder
 
     try:
         path, chosen = export(args.run, trial=args.trial, fmt=args.fmt, output=args.output)
@@ -171,8 +172,8 @@ def check_main(argv: Sequence[str]) -> int:
     except ConfigError as error:  # in a second: neither torch nor Ray is imported yet
         print(f"error: {error}", file=sys.stderr)
         return 2
-    from search.capacity import CapacityError
-    from search.preflight import check_space
+    from search.execution.capacity import CapacityError
+    from search.execution.preflight import check_space
 
     try:
         print(check_space(space, address=args.address), end="")
@@ -183,24 +184,24 @@ def check_main(argv: Sequence[str]) -> int:
 
 
 def check_name(args: argparse.Namespace) -> None:
-    """--name must be a run folder's name (search/schema.py run_name_problem); ConfigError if not."""
-    from search.schema import run_name_problem
+    """--name must be a run folder's name (search/spec/schema.py run_name_problem); ConfigError if not."""
+    from search.spec.schema import run_name_problem
 
     if args.name is not None and (wrong := run_name_problem(args.name)):
         raise ConfigError([wrong])
 
 
 def resume_assignments(args: argparse.Namespace) -> list[tuple[str, Any]]:
-    """The overrides of a search; a --resume may change only search/budget.py's RESUME_KEYS (and where
+    """The overrides of a search; a --resume may change only search/searching/budget.py's RESUME_KEYS (and where
     the run is), and --more-trials N adds N to the run's stored experiment.num_samples (to the trials it
-    holds where a budget or a target ended it: search/budget.py more_trials_base)."""
+    holds where a budget or a target ended it: search/searching/budget.py more_trials_base)."""
     pairs = assignments(args)
     if not args.resume:
         if args.more_trials is not None:
             raise ConfigError([problem("--more-trials", "needs --resume (a new run sets experiment.num_samples)",
                                        args.more_trials)])
         return pairs
-    from search.budget import LOCATION_KEYS, RESUME_KEYS, more_trials_base
+    from search.searching.budget import LOCATION_KEYS, RESUME_KEYS, more_trials_base
 
     refused = [problem(f"--set {key}", f"a --resume runs the run's spec.yaml and may change only "
                                        f"{', '.join(RESUME_KEYS)}; start a new run to change {key}", value)
@@ -216,15 +217,15 @@ def resume_assignments(args: argparse.Namespace) -> list[tuple[str, Any]]:
 
 
 def runs_main(argv: Sequence[str]) -> int:
-    """`python -m search runs`: the runs in a storage, read from their folders (search/runs.py)."""
+    """`python -m search runs`: the runs in a storage, read from their folders (search/outputs/runs.py)."""
     parser = argparse.ArgumentParser(prog="python -m search runs",
                                      description="List the runs in a storage: name, state (running, finished, "
                                                  "interrupted, ended by budget, failed), trials done/total, best "
                                                  "value, when its last trial ended (docs/runs.md).")
     parser.add_argument("--storage-path", default="./runs", help="the storage (default: ./runs)")
     args = parser.parse_args(argv)
-    from search.runs import format_runs, list_runs
-    from search.storage import Storage, is_uri
+    from search.outputs.runs import format_runs, list_runs
+    from search.run.storage import Storage, is_uri
 
     storage = Storage.at(args.storage_path)
     if not is_uri(storage.uri) and os.path.exists(storage.uri) and not os.path.isdir(storage.uri):
@@ -248,8 +249,8 @@ def compare_main(argv: Sequence[str]) -> int:
                                                  "(docs/runs.md).")
     parser.add_argument("runs", nargs=2, metavar="RUN", help="run folders, e.g. runs/mnist-20261130-101500")
     args = parser.parse_args(argv)
-    from search.export import NotARunFolder, open_run
-    from search.runs import compare
+    from search.run.run_folder import NotARunFolder, open_run
+    from search.outputs.runs import compare
 
     try:
         print(compare(*(open_run(run) for run in args.runs)))
@@ -259,7 +260,7 @@ def compare_main(argv: Sequence[str]) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, started: float | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     commands = {"report": report_main, "check": check_main, "export": export_main, "runs": runs_main,
                 "compare": compare_main}
@@ -268,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         space = load_space(args.space, resume_assignments(args))
-        from search.storage import Storage, check_storage
+        from search.run.storage import Storage, check_storage
 
         check_name(args)
 
@@ -279,25 +280,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM (a scheduler, `kill`) stops the search as Ctrl-C does
     signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
     # imported only now: a bad file should fail in a second, without loading torch or Ray
-    from search import local_ray
-    from search.capacity import CapacityError
-    from search.session import quiet
+    from search.execution.capacity import CapacityError
+    from search.execution.session import EarlyRay, quiet
 
     quiet(args.verbose)  # before Ray starts: Ray's and Tune's misleading hints stay unsaid
 
+    early_ray = EarlyRay()
     if args.address is None and "RAY_ADDRESS" not in os.environ:
         defaults = space.trial_defaults()
         # FILE.py:NAME, module:NAME: the user's code runs before Ray starts, so an error in it costs seconds;
         # a --resume of a finished run starts no Ray at all
         if args.resume or space.trainable or ":" in defaults.model or ":" in defaults.dataset:
-            local_ray.begin_after_checks()
+            early_ray.begin_after_checks()
         else:  # built-ins only: Ray comes up while the driver imports torch and loads the data
-            local_ray.begin()
+            early_ray.begin()
     try:
         from search.driver import run_search
-        from search.outputs import NO_SUCCESS_EXIT
+        from search.outputs.finish import NO_SUCCESS_EXIT
 
-        outcome = run_search(space, name=args.name, address=args.address, resume=args.resume)
+        outcome = run_search(space, name=args.name, address=args.address, resume=args.resume, early_ray=early_ray,
+                             started=started)
     except (ConfigError, CapacityError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -308,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 130
     finally:
-        local_ray.abandon()  # the search stopped before it took the local Ray over
+        early_ray.abandon()  # the search stopped before it took the local Ray over
     print(outcome.summary, flush=True)
     if outcome.interrupted:
         return 130
@@ -323,11 +325,11 @@ def run() -> None:
     state, after everything is written; a stopped search must end in seconds. So the exit
     handlers run and the process ends here.
     """
-    from search import phases
+    from search.outputs.phases import command_start
 
-    phases.begin_command()  # the summary's wall time is the command's, from the process's start
+    started = command_start()  # the summary's wall time is the command's, from the process's start
     try:
-        code = main()
+        code = main(started=started)
     except SystemExit as done:
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
     except KeyboardInterrupt:  # a Ctrl-C outside the search's own handling (it says how a search stopped)

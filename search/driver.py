@@ -1,9 +1,9 @@
 """The search driver: the short story of a search.
 
 The space is valid when this runs. Check what the search needs and claim the run folder
-(search/preflight.py) -> start or join Ray (search/session.py) -> size the GPUs and the slots
-(search/gpu_probe.py, search/capacity.py) -> run the Tuner (search/tuner.py) -> derive
-results.parquet, best.yaml, the report and the summary (search/outputs.py), while Ray shuts down.
+(search/execution/preflight.py) -> start or join Ray (search/execution/session.py) -> size the GPUs and the slots
+(search/execution/gpu_probe.py, search/execution/capacity.py) -> run the Tuner (search/execution/tuner.py) -> derive
+results.parquet, best.yaml, the report and the summary (search/outputs/finish.py), while Ray shuts down.
 Everything a user can get wrong fails before Ray starts.
 """
 
@@ -13,31 +13,36 @@ import errno
 from contextlib import ExitStack
 from typing import Callable
 
-from search.capacity import check_capacity, plan_gpus
-from search.gpu_probe import resolve_auto
-from search.outputs import Outcome, finish, resume_command, with_time
-from search.phases import Phases
-from search.preflight import finished_run, prepare, released_on_failure
-from search.session import ray_session
-from search.space import Space
-from search.storage import Storage, check_storage
-from search.summary import slot_count
-from search.tuner import build_tuner, fit
+from search.execution.capacity import check_capacity, plan_gpus
+from search.execution.disk_guard import stop_reason
+from search.execution.gpu_probe import resolve_auto
+from search.outputs.finish import Outcome, finish, resume_command, with_time
+from search.outputs.phases import Phases
+from search.execution.preflight import finished_run, prepare, released_on_failure
+from search.execution.session import EarlyRay, ray_session
+from search.spec.space import Space
+from search.run.storage import Storage, check_storage
+from search.outputs.summary import slot_count
+from search.execution.tuner import build_tuner, fit
 from trainable.adapter import tune_trial
 from trainable.errors import DiskFull
 from trainable.function import function_trial
 
 
 def run_search(space: Space, *, name: str | None = None, address: str | None = None, resume: bool = False,
-               trainable: Callable = tune_trial) -> Outcome:
+               trainable: Callable = tune_trial, early_ray: EarlyRay | None = None,
+               started: float | None = None) -> Outcome:
     """Run (or resume) a search. Raises ConfigError, DataError or CapacityError before any trial starts,
-    DiskFull if the run folder's disk filled (the search is then stopped and resumable)."""
-    phases = Phases()  # where the command's time goes, in the summary and timing.yaml
+    DiskFull if the run folder's disk filled (the search is then stopped and resumable).
+
+    `early_ray`: the CLI's local Ray, begun beside its imports; `started`: when the command began
+    (its imports count as the first phase), else the time of this call."""
+    phases = Phases(started)  # where the command's time goes, in the summary and timing.yaml
     storage = Storage.at(space.experiment.storage_path)
     check_storage(storage)
     with ExitStack() as held:  # the run folder, then Ray: released in reverse order
         # a resume runs its spec.yaml, whatever the space file says now
-        space, folder, data = prepare(space, storage, name, resume, held)
+        space, folder, data = prepare(space, storage, name, resume, held, early_ray)
         if resume and (done := finished_run(space, folder, phases)) is not None:
             return done  # every trial ended and the outputs read: said without starting Ray
         experiment = space.experiment
@@ -46,13 +51,13 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
         phases.mark("checks")
         held.callback(phases.mark, "shutdown")  # after Ray's shutdown, before the run folder's release
         with released_on_failure(folder, resume=resume):  # an unreachable cluster, Ctrl-C: nothing ran
-            session = held.enter_context(ray_session(address, experiment.connect_timeout))  # shut down on leaving
+            session = held.enter_context(ray_session(address, experiment.connect_timeout, early_ray))  # shut down on leaving
         phases.mark("ray")
         with released_on_failure(folder, resume=resume):  # no capacity, a failed probe: no trial ran
-            resources, auto_note = resolve_auto(space, data, folder, resume=resume)  # gpus: auto, measured
-            capacity = check_capacity(resources)  # 0 only where an autoscaler will add the nodes
+            resources, auto_note = resolve_auto(space, data, folder, resume=resume, private=session.private)  # gpus: auto, measured
+            capacity = check_capacity(resources, session.private)  # 0 only where an autoscaler will add the nodes
         slots = slot_count(experiment.max_concurrent, capacity)
-        gpu_plan = plan_gpus(resources, min(slots, experiment.num_samples))  # spread over every GPU
+        gpu_plan = plan_gpus(resources, min(slots, experiment.num_samples), session.private)  # spread over every GPU
         phases.mark("probe")
         tuner = build_tuner(space, folder, data, trainable, gpus=gpu_plan.gpus, resume=resume)
         # what continues this run, on the cluster it runs on ($RAY_ADDRESS, if that chose it, stays set)
@@ -62,8 +67,8 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
             phases.mark("trials")
             del tuner  # the trials are over: Ray shuts down while the results and the report are made
             session.release()
-            outcome = finish(grid, folder, space, data, phases, slots, gpu_plan, auto_note, resume=again,
-                             ran_to_end=ran_to_end)
+            outcome = finish(grid, folder, space, data, phases, slots, gpu_plan.gpus, (auto_note, gpu_plan.note),
+                             resume=again, ran_to_end=ran_to_end, stopped=stop_reason())
         except OSError as error:
             if error.errno != errno.ENOSPC:
                 raise

@@ -6,7 +6,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from search.space import Space, parse_space
+from search.spec.space import Space, parse_space
 
 SMALL: dict[str, Any] = {
     "experiment": {"name": "test", "num_samples": 4, "max_concurrent": 2, "seed": 7, "max_failures": 1},

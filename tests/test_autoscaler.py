@@ -29,8 +29,8 @@ import pytest
 import yaml
 from ray.autoscaler._private.fake_multi_node.node_provider import FakeMultiNodeProvider
 
-from search.capacity import AUTOSCALER_SETTING, has_autoscaler
-from search.results import COMPLETED
+from search.execution.capacity import AUTOSCALER_SETTING, has_autoscaler
+from search.run.results import COMPLETED
 from tests.helpers import SMALL
 from tests.test_session import free_port
 
@@ -174,7 +174,7 @@ def test_the_autoscaler_setting_overrides_detection(monkeypatch, setting, expect
 
 def test_a_local_ray_has_no_autoscaler(monkeypatch, ray_local):
     """ray.init's head runs Ray's read-only monitor: node types node_<id>, no autoscaler v2 version."""
-    from search.capacity import autoscaler_status
+    from search.execution.capacity import autoscaler_status
 
     monkeypatch.delenv(AUTOSCALER_SETTING, raising=False)
     monkeypatch.setenv("HOME", "/nonexistent")  # no ~/ray_bootstrap_config.yaml

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from search.budget import ended_note
-from search.schema import budget_seconds
-from search.space import parse_space
+from search.searching.budget import ended_note
+from search.spec.schema import budget_seconds
+from search.spec.space import parse_space
 from tests.helpers import small_space
 from trainable.errors import ConfigError
 
@@ -42,7 +42,7 @@ LR = {"space": {"lr": {"distribution": "float", "low": 0.01, "high": 0.3, "log":
     ({}, {"val_acc": "<= 0.1"}, "<="),
 ])
 def test_a_targets_direction_comes_from_the_search(experiment, stop_when, op):
-    from search.budget import targets_of
+    from search.searching.budget import targets_of
 
     (target,) = targets_of(parse_space({"experiment": {**experiment, "stop_when": stop_when}, **LR}).experiment)
     assert target.op == op
@@ -51,7 +51,7 @@ def test_a_targets_direction_comes_from_the_search(experiment, stop_when, op):
 
 
 def test_a_plain_number_on_a_metric_no_objective_names_falls_back_to_its_name():
-    from search.budget import direction
+    from search.searching.budget import direction
 
     experiment = parse_space(LR).experiment
     assert direction(experiment, "val_mean_absolute_error") == "<=" and direction(experiment, "val_f1") == ">="
@@ -86,7 +86,7 @@ def test_a_bad_target_exits_2_before_ray_starts(tmp_path, capsys):
 
 
 def test_a_function_trainables_own_metric_may_be_a_target(tmp_path):
-    from search.budget import targets_of
+    from search.searching.budget import targets_of
 
     raw = {"trainable": "train.py:train", "experiment": {"metric": "mae", "mode": "min", "stop_when": {"mae": 0.05}},
            "space": {"lr": {"distribution": "float", "low": 0.1, "high": 1.0}}}
@@ -97,9 +97,9 @@ def test_a_function_trainables_own_metric_may_be_a_target(tmp_path):
 
 
 def test_a_target_no_report_holds_is_said_once(tmp_path, capsys):
-    from search.budget import Budget
-    from search.run_folder import RunFolder
-    from search.storage import Storage
+    from search.searching.budget import Budget
+    from search.run.run_folder import RunFolder
+    from search.run.storage import Storage
 
     raw = {"trainable": "train.py:train", "experiment": {"metric": "mae", "mode": "min", "stop_when": {"maee": 0.05}},
            "space": {"lr": {"distribution": "float", "low": 0.1, "high": 1.0}}}
@@ -124,7 +124,7 @@ def test_the_summary_says_what_ended_it():
 def offline_configs(space, frame, count: int) -> list[dict]:
     """The configs the reproducible searcher draws for trials 0..count-1, told the recorded results
     as the search told them: trial n is asked once trials 0..n-L-1 are told."""
-    from search.searcher import make_searcher
+    from search.searching.searcher import make_searcher
 
     searcher = make_searcher(space).searcher  # OrderedSearch inside its ConcurrencyLimiter
     lag, configs = space.experiment.max_concurrent, []
@@ -140,10 +140,10 @@ def offline_configs(space, frame, count: int) -> list[dict]:
 
 @pytest.mark.slow
 def test_time_budget_ends_the_search_with_a_prefix_of_its_trials(tmp_path, data_root, ray_local):
-    from search.budget import read_ended
+    from search.searching.budget import read_ended
     from search.driver import run_search
-    from search.run_folder import RunFolder
-    from search.storage import Storage
+    from search.run.run_folder import RunFolder
+    from search.run.storage import Storage
 
     space = small_space(tmp_path, data_root, experiment={"num_samples": 1000, "time_budget": "4s"},
                         data={"train_size": 300, "val_size": 100}, training={"epochs": 3})
@@ -167,7 +167,7 @@ def test_time_budget_ends_the_search_with_a_prefix_of_its_trials(tmp_path, data_
         assert {k: row[k] for k in searched} == {k: drawn[int(row["trial_number"])][k] for k in searched}
 
     # `runs` calls it ended by budget; a resume with one more trial and no budget runs trial k, then finishes
-    from search.runs import read_run
+    from search.outputs.runs import read_run
 
     folder = RunFolder(Storage.at(str(tmp_path)), "budget")
     assert read_run(folder).state == "ended by budget"
@@ -220,8 +220,8 @@ def test_a_resume_may_change_only_the_budget_keys(tmp_path):
 
 def test_more_trials_adds_to_the_stored_num_samples_or_to_the_trials_a_budget_let_run(tmp_path, data_root):
     from search.cli import parse_args, resume_assignments
-    from search.run_folder import RunFolder
-    from search.storage import Storage
+    from search.run.run_folder import RunFolder
+    from search.run.storage import Storage
 
     folder = RunFolder(Storage.at(str(tmp_path)), "seven")
     folder.claim()
@@ -234,7 +234,7 @@ def test_more_trials_adds_to_the_stored_num_samples_or_to_the_trials_a_budget_le
     import pandas as pd
     import yaml
 
-    from search.budget import ENDED_FILE
+    from search.searching.budget import ENDED_FILE
 
     pd.DataFrame({"trial_id": ["a", "a", "b", "c"], "epoch": [1, 2, 1, 1]}).to_parquet(
         Path(folder.path) / "results.parquet")
@@ -245,20 +245,20 @@ def test_more_trials_adds_to_the_stored_num_samples_or_to_the_trials_a_budget_le
 def test_a_target_or_a_spent_budget_ends_the_search_and_stops_running_trials(tmp_path, data_root):
     from ray.tune.search import Searcher
 
-    from search.budget import budgeted, read_ended
-    from search.run_folder import RunFolder
-    from search.searcher import make_searcher
-    from search.storage import Storage
+    from search.searching.budget import budgeted, read_ended
+    from search.run.run_folder import RunFolder
+    from search.searching.searcher import make_searcher
+    from search.run.storage import Storage
 
     space = small_space(tmp_path, data_root, experiment={"stop_when": {"val_loss": 0.2}, "time_budget": "1h"})
     folder = RunFolder(Storage.at(str(tmp_path)), "target")
     folder.claim()
     search, stop = budgeted(make_searcher(space), folder, space)
-    assert search.searcher.suggest("t0")["trial_number"] == 0  # the first ask starts the clock
+    assert search.searching.searcher.suggest("t0")["trial_number"] == 0  # the first ask starts the clock
     assert not stop("t0", {"val_loss": 0.25, "epoch": 1, "config": {"trial_number": 0}})
     assert stop("t1", {"val_loss": 0.19, "epoch": 2, "config": {"trial_number": 1}})
     assert stop("t0", {"val_loss": 0.3, "epoch": 2, "config": {"trial_number": 0}})  # at its next epoch end
-    assert search.is_finished() and search.searcher.suggest("t2") == Searcher.FINISHED
+    assert search.is_finished() and search.searching.searcher.suggest("t2") == Searcher.FINISHED
     ended = read_ended(folder)
     assert (ended["ended_by"], ended["trial_number"], ended["epoch"], ended["value"]) == ("stop_when", 1, 2, 0.19)
     assert ended["op"] == "<=" and "val_loss: <= 0.2 (trial #1 reached 0.1900" in ended_note(ended, 2)
@@ -266,7 +266,7 @@ def test_a_target_or_a_spent_budget_ends_the_search_and_stops_running_trials(tmp
     spent = RunFolder(Storage.at(str(tmp_path)), "spent")
     spent.claim()
     search, stop = budgeted(make_searcher(space), spent, space)
-    search.searcher.suggest("t0")
+    search.searching.searcher.suggest("t0")
     stop.budget.started -= 3601  # an hour and a second ago
     assert stop("t0", {"val_loss": 0.5, "epoch": 1}) and read_ended(spent)["ended_by"] == "time_budget"
     assert search.is_finished() and stop.stop_all() is False  # running trials end at their epoch end, not at once
@@ -279,10 +279,10 @@ def test_a_resume_gets_spec_yamls_budget_and_more_trials_and_its_stopper_copy_fo
 
     from ray.tune.search import Searcher
 
-    from search.budget import budgeted, read_ended, read_record
-    from search.run_folder import RunFolder
-    from search.searcher import make_searcher
-    from search.storage import Storage
+    from search.searching.budget import budgeted, read_ended, read_record
+    from search.run.run_folder import RunFolder
+    from search.searching.searcher import make_searcher
+    from search.run.storage import Storage
 
     space = small_space(tmp_path, data_root, experiment={"num_samples": 2, "stop_when": {"val_acc": 0.9}})
     folder = RunFolder(Storage.at(str(tmp_path)), "resumed")
@@ -290,9 +290,9 @@ def test_a_resume_gets_spec_yamls_budget_and_more_trials_and_its_stopper_copy_fo
     folder.write_spec(space)
     search, stop = budgeted(make_searcher(space), folder, space)
     for t in range(2):
-        assert search.searcher.suggest(f"t{t}")["trial_number"] == t
-    assert search.searcher.suggest("t2") == Searcher.FINISHED and search.is_finished() and read_ended(folder) is None
-    saved = search.searcher.get_state()
+        assert search.searching.searcher.suggest(f"t{t}")["trial_number"] == t
+    assert search.searching.searcher.suggest("t2") == Searcher.FINISHED and search.is_finished() and read_ended(folder) is None
+    saved = search.searching.searcher.get_state()
 
     # the resume: num_samples 3, a 30 s budget, a target on val_loss instead
     folder.write_spec(small_space(tmp_path, data_root, experiment={"num_samples": 3, "time_budget": 30,
@@ -308,7 +308,7 @@ def test_a_resume_gets_spec_yamls_budget_and_more_trials_and_its_stopper_copy_fo
     assert read_ended(folder)["trial_number"] == 1 and searcher_copy.searcher.suggest("t3") == Searcher.FINISHED
     assert searcher_copy.searcher.budget.num_samples == 3
     # so does the progress line's total (Tune restores its Progress callback pickled at the start)
-    from search.progress import Progress
+    from search.execution.progress import Progress
 
     assert pickle.loads(pickle.dumps(Progress(folder, space))).total == 3
 
@@ -316,7 +316,7 @@ def test_a_resume_gets_spec_yamls_budget_and_more_trials_and_its_stopper_copy_fo
 def test_a_resume_takes_a_flag_that_lifts_a_target_the_file_never_had(tmp_path):
     """The target came from a flag at the start; the file has none: `--set experiment.stop_when=null` on the
     resume equals the file's value, and is still the user's ask."""
-    from search.budget import resume_changes
+    from search.searching.budget import resume_changes
     from search.cli import load_space
 
     space_file = tmp_path / "space.yaml"

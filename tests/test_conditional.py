@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from search.driver import run_search
-from search.schema import conditions, not_drawn
-from search.searcher import suggest
-from search.space import example_config, parse_space, to_raw
-from search.study import make_study
+from search.spec.schema import conditions, not_drawn
+from search.searching.searcher import suggest
+from search.spec.space import example_config, parse_space, to_raw
+from search.searching.study import make_study
 from tests.helpers import SMALL
 from trainable.config import TrialConfig
 from trainable.data import load_data
@@ -167,7 +167,7 @@ def test_a_conditional_search_records_nulls_where_keys_were_not_drawn_and_replay
     assert (run / "report.html").stat().st_size > 0
     import warnings
 
-    from search import report
+    from search.outputs import report
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

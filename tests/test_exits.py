@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from search.preflight import check_storage_outlives_ray
-from search.storage import Storage
+from search.execution.preflight import check_storage_outlives_ray
+from search.run.storage import Storage
 from tests.helpers import assert_outputs_agree
 from tests.test_user_code import blob_space, run_search_cli, write
 from trainable.errors import ConfigError
@@ -136,7 +136,7 @@ def test_the_summary_times_the_whole_command_and_its_phases_add_up(tmp_path):
 def test_a_command_is_timed_from_its_process_start_to_within_a_few_ticks():
     # /proc/stat's btime is whole seconds: a start taken from it was up to 1 s early, and so the
     # summary's wall time and its imports phase were up to 1 s long
-    script = "import time\nfrom search.phases import _process_start\nprint(_process_start(), time.time())"
+    script = "import time\nfrom search.outputs.phases import process_start\nprint(process_start(), time.time())"
     before = time.time()
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO)
     start, then = map(float, done.stdout.split())
@@ -156,7 +156,7 @@ def test_a_bug_of_ours_is_said_and_the_command_still_ends_despite_a_user_thread(
 def test_the_summary_of_an_interrupted_search_without_a_success_promises_no_exit_3():
     import pandas as pd
 
-    from search.outputs import NO_SUCCESS_EXIT, no_success
+    from search.outputs.finish import NO_SUCCESS_EXIT, no_success
 
     frame = pd.DataFrame({"trial_id": ["a", "a", "b"], "status": ["INTERRUPTED", "INTERRUPTED", "ERROR"]})
     ended = no_success(frame, "val_acc")
@@ -167,10 +167,10 @@ def test_the_summary_of_an_interrupted_search_without_a_success_promises_no_exit
 
 
 def test_the_resume_command_goes_back_to_the_cluster_the_search_joined(tmp_path):
-    from search.outputs import resume_command
-    from search.run_folder import RunFolder
-    from search.space import parse_space
-    from search.storage import Storage
+    from search.outputs.finish import resume_command
+    from search.run.run_folder import RunFolder
+    from search.spec.space import parse_space
+    from search.run.storage import Storage
 
     raw = {"experiment": {"name": "x"}, "space": {"lr": {"distribution": "float", "low": 0.01, "high": 0.3}}}
     space = parse_space(raw, source=str(tmp_path / "space.yaml"))

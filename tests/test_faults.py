@@ -19,7 +19,7 @@ import pytest
 import torch
 import yaml
 
-from search.results import COMPLETED, INTERRUPTED, ranked
+from search.run.results import COMPLETED, INTERRUPTED, ranked
 from tests.helpers import SMALL, assert_kept_checkpoints, assert_outputs_agree
 from tests.test_resume import wait_for
 from tests.test_trainable_data import write_idx
@@ -184,7 +184,7 @@ def test_two_searches_with_one_name_give_one_search_and_one_refusal(tmp_path, da
     assert "already holds a search" in refused and "Traceback" not in refused
     # two trials checkpoint at once: Tune's advice on CheckpointConfig(num_to_keep), which hpsearch
     # sets and the user cannot, stays out of the search's output (on local storage Tune no longer
-    # forces the snapshots it is about, search/retention.py; session.quiet hides it where it does)
+    # forces the snapshots it is about, search/run/retention.py; session.quiet hides it where it does)
     ran = next(out + err for (out, err), p in zip(outputs, (first, second)) if p.returncode == 0)
     assert "Experiment state snapshotting" not in ran, ran[-3000:]
     frame = pd.read_parquet(tmp_path / "runs" / "same" / "results.parquet")
@@ -262,7 +262,7 @@ def test_a_stopped_search_exits_130_marks_unfinished_trials_and_resumes(tmp_path
     assert "Tuner.restore" not in err + out, "hpsearch's resume command only, not Tune's"
     assert_outputs_agree(run)
     if stop == signal.SIGTERM:
-        return  # the driver turns SIGTERM into SIGINT (search/session.py): from here on, one path
+        return  # the driver turns SIGTERM into SIGINT (search/execution/session.py): from here on, one path
 
     (tmp_path / "hold").unlink()
     resumed = search_cli("--space", str(space), "--name", "stopped", "--resume")
@@ -386,9 +386,9 @@ def test_a_corrupt_gz_is_named_not_blamed_on_a_download(tmp_path, data_root):
 
 
 def test_automatic_names_taken_in_the_same_second_get_a_suffix_given_names_do_not(tmp_path):
-    from search.preflight import claim
-    from search.run_folder import RunFolder
-    from search.storage import Storage
+    from search.execution.preflight import claim
+    from search.run.run_folder import RunFolder
+    from search.run.storage import Storage
     from trainable.errors import ConfigError
 
     folder = RunFolder(Storage.at(str(tmp_path)), "mnist-20261130-101500")

@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from search.space import parse_space
+from search.spec.space import parse_space
 from trainable.errors import ConfigError
 from trainable.function import (MetricNotReported, Reporter, _Diverged, load_state, replay, resolve_function,
                                 save_state)
@@ -151,7 +151,8 @@ def test_a_toy_function_searches_restarts_from_its_checkpoint_and_reproduces(ray
     assert best["trainable"].endswith("toy.py:train") and "lr" in best
     assert (run / "report.html").exists() and (run / "optuna.journal").exists()
     # export has no model to rebuild: it says so (not a checkpoint "format" mismatch)
-    from search.export import chosen_checkpoint, open_run
+    from search.outputs.export import chosen_checkpoint
+    from search.run.run_folder import open_run
 
     with pytest.raises(ConfigError, match=r"RUN: is a search of your own training function .*toy.py:train"):
         chosen_checkpoint(open_run(str(run)))
@@ -171,9 +172,9 @@ def test_a_toy_function_searches_restarts_from_its_checkpoint_and_reproduces(ray
     pd.testing.assert_frame_equal(table(resumed.results), table(frame))
     assert "differs from the stored spec of this run in experiment.max_concurrent;" in capsys.readouterr().err
     # and `compare` lists the two runs' differences
-    from search.run_folder import RunFolder
-    from search.runs import compare
-    from search.storage import Storage
+    from search.run.run_folder import RunFolder
+    from search.outputs.runs import compare
+    from search.run.storage import Storage
 
     storage = Storage.at(str(tmp_path / "runs"))
     text = compare(RunFolder(storage, "one"), RunFolder(storage, "three"))
@@ -212,7 +213,7 @@ def test_a_metric_of_several_numbers_is_refused_by_name():
 
 
 def test_spec_differences_compare_the_trainable_reference_whole():
-    from search.space import spec_differences
+    from search.spec.space import spec_differences
 
     a = {"trainable": "a.py:train", "training": {"epochs": 3}, "space": None}
     b = {"trainable": "b.py:train", "training": {"epochs": 4, "lr": 0.1}, "space": {}}
@@ -236,6 +237,6 @@ def test_enqueued_configs_of_a_function_space_are_checked_against_its_free_names
 
 
 def test_progress_shows_a_report_past_epochs_without_a_total():
-    from search.progress import of_epochs
+    from search.execution.progress import of_epochs
 
     assert [of_epochs(3, 5), of_epochs(5, 5), of_epochs(6, 5), of_epochs(2, None)] == ["/5", "/5", "", ""]

@@ -22,12 +22,12 @@ import pytest
 import yaml
 from ray.cluster_utils import Cluster
 
-from search.capacity import spread_gpus
+from search.execution.capacity import spread_gpus
 from search.driver import run_search
-from search.gpu_probe import Round, choose_trials_per_gpu, largest_config, probe, rounds_to_try
-from search.results import COMPLETED
-from search.schema import Resources
-from search.space import parse_space
+from search.execution.gpu_probe import Round, choose_trials_per_gpu, largest_config, probe, rounds_to_try
+from search.run.results import COMPLETED
+from search.spec.schema import Resources
+from search.spec.space import parse_space
 from tests.helpers import SMALL, small_space
 from trainable.data import load_data
 

@@ -14,12 +14,12 @@ import optuna
 import pandas as pd
 import pytest
 
-from search.journal import Journal, local_journal_path
-from search.progress import Progress
-from search.run_folder import RunFolder
-from search.space import parse_space
-from search.storage import Storage
-from search.study import JOURNAL_FILE
+from search.outputs.journal import Journal, local_journal_path
+from search.execution.progress import Progress
+from search.run.run_folder import RunFolder
+from search.spec.space import parse_space
+from search.run.storage import Storage
+from search.searching.study import JOURNAL_FILE
 from tests.helpers import small_space
 
 dashboard_storage = pytest.importorskip("optuna_dashboard._storage_url")

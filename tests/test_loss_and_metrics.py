@@ -15,8 +15,8 @@ import pytest
 import torch
 import yaml
 
-from search.results import columns
-from search.space import parse_space
+from search.run.results import columns
+from search.spec.space import parse_space
 from tests.helpers import SMALL
 from trainable.config import TrialConfig
 from trainable.data import load_data
@@ -220,7 +220,7 @@ def test_a_regression_search_reports_its_metric_and_best_yaml_replays_it(regress
     assert f"val_mean_absolute_error {result['val_mean_absolute_error']:.4f}" in line
     # exported, the model is the regressor best.yaml scored: the same error on the same validation part,
     # loaded as the replay loads it (best.yaml's config through trainable's own data path)
-    from search.export import export
+    from search.outputs.export import export
     from trainable.__main__ import parse_args, trial_config
     from trainable.data import load_data, prepare_inputs
 

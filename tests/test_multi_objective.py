@@ -9,10 +9,10 @@ import random
 import pandas as pd
 import pytest
 
-from search.objectives import non_dominated, objectives_of, pareto_front, parse_constraint
-from search.ordered import OrderedSearch
-from search.searcher import suggest
-from search.space import parse_space
+from search.spec.objectives import non_dominated, objectives_of, pareto_front, parse_constraint
+from search.searching.ordered import OrderedSearch
+from search.searching.searcher import suggest
+from search.spec.space import parse_space
 from trainable.errors import ConfigError
 
 LR = {"lr": {"distribution": "float", "low": 0.01, "high": 0.3, "log": True}}
@@ -83,9 +83,9 @@ def test_a_trials_point_is_its_last_epoch_with_several_objectives_and_infeasible
 def test_an_empty_front_says_why_and_offers_no_replay(tmp_path):
     import yaml
 
-    from search.pareto import write_pareto
-    from search.run_folder import RunFolder
-    from search.storage import Storage
+    from search.outputs.pareto import write_pareto
+    from search.run.run_folder import RunFolder
+    from search.run.storage import Storage
 
     space = parse_space({"experiment": {"metric": ["val_acc", "params"], "mode": ["max", "min"],
                                         "constraints": ["params <= 100"]}, "space": LR})
@@ -100,8 +100,8 @@ def test_an_empty_front_says_why_and_offers_no_replay(tmp_path):
 
 def test_export_of_a_run_where_no_trial_met_the_constraints_says_so(tmp_path, capsys):
     from search.cli import main
-    from search.run_folder import RunFolder
-    from search.storage import Storage
+    from search.run.run_folder import RunFolder
+    from search.run.storage import Storage
 
     space = parse_space({"experiment": {"constraints": ["params <= 100"]}, "space": LR})
     folder = RunFolder(Storage.at(str(tmp_path)), "none")
@@ -115,7 +115,7 @@ def test_export_of_a_run_where_no_trial_met_the_constraints_says_so(tmp_path, ca
 
 
 def test_the_summary_lists_infeasible_trials_after_the_feasible_ones_and_marks_them():
-    from search.summary import format_table
+    from search.outputs.summary import format_table
 
     frame = pd.DataFrame({"trial_id": ["a", "b", "c"], "trial_number": [0, 1, 2], "status": ["COMPLETED"] * 3,
                           "epoch": [1, 1, 1], "val_acc": [0.9, 0.8, 0.7], "params": [400000, 100000, 400000],
@@ -124,7 +124,7 @@ def test_the_summary_lists_infeasible_trials_after_the_feasible_ones_and_marks_t
     assert lines[0].split() == ["trial_number", "trial_id", "status", "epoch", "val_acc", "params", "feasible", "lr"]
     assert [line.split()[0] for line in lines[1:]] == ["#1", "#0", "#2"]
     # and the header says so, where some trial broke them
-    from search.summary import Timing, format_summary
+    from search.outputs.summary import Timing, format_summary
 
     def header(frame) -> str:
         return format_summary(frame, None, Timing(10.0, 5.0, 1), metric="val_acc", mode="max", searched=["lr"],
@@ -136,7 +136,7 @@ def test_the_summary_lists_infeasible_trials_after_the_feasible_ones_and_marks_t
 
 
 def test_infeasible_trials_are_never_best_with_one_objective():
-    from search.objectives import feasible_only, mark_feasible
+    from search.spec.objectives import feasible_only, mark_feasible
 
     objectives = objectives_of(parse_space({"experiment": {"constraints": ["params <= 1000"]}, "space": LR})
                                .experiment)

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from search.ordered import OrderedSearch
-from search.searcher import suggest
-from search.schema import SAMPLERS
-from search.space import parse_space
+from search.searching.ordered import OrderedSearch
+from search.searching.searcher import suggest
+from search.spec.schema import SAMPLERS
+from search.spec.space import parse_space
 
 SPACE = parse_space({"space": {"lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3},
                                "batch_size": {"distribution": "choice", "values": [32, 64]},
@@ -103,7 +103,7 @@ def test_a_restored_searcher_continues_as_if_never_stopped(tmp_path):
 
 def at(max_concurrent: int, lag: int | None, sampler: str = "tpe") -> OrderedSearch:
     """The searcher make_searcher builds for this max_concurrent and experiment.lag."""
-    from search.searcher import lag_of
+    from search.searching.searcher import lag_of
 
     space = parse_space({"experiment": {"max_concurrent": max_concurrent, "lag": lag},
                          "space": {d.name: d.to_raw() for d in SPACE.searched}})
@@ -128,7 +128,7 @@ def ending_at_epochs(ends_at_epochs: bool) -> OrderedSearch:
 
 def test_a_waiting_trial_is_asked_at_the_last_epochs_report_of_the_trial_it_waits_for():
     # the canonical loop reports nothing after its last epoch, so its report finishes the trial;
-    # Tune keeps the ended trial's actor only if the next trial is asked by then (search/ordered.py)
+    # Tune keeps the ended trial's actor only if the next trial is asked by then (search/searching/ordered.py)
     early, late = ending_at_epochs(True), ending_at_epochs(False)
     for s in (early, late):
         first = s.suggest("t0")

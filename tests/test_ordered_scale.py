@@ -17,10 +17,11 @@ import optuna
 import pytest
 from optuna.trial import TrialState, create_trial
 
-from search.ordered import RECORD, RECORD_FILE, OrderedSearch, make_sampler
-from search.searcher import suggest
-from search.schema import SAMPLERS
-from search.space import parse_space
+from search.run.searcher_record import RECORD, RECORD_FILE
+from search.searching.ordered import OrderedSearch, make_sampler
+from search.searching.searcher import suggest
+from search.spec.schema import SAMPLERS
+from search.spec.space import parse_space
 
 SPACE = parse_space({"space": {"lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3},
                                "batch_size": {"distribution": "choice", "values": [32, 64]},

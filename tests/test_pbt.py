@@ -12,8 +12,8 @@ import torch
 import yaml
 from optuna.distributions import FloatDistribution
 
-from search.pbt import ClipToRange, replay_config
-from search.schema import Searched
+from search.searching.pbt import ClipToRange, replay_config
+from search.spec.schema import Searched
 from tests.helpers import small_space
 from trainable.__main__ import main as trainable_main
 from trainable.config import TrialConfig, parse_schedule
@@ -112,7 +112,7 @@ def test_the_population_is_tunes_param_space_without_a_deprecated_spec_form(tmp_
 
     from ray.tune.search.variant_generator import generate_variants
 
-    from search.pbt import initial_population, population_space
+    from search.searching.pbt import initial_population, population_space
 
     space = small_space(tmp_path, data_root, experiment={"num_samples": 3, "scheduler": "pbt"})
     with caplog.at_level(logging.WARNING, logger="ray.tune"):
@@ -154,7 +154,7 @@ def test_pbt_keeps_every_checkpoint_unless_told_otherwise(tmp_path, data_root):
 
 
 def test_the_summary_names_a_best_trials_schedule_and_gives_its_first_values():
-    from search.summary import searched_values
+    from search.outputs.summary import searched_values
 
     config = {**TrialConfig(**BASE, lr=0.05, seed=11).to_dict(),
               "schedule": [{"epoch": 3, "trial_number": 1, "lr": 0.08, "momentum": 0.5, "weight_decay": 0.0,

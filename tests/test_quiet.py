@@ -76,7 +76,7 @@ def test_quiet_drops_only_the_records_it_names():
     """Each filter of `quiet`, on the logger Ray and Tune log it with: dropped; another record there still shows."""
     script = """if True:
         import logging
-        from search.session import quiet
+        from search.execution.session import quiet
         quiet()
         logging.getLogger("ray.tune.analysis.experiment_analysis").warning("Failed to fetch metrics for 2 trial(s):")
         logging.getLogger("ray.tune.tune").error("Trials did not complete: [t1]")

@@ -11,8 +11,8 @@ from ray import tune
 from ray.tune.logger import JsonLoggerCallback
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-from search.results import RECORD_FILE
-from search.tuner import KeepingJsonLogger
+from search.run.results import RECORD_FILE
+from search.execution.tuner import KeepingJsonLogger
 
 EPOCHS = 4
 

@@ -12,7 +12,7 @@ import optuna
 import pytest
 
 from search.driver import run_search
-from search.study import JOURNAL_FILE, journal
+from search.searching.study import JOURNAL_FILE, journal
 from tests.helpers import small_space
 
 pytestmark = pytest.mark.slow
@@ -110,8 +110,8 @@ def test_mlflow_records_one_run_per_trial(searched):
 
 
 def test_the_report_command_writes_it_again_and_keeps_the_searchs_summary(searched, tmp_path):
-    from search.export import open_run
-    from search.report import kept_summary
+    from search.run.run_folder import open_run
+    from search.outputs.report import kept_summary
 
     _, outcome = searched
     run = Path(outcome.path)
@@ -161,7 +161,8 @@ def legend(figure) -> dict[str, float]:
 
 
 def test_the_summary_and_the_report_count_slot_time_by_one_rule(searched):
-    from search import report, summary
+    from search.outputs import report
+    from search.outputs import summary
 
     _, outcome = searched
     # a long wait in the queue: the trial held no slot then, so neither view may call it slot time
@@ -188,7 +189,7 @@ def test_the_summary_and_the_report_count_slot_time_by_one_rule(searched):
 def test_the_time_figure_holds_its_slot_time_in_its_window(searched):
     import re
 
-    from search import report
+    from search.outputs import report
 
     _, outcome = searched
     figure = report.time_breakdown(outcome.results, outcome.timing.slots)
@@ -201,7 +202,8 @@ def test_the_time_figure_holds_its_slot_time_in_its_window(searched):
 
 
 def test_the_report_counts_the_slots_the_search_had_not_max_concurrent(searched):
-    from search import report, summary
+    from search.outputs import report
+    from search.outputs import summary
 
     space, outcome = searched
     assert summary.slot_count(max_concurrent=4, capacity=2) == 2, "what the cluster holds"
@@ -256,7 +258,7 @@ def clipped_texts(figure) -> list[str]:
 def test_no_text_of_any_report_figure_is_clipped_and_drawing_them_warns_nothing(searched):
     import warnings
 
-    from search import report
+    from search.outputs import report
 
     space, outcome = searched
     results = outcome.results
@@ -279,7 +281,7 @@ def test_no_text_of_any_report_figure_is_clipped_and_drawing_them_warns_nothing(
 
 
 def test_every_figure_names_the_metric_on_its_axes(searched):
-    from search import report
+    from search.outputs import report
 
     space, outcome = searched
     drawn = report.figures(outcome.results, space, outcome.best["result"]["trial_id"], outcome.timing.slots)

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from ray import tune
 
-from search.retention import KeepCheckpoints
+from search.run.retention import KeepCheckpoints
 
 
 class Trial:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from search.results import results_schema
-from search.run_folder import RunFolder
-from search.runs import best_of, compare, list_runs, read_run
-from search.storage import Storage
+from search.run.results import results_schema
+from search.run.run_folder import RunFolder
+from search.outputs.runs import best_of, compare, list_runs, read_run
+from search.run.storage import Storage
 from tests.helpers import small_space
 
 

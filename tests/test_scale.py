@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from search.driver import run_search
-from search.results import COMPLETED
-from search.summary import PHASES, TRAINING_PHASES, slot_time
+from search.run.results import COMPLETED
+from search.outputs.summary import PHASES, TRAINING_PHASES, slot_time
 from tests.helpers import small_space
 
 pytestmark = pytest.mark.slow

@@ -9,10 +9,10 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from search.results import results_schema
-from search.schema import label
-from search.searcher import suggest
-from search.space import example_config, parse_space, to_raw
+from search.run.results import results_schema
+from search.spec.schema import label
+from search.searching.searcher import suggest
+from search.spec.space import example_config, parse_space, to_raw
 from trainable.errors import ConfigError
 
 MAPPINGS = [{"act": "relu", "depth": 2}, {"depth": 3, "act": "tanh"}]  # keys in two orders
@@ -128,7 +128,7 @@ def test_a_search_over_a_log_int_keyword_and_a_choice_of_mappings_runs_to_the_en
     import pandas as pd
 
     from search.driver import run_search
-    from search.study import JOURNAL_FILE, journal
+    from search.searching.study import JOURNAL_FILE, journal
     from tests.helpers import SMALL
 
     (tmp_path / "net.py").write_text(NET)

@@ -16,8 +16,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).parent / "ray")
-JOIN = "from search.session import start_ray; import sys, ray; start_ray(sys.argv[1], 30); print('joined'); ray.shutdown()"
-CLI_LIKE = ("import sys\nfrom search.session import start_ray\nfrom trainable.errors import ConfigError\n"
+JOIN = "from search.execution.session import start_ray; import sys, ray; start_ray(sys.argv[1], 30); print('joined'); ray.shutdown()"
+CLI_LIKE = ("import sys\nfrom search.execution.session import start_ray\nfrom trainable.errors import ConfigError\n"
             "try:\n    start_ray(sys.argv[1], 30)\nexcept ConfigError as error:\n    print(error); sys.exit(2)\n")
 
 

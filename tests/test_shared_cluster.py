@@ -20,9 +20,9 @@ import pytest
 import ray
 import yaml
 
-from search.capacity import check_capacity
-from search.results import COMPLETED
-from search.schema import Resources
+from search.execution.capacity import check_capacity
+from search.run.results import COMPLETED
+from search.spec.schema import Resources
 from tests.helpers import SMALL
 from tests.test_autoscaler import own_head
 

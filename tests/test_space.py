@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from search.cli import apply_overrides, assignments, load_space, parse_args, set_keys
-from search.schema import is_run_name
-from search.space import example_config, parse_space, to_raw
+from search.spec.schema import is_run_name
+from search.spec.space import example_config, parse_space, to_raw
 from trainable.errors import ConfigError
 from trainable.yaml_file import read_yaml_mapping
 

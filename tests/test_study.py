@@ -9,12 +9,12 @@ from pathlib import Path
 import optuna
 import pandas as pd
 
-from search.journal import Journal
-from search.progress import Progress
-from search.run_folder import RunFolder
-from search.space import parse_space
-from search.storage import Storage
-from search.study import JOURNAL_FILE, frozen_trial, journal, make_study
+from search.outputs.journal import Journal
+from search.execution.progress import Progress
+from search.run.run_folder import RunFolder
+from search.spec.space import parse_space
+from search.run.storage import Storage
+from search.searching.study import JOURNAL_FILE, frozen_trial, journal, make_study
 
 
 def rows(**columns) -> list[dict]:

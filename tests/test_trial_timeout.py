@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from search.driver import run_search
-from search.space import parse_space
+from search.spec.space import parse_space
 from tests.helpers import assert_outputs_agree
 from tests.test_user_code import blob_space, write
 

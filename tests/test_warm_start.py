@@ -14,12 +14,12 @@ import pytest
 import yaml
 from optuna.storages.journal import JournalFileBackend
 
-from search.journal import WARM_STUDY, Journal
-from search.run_folder import RunFolder
-from search.searcher import make_searcher
-from search.space import parse_space
-from search.storage import Storage
-from search.warm_start import NUMBER, UNFINISHED, WARM_START_FILE, WarmStart, read, select, told
+from search.outputs.journal import WARM_STUDY, Journal
+from search.run.run_folder import RunFolder
+from search.searching.searcher import make_searcher
+from search.spec.space import parse_space
+from search.run.storage import Storage
+from search.searching.warm_start import NUMBER, UNFINISHED, WARM_START_FILE, WarmStart, read, select, told
 from tests.helpers import small_space
 from trainable.errors import ConfigError
 from trainable.seed import derive_seed

@@ -58,11 +58,19 @@ class TrialStart:
     checkpoint_every: int = 1
 
 
-# Per actor process: a reused actor runs trials one after another, never two at once.
+# Per actor process: a reused actor runs trials one after another, never two at once. Tune forces
+# module-level state here: it calls the trainable function anew for each trial on a reused actor,
+# with nothing but the config, so what outlives a trial (the fetched data, when it ended) or what
+# run_trial hands the trial function (its start, its watchdog) has nowhere else to live.
 _fetched: dict[str, Data] = {}  # object id -> data: a reused actor keeps what it fetched
 _last_end: float | None = None  # when this actor's previous trial made its last report
 _start: TrialStart | None = None  # the running trial's, set by run_trial
 _watchdog: Watchdog | None = None  # the running trial's, told of each report
+
+
+def trial_start() -> TrialStart:
+    """The running trial's start, as run_trial recorded it (now, where run_trial did not run it)."""
+    return _start or TrialStart(time.time(), time.time(), 0.0)
 
 
 def process_started_at() -> float:
@@ -172,7 +180,7 @@ def mark_report() -> None:
 def tune_trial(config: dict[str, Any], *, data: Data) -> None:
     """A Tune function trainable: one trial, a report and (every checkpoint_every epochs) a checkpoint per epoch."""
     global _last_end
-    start = _start or TrialStart(time.time(), time.time(), 0.0)
+    start = trial_start()
     trial = TrialConfig.from_mapping(config)
     device = trial_device()
     if device.type == "cuda":  # a reused actor: this trial's peaks only, without the last one's cached blocks

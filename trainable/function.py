@@ -213,7 +213,7 @@ def tune_function(config: dict[str, Any], *, data: Any = None, metric: str) -> N
     function = resolve_function(trial.trainable)
     if trial.num_threads:
         torch.set_num_threads(trial.num_threads)
-    start = adapter._start or adapter.TrialStart(time.time(), time.time(), 0.0)
+    start = adapter.trial_start()
     device = adapter.trial_device()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

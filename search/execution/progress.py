@@ -1,0 +1,262 @@
+"""What a running search shows: progress on the terminal, each finished trial in
+results.parquet, and every trial in the Optuna journal as it starts, learns and ends
+(`optuna-dashboard runs/<name>/optuna.journal`; search/outputs/journal.py).
+
+A Tune callback in the driver. It keeps no copy of the reports: a trial's rows are derived
+from Tune's record (its result.json) when the trial ends, so the work per finished trial
+stays the same however many came before. They are handed to one writer thread at the end
+of the controller step, after Tune may have saved its state (by its own ~5% rule): Tune's
+controller runs the trials' reports, resets and starts one after another, so ~10 ms of
+Parquet and journal per trial on its thread would be ~10 ms more per trial for the whole
+search. A part whose trial that state does not hold is removed on resume
+(run_folder.drop_unrecorded_parts), as the trial runs again; a part not yet written when
+the driver dies is written from Tune's record when the search ends.
+
+On a terminal the progress is one line redrawn in place (done/total, running, best, ETA);
+elsewhere (CI logs, `| tee`) it is a plain line per epoch, with the elapsed time and the ETA.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import pyarrow.fs as pafs
+from ray.tune import Callback
+
+from search.spec.objectives import first, mark_feasible, objectives_of
+from search.run.results import read_record, records, results_schema, score, trial_rows
+from search.run.run_folder import RunFolder
+from search.spec.space import Space
+from search.searching.study import RUNNING
+from trainable.errors import ConfigError
+
+if TYPE_CHECKING:
+    from search.outputs.journal import Journal
+
+
+# Every writer thread started here, so the driver can wait for them after Tune returns even
+# when Tune ended without on_experiment_end (a second Ctrl-C) or restored its own Progress.
+# Tune forces this module-level set: a resumed Tuner runs the Progress it unpickled, not one the
+# driver holds, so the driver cannot reach its threads through an instance.
+_writers: set[ThreadPoolExecutor] = set()
+
+
+def flush_all() -> None:
+    """Wait until every part and journal entry handed to a writer thread is written."""
+    while _writers:
+        _writers.pop().shutdown(wait=True)
+
+
+def is_better(value: float, best: float | None, mode: str) -> bool:
+    return best is None or (value > best if mode == "max" else value < best)
+
+
+def clock(seconds: float) -> str:
+    """Seconds as m:ss (h:mm:ss from an hour on), as a progress line shows elapsed time and ETA."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def of_epochs(epoch: Any, epochs: Any) -> str:
+    """"/5" after an epoch of 5; nothing where a function trainable reports past its `epochs` (or has none)."""
+    try:
+        return f"/{epochs}" if epochs is not None and int(epoch) <= int(epochs) else ""
+    except (TypeError, ValueError):
+        return ""
+
+
+class Progress(Callback):
+    """Shows progress, writes a trial's rows when it ends and its journal entry as it goes."""
+
+    def __init__(self, folder: RunFolder, space: Space):
+        self.folder, self.space = folder, space
+        self.metric, self.mode = first(space.experiment.metric), first(space.experiment.mode)
+        self.total = space.experiment.num_samples
+        self.ended: set[str] = set()
+        self.running: set[str] = set()
+        self.best: float | None = None
+        self.started = time.monotonic()
+        self._reset()
+
+    def _reset(self) -> None:
+        """What this process keeps apart from Tune's pickled copy of the callback."""
+        self._journal: Journal | None = None  # opened by the writer thread; not pickled with the callback
+        self._journal_failed = False  # one note, then the end of the search writes the journal
+        self._ending: list[tuple[Any, bool]] = []  # (trial, error) that ended in this step, written at its end
+        self._schema = None  # results_schema(space), made once: it takes ms, and this runs per trial
+        self._writer: ThreadPoolExecutor | None = None  # parts and journal, off Tune's controller thread
+        self._epochs: dict[str, float] = {}  # running trial -> share of its epochs done (the ETA's)
+        self._ended_before = len(self.ended)  # trials that ended before this process: not in its ETA
+        self._paced_from: float | None = None  # when this process's first trial started: the ETA's pace
+
+    def __getstate__(self) -> dict[str, Any]:
+        keep = ("_journal", "_journal_failed", "_ending", "_schema", "_writer", "_epochs", "_ended_before",
+                "_paced_from")
+        return {k: v for k, v in self.__dict__.items() if k not in keep}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # unpickled by a resume (Tune keeps the callback as it was at start): this process's
+        # clock, the trials that already ended (their results parts), the journal reopened later
+        self.__dict__.update(state, started=time.monotonic())
+        self.ended = set(self.folder.ended_trials())
+        try:  # the total as the resume wrote it (--more-trials, --num-samples): spec.yaml, not the pickle
+            self.total = self.folder.read_spec()[0].experiment.num_samples
+        except ConfigError:
+            pass  # the resume itself reads and checks spec.yaml first; keep the old total
+        self._reset()
+
+    def setup(self, **info) -> None:
+        self._submit(self._to_journal, lambda journal: None)  # the journal exists from the start
+
+    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        self.running.add(trial.trial_id)
+        self._paced_from = self._paced_from or time.monotonic()
+        self._submit(self._to_journal, functools.partial(self._start_entry, trial.trial_id, dict(trial.config)))
+
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        self.ended.discard(trial.trial_id)  # a restarted trial is running again
+        self.running.add(trial.trial_id)
+        value = score(result.get(self.metric))
+        epoch, number = result.get("epoch"), trial.config.get("trial_number")
+        if value is not None and is_better(value, self.best, self.mode):
+            self.best = value
+        if value is not None and epoch is not None and number is not None:
+            self._submit(self._to_journal, lambda journal: journal.report(int(number), int(epoch), value))
+        if epoch is not None and trial.config.get("epochs"):
+            self._epochs[trial.trial_id] = min(1.0, int(epoch) / int(trial.config["epochs"]))
+        if sys.stdout.isatty():
+            self._bar()
+            return
+        raw = result.get(self.metric)
+        shown = f"{value:.4f}" if value is not None else str(raw) if isinstance(raw, (int, float)) else "nan"
+        best = "-" if self.best is None else f"{self.best:.4f}"
+        elapsed, eta = self._times()
+        print(f"[{len(self.ended):>{len(str(self.total))}}/{self.total} done] trial {trial.trial_id} "
+              f"epoch {epoch}{of_epochs(epoch, trial.config.get('epochs'))} {self.metric} {shown} | best {best} "
+              f"| elapsed {elapsed} | ETA {eta}", flush=True)
+
+    def _times(self) -> tuple[str, str]:
+        """Elapsed time, and the ETA at this process's pace since its first trial started (start-up excluded):
+        trials ended, and the share of epochs done of those running."""
+        now = time.monotonic()
+        running = sum(self._epochs.get(t, 0.0) for t in self.running)
+        done = len(self.ended) - self._ended_before + running
+        left = max(0.0, self.total - len(self.ended) - running)
+        paced = now - (self._paced_from or now)
+        return clock(now - self.started), (clock(paced / done * left) if done > 0 and paced > 0 else "?")
+
+    def _bar(self) -> None:
+        done, width = len(self.ended), 24
+        filled = width * done // max(self.total, 1)
+        elapsed, eta = self._times()
+        best = "-" if self.best is None else f"{self.best:.4f}"
+        sys.stdout.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} done, "
+                         f"{len(self.running)} running | best {self.metric} {best} | {elapsed} | ETA {eta}   ")
+        sys.stdout.flush()
+
+    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        self._ended(trial, error=False)
+
+    def on_trial_recover(self, iteration, trials, trial, **info) -> None:
+        where = "its last checkpoint" if trial.checkpoint is not None else "its start (no checkpoint yet)"
+        self._say_failure(trial, f"restarts from {where} (experiment.max_failures)")
+
+    def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        self._say_failure(trial, "ended in ERROR")
+        self._ended(trial, error=True)
+
+    def _say_failure(self, trial, what: str) -> None:
+        """One line per failure, where Tune logs a traceback (dropped unless --verbose: search/execution/session.py quiet)."""
+        try:  # written here first (error_file, the driver's copy), in the run folder at Tune's next sync
+            error = Path(trial.error_file).read_text() if trial.error_file else trial.get_error()
+        except Exception:  # unreadable: the line still says where the traceback is
+            error = None
+        last = str(error).strip().splitlines()[-1][:200] if error is not None and str(error).strip() else "?"
+        if sys.stdout.isatty():
+            sys.stdout.write("\n")  # below the progress bar
+        print(f"trial {trial.trial_id} (#{trial.config.get('trial_number')}) failed and {what}: {last} "
+              f"(traceback in {self.folder.trial_path(trial.path)}/error.txt)", flush=True)
+
+    def on_experiment_end(self, trials, **info) -> None:
+        self.on_step_end(iteration=None, trials=trials)
+        self.flush()
+        if sys.stdout.isatty():
+            sys.stdout.write("\n")
+
+    def on_step_end(self, iteration, trials, **info) -> None:
+        ending, self._ending = self._ending, []
+        for trial, error in ending:
+            self._submit(self._write, trial.trial_id, trial.config, trial.local_path, error=error)
+        if ending and sys.stdout.isatty():
+            self._bar()
+
+    def _submit(self, work, *args, **kwargs) -> None:
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpsearch-results")
+            _writers.add(self._writer)
+        self._writer.submit(work, *args, **kwargs)
+
+    def flush(self) -> None:
+        """Wait until every ended trial's part and journal entry is written."""
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            _writers.discard(self._writer)
+            self._writer = None
+
+    def _ended(self, trial, *, error: bool) -> None:
+        self.ended.add(trial.trial_id)
+        self.running.discard(trial.trial_id)
+        self._epochs.pop(trial.trial_id, None)
+        self._ending.append((trial, error))
+
+    @property
+    def schema(self):
+        if self._schema is None:
+            self._schema = results_schema(self.space)
+        return self._schema
+
+    @property
+    def journal(self) -> Journal:
+        if self._journal is None:
+            from search.outputs.journal import Journal
+
+            self._journal = Journal(self.folder, self.space, self.schema)
+        return self._journal
+
+    def _to_journal(self, change: Callable[[Journal], None]) -> None:
+        """One change to the journal, on the writer thread; a failure is said once and never stops the search."""
+        if self._journal_failed:
+            return
+        try:
+            change(self.journal)
+        except Exception as failure:  # the journal is a view: the end of the search writes it from the results
+            self._journal_failed = True
+            print(f"note: optuna.journal not kept up to date during the search ({type(failure).__name__}: "
+                  f"{failure}); the end of the search writes it from results.parquet", file=sys.stderr, flush=True)
+
+    def _start_entry(self, trial_id: str, config: dict[str, Any], journal: Journal) -> None:
+        rows = [{**row, "status": RUNNING} for row in trial_rows(trial_id, config, [], done=False, error=False)]
+        journal.start(journal.trial_of(records(rows, self.schema)))
+
+    def _write(self, trial_id: str, config: dict[str, Any], local_path: str, *, error: bool) -> None:
+        # Tune's JSON logger has flushed every report of this trial to its driver-side folder
+        try:
+            reports = read_record(pafs.LocalFileSystem(), local_path)
+            rows = mark_feasible(trial_rows(trial_id, config, reports, done=True, error=error),
+                                 objectives_of(self.space.experiment))
+            self.folder.write_part(self.space, trial_id, rows, self.schema)
+        except Exception as problem:  # written again from Tune's record when the search ends
+            print(f"note: the results part of trial {trial_id} is not written yet ({type(problem).__name__}: "
+                  f"{problem}); the end of the search writes it", file=sys.stderr, flush=True)
+            return
+        self._to_journal(lambda journal: self.add_to_journal(rows))
+
+    def add_to_journal(self, rows: list[dict[str, Any]]) -> None:
+        """Put one ended trial in optuna.journal (a trial re-run after a resume replaces its entry)."""
+        self.journal.put(self.journal.trial_of(records(rows, self.schema)))

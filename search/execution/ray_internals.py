@@ -1,0 +1,101 @@
+"""Every use of Ray's and Tune's private parts, in one place, each with why and what pins it.
+
+Ray 2.60 has no public way to do these; each is pinned by a test (tests/test_ray_internals.py) that
+fails when Ray changes what it relies on, so an upgrade says where to look instead of misbehaving.
+
+- `quick_stop`: after a Ctrl-C or SIGTERM, Tune saves its state and then waits up to ~15 s for
+  running trials to finish their epoch; hpsearch ends fit() right after the save. Tune says both
+  steps only in its log (`ray.tune.tune`'s INFO lines, STOP and SAVED below): a public knob,
+  TUNE_FORCE_TRIAL_CLEANUP_S, force-kills the trials, but only after that same wait starts and
+  not below 1 s, and a callback hears of neither the stop nor the save.
+- `autoscaler_status`: whether an autoscaler runs. No public API says it; `ray status` reads the
+  GCS key-value record DEBUG_AUTOSCALING_STATUS (autoscaler v1) and the v2 SDK's cluster status.
+- The logger names the quiet mode filters (search/execution/session.py's `quiet`) are Ray's
+  module paths, `ray._private.worker` among them: a renamed module only makes a hint visible again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from contextlib import contextmanager
+
+import ray
+
+
+class _QuickStop(logging.Filter):
+    """Ends Tune's fit() right after its last save once a Ctrl-C or SIGTERM has stopped the search.
+
+    After the stop Tune saves its state, then waits up to ~15 s for running trials to finish
+    the epoch they are in (their actors take no stop request mid-step), although the save is
+    what a resume continues from and those epochs are thrown away. Tune says each step in its
+    log, on the main thread; this filter reads the two lines and raises KeyboardInterrupt after
+    the save, as a second Ctrl-C would, so SIGTERM (`timeout`, a batch system) is done in
+    seconds. Without the lines (another Ray) the stop only waits, as before.
+    """
+
+    STOP = "Stop signal received"
+    SAVED = "Wrote the latest version of all result files and experiment state"
+
+    def __init__(self, floor: int):
+        super().__init__()
+        self.stopping = self.cut = False
+        self.floor = floor  # records below the logger's own level are read here, not shown
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        if message.startswith(self.STOP):
+            self.stopping = True
+        elif self.stopping and not self.cut and message.startswith(self.SAVED) \
+                and threading.current_thread() is threading.main_thread():
+            self.cut = True
+            raise KeyboardInterrupt
+        return record.levelno >= self.floor
+
+
+@contextmanager
+def quick_stop():
+    """While fit() runs: a stopped search ends after Tune's last save (yields the filter; `.cut` says it did)."""
+    logger = logging.getLogger("ray.tune.tune")
+    cut = _QuickStop(floor=logger.getEffectiveLevel())
+    logger.addFilter(cut)
+    level = logger.level
+    logger.setLevel(logging.INFO)  # the save's line (INFO) must reach the filter, even when quiet
+    try:
+        yield cut
+    finally:
+        logger.removeFilter(cut)
+        logger.setLevel(level)
+
+
+def autoscaler_status() -> tuple[set[str] | None, str | None]:
+    """The node types the cluster's autoscaler reports, and the version an autoscaler v2 reports.
+
+    The one place hpsearch reads Ray's private state, on purpose: Ray 2.60 has no public API that
+    says whether an autoscaler runs. ray.autoscaler.sdk launches clusters and requests resources;
+    ray.nodes(), ray.cluster_resources() and ray.util.state list what runs now, not what may be
+    added; `ray status` itself reads these two records. Autoscaler v1 (`ray up`, KubeRay's
+    autoscaler container, the fake provider) writes its report under DEBUG_AUTOSCALING_STATUS in
+    the GCS's key-value store; v2 answers get_cluster_status. HPSEARCH_AUTOSCALER is the public
+    way around both. Types are None where the v1 record could not be read (an older GCS, a client
+    without access): no evidence either way, which has_autoscaler does not take for "none".
+    """
+    types: set[str] | None = None
+    try:
+        from ray._private import ray_constants
+        from ray.experimental import internal_kv
+
+        status = internal_kv._internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS)
+        report = (json.loads(status) if status else {}).get("autoscaler_report") or {}
+        types = {*(report.get("active_nodes") or {}), *(report.get("idle_nodes") or {}),
+                 *(report.get("pending_launches") or {})}
+    except Exception:  # Ray's private record moved or is out of reach: unknown, not "none"
+        types = None
+    try:
+        from ray.autoscaler.v2.sdk import get_cluster_status
+
+        version = get_cluster_status(ray.get_runtime_context().gcs_address).stats.autoscaler_version
+    except Exception:
+        version = None
+    return types, version

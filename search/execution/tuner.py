@@ -1,0 +1,242 @@
+"""The Tuner of a search, new or restored: trainable, searcher, scheduler, callbacks.
+
+A new search gets a Tuner over the trial function with the data in the object store, the
+searcher (search/searching/searcher.py) and the scheduler; a resume restores Tune's own record of the
+run with the same trainable. `fit` runs it with SIGTERM handled as Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from typing import Any, Callable
+
+import pyarrow.fs as pafs
+from ray import tune
+from ray.tune.logger import JsonLoggerCallback, TBXLoggerCallback
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
+
+from search.searching.budget import budgeted
+from search.execution.disk_guard import DiskGuard
+from search.searching.halving import RECORD_FILE as HALVING_RECORD, OrderedHalving, bracket_count
+from search.searching.pbt import make_pbt, population_space
+from search.outputs.phases import first_trial_started
+from search.spec.objectives import first, several
+from search.execution.progress import Progress, flush_all
+from search.run.results import RECORD_FILE
+from search.run.retention import KeepCheckpoints
+from search.run.run_folder import RunFolder
+from search.searching.searcher import make_searcher
+from search.execution.ray_internals import quick_stop
+from search.execution.session import sigterm_as_sigint
+from search.spec.space import Space, max_epochs
+from search.run.storage import is_uri
+from trainable.adapter import DataHandle, run_trial
+from trainable.data import Data
+
+MLFLOW_DB = "mlflow.db"
+
+
+def make_scheduler(space: Space, folder: RunFolder | None = None) -> TrialScheduler:
+    """FIFO, or early stopping: reproducible (search/searching/halving.py) unless experiment.reproducible is false."""
+    experiment = space.experiment
+    if experiment.scheduler == "pbt":
+        return make_pbt(space)
+    if experiment.scheduler not in ("asha", "hyperband"):
+        return FIFOScheduler()
+    max_t = max_epochs(space.searched, space.trial_defaults().epochs)
+    brackets = 1 if experiment.scheduler == "asha" else \
+        bracket_count(experiment.grace_period, max_t, experiment.reduction_factor)
+    if experiment.reproducible:
+        return OrderedHalving(metric=experiment.metric, mode=experiment.mode, max_t=max_t,
+                              grace_period=experiment.grace_period, reduction_factor=experiment.reduction_factor,
+                              brackets=brackets, storage=None if folder is None else folder.storage,
+                              record=f"{folder.name if folder else ''}/{HALVING_RECORD}")
+    return ASHAScheduler(time_attr="training_iteration", metric=experiment.metric, mode=experiment.mode,
+                         max_t=max_t, grace_period=experiment.grace_period,
+                         reduction_factor=experiment.reduction_factor, brackets=brackets)
+
+
+def param_space(space: Space) -> dict[str, Any]:
+    """The fixed part of every trial's config; the searcher adds the searched fields and seed."""
+    fixed = space.trial_defaults().to_flat()
+    for name in [d.name for d in space.searched] + ["seed", "trial_number"]:  # the searcher sets these per trial
+        fixed.pop(name, None)
+    # torch threads = the trial's CPU share, so concurrent trials don't oversubscribe cores
+    return {**fixed, "num_threads": max(1, math.floor(space.resources.cpus))}
+
+
+def trial_folder_name(trial) -> str:
+    """Short trial folders (Tune's default name lists the whole config)."""
+    return f"trial_{trial.trial_id}"
+
+
+def tracker_callbacks(space: Space, folder: RunFolder) -> list:
+    """Tune's logger callbacks for experiment.loggers (Tune adds its TensorBoard logger itself)."""
+    callbacks = [] if "tensorboard" in space.experiment.loggers else [NoEventFiles()]
+    if "mlflow" in space.experiment.loggers:
+        # a SQLite file in the run folder: MLflow 3 has put its ./mlruns file store in maintenance mode
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{folder.path}/{MLFLOW_DB}"
+        from search.execution.mlflow_logger import TrialValueLogger
+
+        callbacks.append(TrialValueLogger(first(space.experiment.metric), first(space.experiment.mode), tracking_uri=uri,
+                                          experiment_name=folder.name, save_artifact=False))
+    if "wandb" in space.experiment.loggers:
+        from ray.air.integrations.wandb import WandbLoggerCallback
+
+        callbacks.append(WandbLoggerCallback(project=folder.name, mode="offline", dir=folder.path))
+    return callbacks
+
+
+class NoEventFiles(TBXLoggerCallback):
+    """experiment.loggers without tensorboard: no TensorBoard event files. Tune adds its TensorBoard
+    logger unless the callbacks hold one, so they hold this one, which writes nothing. It saves the
+    driver a writer (and its thread) per trial and ~40 scalars per report, which counts in a search
+    of many short trials (docs/performance.md)."""
+
+    def __init__(self) -> None:
+        super(TBXLoggerCallback, self).__init__()  # not Tune's: it writes nothing, so it needs no tensorboardX
+
+    def log_trial_start(self, trial) -> None:
+        pass
+
+    def log_trial_result(self, iteration, trial, result) -> None:
+        pass
+
+    def log_trial_end(self, trial, failed: bool = False) -> None:
+        pass
+
+
+class FirstTrialStart(tune.Callback):
+    """Tells search/outputs/phases.py when the first trial starts. It holds nothing: a resumed Tuner brings
+    back the callbacks pickled with the run."""
+
+    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        first_trial_started()
+
+
+class KeepingJsonLogger(JsonLoggerCallback):
+    """Tune's JSON logger (every trial's result.json, our record), keeping what this driver wrote.
+
+    When a trial starts again (after a pause at a rung or a PBT perturbation, or a restart after
+    an error), Tune's logger copies result.json back from the run folder over the driver's copy.
+    The run folder's copy is uploaded in the background, and under load an upload that began
+    before the trial's last report can land after it: the copy back then drops that report, and
+    the row is gone from results.parquet (a reproducible search's table lost a row). Where this
+    driver has written a trial's record, that copy holds every report the run folder's does and
+    more, so it stays; the run folder's copy is taken only by a driver that has none (a resume).
+    Tune adds its own JSON logger only when none is given, so this one replaces it.
+    """
+
+    def log_trial_start(self, trial) -> None:
+        local = os.path.join(trial.local_path, RECORD_FILE)
+        kept = _read_bytes(local)
+        super().log_trial_start(trial)  # copies the run folder's result.json over `local`
+        if kept and _read_bytes(local) != kept:
+            with open(local, "wb") as f:  # the logger's handle appends (O_APPEND): its next line follows these
+                f.write(kept)
+
+
+class KeepRecords(tune.Callback):
+    """What runs made before KeepingJsonLogger have pickled instead (Tune unpickles a resumed run's
+    callbacks, so the class stays for them): before a trial starts again, the driver's result.json
+    is copied to the run folder, for Tune's logger to copy back. A background upload landing in
+    between can still drop a report there; new runs have KeepingJsonLogger, which keeps it."""
+
+    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        local = os.path.join(trial.local_path, RECORD_FILE)
+        if os.path.exists(local) and os.path.abspath(trial.local_path) != os.path.abspath(trial.path):
+            pafs.copy_files(local, f"{trial.path}/{RECORD_FILE}",
+                            destination_filesystem=trial.storage.storage_filesystem)
+
+
+def _read_bytes(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return b""
+
+
+def disk_guard(space: Space, folder: RunFolder) -> list[DiskGuard]:
+    """A full local disk stops the search as Ctrl-C does (search/execution/disk_guard.py); object stores do not fill."""
+    return [] if is_uri(folder.path) else [DiskGuard(folder.path, space.experiment.min_free_mb)]
+
+
+def driver_keeps(space: Space, folder: RunFolder) -> bool:
+    """Whether the driver deletes the checkpoints num_to_keep does not keep (local storage), not Tune
+    (an object store, whose state uploads can lag: search/run/retention.py)."""
+    return space.experiment.num_to_keep is not None and not is_uri(folder.path)
+
+
+def keep_checkpoints(space: Space, folder: RunFolder) -> list[KeepCheckpoints]:
+    """experiment.num_to_keep, kept by the driver (search/run/retention.py) where it can be."""
+    experiment = space.experiment
+    if not driver_keeps(space, folder):
+        return []
+    return [KeepCheckpoints(experiment.num_to_keep, None if several(experiment) else first(experiment.metric),
+                            None if several(experiment) else first(experiment.mode))]
+
+
+def build_tuner(space: Space, folder: RunFolder, data: Data | None, trial_function: Callable, *, gpus: float,
+                resume: bool) -> tune.Tuner:
+    """The search's Tuner; the data goes into the object store once, and every trial reads it there."""
+    experiment = space.experiment
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, data=DataHandle.put(None if data is None else data.for_trials()), trial_function=trial_function,
+                             checkpoint_every=experiment.checkpoint_every, trial_timeout=experiment.trial_timeout),
+        {"cpu": space.resources.cpus, "gpu": gpus})
+    if resume:  # the searcher and the stopper come back from Tune's record (search/searching/budget.py)
+        return tune.Tuner.restore(folder.path, trainable=trainable, resume_unfinished=True, resume_errored=True)
+    pbt = experiment.scheduler == "pbt"  # Ray's PBT takes no searcher: the population is drawn up front (search/searching/pbt.py)
+    search, stop = (None, None) if pbt else budgeted(make_searcher(space, folder), folder, space)  # time_budget, stop_when
+    return tune.Tuner(
+        trainable,
+        param_space=population_space(space, param_space(space)) if pbt else param_space(space),
+        tune_config=tune.TuneConfig(search_alg=search, scheduler=make_scheduler(space, folder),
+                                    num_samples=1 if pbt else experiment.num_samples,
+                                    max_concurrent_trials=experiment.max_concurrent if pbt else None,
+                                    reuse_actors=True, trial_dirname_creator=trial_folder_name),
+        run_config=tune.RunConfig(
+            name=folder.name,
+            storage_path=folder.storage.uri,
+            stop=stop,
+            # On local storage Tune keeps every checkpoint: KeepCheckpoints deletes those beyond
+            # num_to_keep, but none that Tune's last saves name as a trial's latest (Tune's num_to_keep
+            # also saves its whole state after every num_to_keep-th checkpoint of a trial;
+            # search/run/retention.py). On an object store Tune's num_to_keep does it.
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=None if driver_keeps(space, folder)
+                                                    else experiment.num_to_keep,
+                                                    # several objectives: a trial's point is its last epoch
+                                                    checkpoint_score_attribute=None if several(experiment)
+                                                    else first(experiment.metric), checkpoint_score_order=first(experiment.mode)),
+            failure_config=tune.FailureConfig(max_failures=experiment.max_failures),
+            # Tune snapshots its state by its own rule, at most ~5% of the driver's time (max(10 s,
+            # 19x a snapshot's cost)). A SIGKILLed driver loses the trials that ended since: a
+            # reproducible search reruns them identically, and their parts written before the kill
+            # are dropped on resume (run_folder.drop_unrecorded_parts; docs/stops-and-resume.md)
+            callbacks=[Progress(folder, space), *disk_guard(space, folder), *tracker_callbacks(space, folder),
+                       *keep_checkpoints(space, folder), FirstTrialStart(), KeepingJsonLogger()],
+            verbose=0,
+        ),
+    )
+
+
+def fit(tuner: tune.Tuner, folder: RunFolder, resume_hint: str):
+    """Run the trials; SIGTERM stops them as Ctrl-C does. Every live results part is written on return.
+    Returns the results and whether Tune ran to its end (no stop): then every trial ended.
+
+    A stopped search returns as soon as Tune has saved its state (session.quick_stop): the
+    results are then Tune's saved record, exactly what fit() would have returned after its wait.
+    """
+    with sigterm_as_sigint(), quick_stop() as stop:
+        try:
+            grid = tuner.fit()
+        except KeyboardInterrupt:
+            if not stop.cut:  # a second Ctrl-C: Tune stopped saving; its last state stands
+                print(f"interrupted; continue with:\n  {resume_hint}", file=sys.stderr)
+                raise
+            grid = tune.ResultGrid(folder.analysis())
+    flush_all()  # the live parts first: the end of the search writes every part again, from Tune's record
+    return grid, not stop.stopping

@@ -1,0 +1,374 @@
+"""What a search leaves when its trials end: derived from Tune's record, never merged with older copies.
+
+results.parquet (every trial's part written again from Tune's record), best.yaml (the best
+epoch whose checkpoint reads, with its test accuracy), report.html and the summary the CLI
+prints, and the Outcome the Python API returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import pyarrow.fs as pafs
+import yaml
+
+from search.searching.budget import ended_note, read_ended
+from search.run.results import ERROR, INTERRUPTED, LOST, RECORD_FILE, config_from_row, ranked, read_record, results_schema, to_frame, trial_id_of, trial_rows
+from search.spec.objectives import feasible_only, first, mark_feasible, names, objectives_of
+from search.outputs.pareto import checkpoints_by_epoch, write_pareto
+from search.run.retention import on_storage
+from search.run.run_folder import RunFolder
+from search.spec.space import Space
+from search.run.storage import is_uri
+from search.searching.halving import RECORD_FILE as HALVING_RECORD, read_record as read_halving
+from search.outputs.journal import Journal, local_journal_path
+from search.searching.pbt import replay_config
+from search.searching.study import JOURNAL_FILE
+from search.outputs.phases import TIMING_FILE, Phases
+from search.outputs.summary import Timing, format_summary, journal_note, status_counts, wall_line
+from trainable.data import Data
+from trainable.device import get_default_device
+from trainable.loop import metrics_on
+from trainable.metrics import METRICS, epoch_metrics
+from trainable.function import load_state
+from trainable.report import CheckpointError, load_checkpoint
+
+
+NO_SUCCESS_EXIT = 3  #: the CLI's exit code for a search that ran but where every trial failed or diverged
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a finished search leaves, for the CLI and for tests."""
+
+    name: str
+    path: str  #: the run folder: <storage_path>/<name>
+    results: pd.DataFrame
+    best: dict[str, Any] | None  #: best.yaml's content
+    timing: Timing
+    summary: str
+    interrupted: bool = False  #: stopped (Ctrl-C, SIGTERM) before every trial finished; --resume continues it
+    succeeded: bool = True  #: some trial outside ERROR reported a finite metric (else the CLI exits 3)
+
+
+def derive(folder: RunFolder, space: Space, grid, notes: list[str], ran_to_end: bool = False) -> pd.DataFrame:
+    """results.parquet from Tune's record of every trial, this run's and earlier runs'.
+
+    Status comes from the saved experiment state (after Ctrl-C the live trial objects read
+    TERMINATED, the saved state RUNNING); a trial that never started has no row. A derived file
+    never loses what survives: where a trial's record is gone or shorter than its results part
+    (a damaged run folder), the part's rows stay, and `notes` says so. When Tune ran to its end
+    (`ran_to_end`), every trial ended: a trial saved as PAUSED is one a scheduler stopped while it
+    waited at a rung (Ray records a stop of a trial without a live actor in memory only).
+    """
+    rows = []
+    schema = results_schema(space)
+    saved = folder.saved_trials()
+    suggested = folder.searcher_state().get("suggested", {})  # trial number -> (when, seconds); OrderedSearch's
+    for result in grid:
+        trial_id = trial_id_of(result)
+        status, config = saved.get(trial_id, ("TERMINATED", None))
+        if ran_to_end and status == "PAUSED":
+            status = "TERMINATED"
+        reports = read_record(result.filesystem, result.path)
+        if not reports and result.error is None and status == "PENDING":
+            continue
+        ended = status in ("TERMINATED", "ERROR")
+        trial_config = result.config or config
+        trial = trial_rows(trial_id, trial_config, reports, done=ended, error=result.error is not None,
+                           suggested=suggested.get((trial_config or {}).get("trial_number")))
+        trial = kept_rows(folder, trial_id, trial, schema, record_gone=not record_exists(result), notes=notes)
+        trial = mark_feasible(trial, objectives_of(space.experiment))
+        folder.write_part(space, trial_id, trial, schema)
+        rows += trial
+    return to_frame(rows, schema)
+
+
+def record_exists(result) -> bool:
+    """Whether the trial's result.json is there (a resume recreates a deleted trial folder, empty)."""
+    return result.filesystem.get_file_info(f"{result.path.rstrip('/')}/{RECORD_FILE}").type != pafs.FileType.NotFound
+
+
+def kept_rows(folder: RunFolder, trial_id: str, derived: list[dict[str, Any]], schema, *, record_gone: bool,
+              notes: list[str]) -> list[dict[str, Any]]:
+    """A trial's rows: the record's, plus the epochs only its results part still holds."""
+    recorded = {int(r["epoch"]) for r in derived if r.get("epoch") is not None}
+    if not record_gone and folder.part_epochs(trial_id) <= recorded:
+        return derived
+    part = folder.read_part(trial_id, schema)
+    number = derived[0].get("trial_number")
+    if not part and not record_gone:  # its epoch column read, the rest does not: the record is what there is
+        return derived
+    if not part:  # gone from both: nothing to recover, and the status says so
+        notes.append(f"trial #{number} ({trial_id}): its folder and its results part are gone; nothing of it "
+                     "could be recovered (status LOST)")
+        return [{**derived[0], "status": LOST}]
+    by_epoch = {int(r["epoch"]): r for r in part if r.get("epoch") is not None}
+    by_epoch.update({int(r["epoch"]): r for r in derived if r.get("epoch") is not None})  # the record wins
+    status = part[0]["status"]  # written when the trial ended, from the whole record
+    notes.append(f"trial #{number} ({trial_id}): " + ("its folder (Tune's record) is gone" if record_gone else
+                                                      "its record is shorter than its results part")
+                 + f"; its rows come from results.parquet as written when it ended (status {status})")
+    return [{**by_epoch[e], "status": status} for e in sorted(by_epoch)]
+
+
+def best_with_test(grid, rows: pd.DataFrame, data: Data | None, metric: str | None = None
+                   ) -> tuple[pd.Series | None, dict[str, float] | None, str]:
+    """The best row whose checkpoint reads (its `checkpoint`: the folder, relative to the run folder),
+    its test metrics (test_loss, test_acc with cross_entropy, test_<column> of training.metrics), and a
+    note on any skipped.
+
+    A corrupt checkpoint at the best epoch falls back to the next best row, said in the note;
+    rows without a checkpoint that only tie it (Tune keeps the newest of equals) are not "better".
+    """
+    checkpoints = checkpoints_by_epoch(grid)
+    skipped, unsaved = [], []
+    for _, row in rows.iterrows():
+        checkpoint = checkpoints.get((row["trial_id"], int(row["epoch"])))
+        if checkpoint is None or not on_storage(checkpoint):  # checkpoint_every skipped that epoch, or num_to_keep removed it
+            unsaved.append(row)
+            continue
+        try:
+            with checkpoint.as_directory() as where:
+                saved = load_checkpoint(where) if data is not None else load_state(where)
+        except CheckpointError as error:
+            skipped.append(str(error))
+            continue
+        better = sum(metric is None or r[metric] != row[metric] for r in unsaved)
+        notes = ([f"the best epoch with a checkpoint: {better} better one(s) had none kept "
+                  "(experiment.checkpoint_every, num_to_keep)"] if better else [])
+        # trial_<id>/checkpoint_<k>: Tune numbers checkpoints, not epochs
+        row = pd.concat([row, pd.Series({"checkpoint": "/".join(checkpoint.path.rstrip("/").split("/")[-2:])})])
+        notes += [f"skipped {s}" for s in skipped]
+        if data is None:  # a function trainable: its data, and any test split, are its own
+            return row, None, "; ".join(["no test accuracy: a function trainable has no test split", *notes])
+        row = row.copy()
+        row.attrs["lineage"] = saved.state.get("lineage")  # where its weights come from: best.yaml replays it
+        if data.test is None:
+            return row, None, "; ".join(["the dataset has no test part", *notes])
+        score = metrics_on(saved.config, saved.state["model"], saved.input_shape, saved.num_classes,
+                           data.test, data.standardize, get_default_device())
+        return row, score, "; ".join(notes)
+    return ((rows.iloc[0] if len(rows) else None), None,
+            "no readable checkpoint" + (f" ({len(unsaved)} epoch(s) had none kept)" if unsaved else "")
+            + "".join(f"; {s}" for s in skipped))
+
+
+def best_entry(best: pd.Series, test: dict[str, float] | None, note: str, metric: str, name: str,
+               schema, metrics: tuple[str, ...] = METRICS, trials: int | None = None) -> dict[str, Any]:
+    """best.yaml's content; `trials`: how many trials it is the best of (a resume that finds fewer than
+    its trials there derives it again: a stop between results.parquet and best.yaml left an older one)."""
+    return {
+        "config": replay_config(config_from_row(best, schema), best.attrs.get("lineage")),
+        "result": {
+            "trial_number": None if pd.isna(best["trial_number"]) else int(best["trial_number"]),
+            "trial_id": best["trial_id"],
+            "epoch": int(best["epoch"]),
+            "metric": metric,
+            **{m: float(best[m]) for m in metrics},
+            # the trial's metrics on the test part; test_acc null where accuracy is not reported (regression)
+            "test_acc": None if test is None else test.get("test_acc"),
+            "test_loss": None if test is None else test["test_loss"],
+            **(test or {}),
+            "checkpoint": best.get("checkpoint"),  #: its folder, relative to the run folder; null: none read
+            **({"note": note} if note else {}),
+            "search": name,
+            **({"trials": trials} if trials is not None else {}),
+        },
+    }
+
+
+def best_yaml(entry: dict[str, Any], path: str, space: Space) -> str:
+    result = entry["result"]
+    shown = result["metric"] if isinstance(result["metric"], str) and result["metric"] in result else "val_loss"
+    header = (f"# Best trial of search {result['search']} ({space.source}), by {result['metric']} "
+              f"at epoch {result['epoch']}.\n"
+              f"# Re-run it: {rerun_command(path, space)}{' (download it first)' if is_uri(path) else ''}\n"
+              + (f"# It prints {result['metric']} {result[result['metric']]:.4f} on epoch {result['epoch']} if the "
+                 "function is deterministic (no test accuracy: the function has no test split).\n" if space.trainable else
+                 f"# It prints {shown} {result[shown]:.4f} on epoch {result['epoch']} "
+                 "(same machine).\n"
+                 f"# test_*: the checkpoint of that epoch on the dataset's test part (null if it has none).\n"))
+    return header + yaml.safe_dump({**entry["config"], "result": result}, sort_keys=False)
+
+
+def resume_command(space: Space, folder: RunFolder, address: str | None = None) -> str:
+    """The exact command that continues this run (the Python API's call for a space given as a dict),
+    on the cluster it ran on (`address`: the one the search joined, None for its own local Ray)."""
+    if not space.source.endswith((".yaml", ".yml")):
+        on = f", address={address!r}" if address else ""
+        return f"search.run(..., name={folder.name!r}, resume=True{on})  (storage_path {folder.storage.uri})"
+    return (f"python -m search --space {space.source} --storage-path {folder.storage.uri} "
+            f"--resume --name {folder.name}" + (f" --address {address}" if address else ""))
+
+
+def rerun_command(path: str, space: Space) -> str:
+    """The command that replays best.yaml, with the data root the search used."""
+    where = path if not is_uri(path) else "best.yaml"
+    return f"python -m trainable --config {where}" + (f" --data-root {space.data_root}" if space.data_root else "")
+
+
+def search_notes(space: Space, folder: RunFolder, timing: Timing) -> str:
+    """How reproducible the search was, and what reproducibility cost in waiting slots."""
+    experiment = space.experiment
+    if experiment.scheduler == "pbt":  # search/searching/pbt.py
+        return (f"Search: pbt: trial n's first config depends only on the seed ({experiment.seed}) and n; which "
+                "trials copy which at a perturbation, and the perturbed values, are Ray's random draws, so a rerun "
+                "differs; best.yaml replays its trial's weights with `schedule:`")
+    if not experiment.reproducible:
+        return ("Search: asynchronous (experiment.reproducible: false): Optuna saw results in arrival order, "
+                "so a rerun with the same seed can pick other configs" if experiment.max_concurrent > 1 else
+                "Search: one trial at a time, reproducible")
+    waits = folder.searcher_state().get("waits", {})
+    slot_seconds = timing.wall_seconds * timing.slots
+    line = (f"Search: reproducible ({experiment.sampler}, seed {experiment.seed}): trial n's config depends only "
+            f"on the seed and n; {len(waits)} trial(s) waited for earlier results, {sum(waits.values()):.1f} s "
+            f"in all ({100 * sum(waits.values()) / slot_seconds if slot_seconds else 0:.0f}% of slot time)")
+    if experiment.scheduler in ("asha", "hyperband"):  # search/searching/halving.py: trial n judged against trials below n
+        halving = read_halving(folder.storage, f"{folder.name}/{HALVING_RECORD}")
+        held = sum(halving["waits"].values())
+        line += (f"\n      {experiment.scheduler}: reproducible: trial n is judged at a rung against the trials "
+                 f"numbered below it; {len(halving['stopped'])} trial(s) stopped early; "
+                 f"{len(halving['waits'])} paused at a rung for lower-numbered ones, {held:.1f} s in all")
+    return line
+
+
+def sync_journal(folder: RunFolder, space: Space, frame: pd.DataFrame, notes: list[str]) -> None:
+    """optuna.journal as results.parquet holds the trials: entry k is trial_number k (search/outputs/journal.py).
+
+    A journal that does not read, or whose last line a kill cut short (the next append would
+    make it unreadable), is moved aside and written anew from results.parquet, as the results are.
+    On URI storage the journal is the driver's local copy (local_journal_path), copied into the run folder.
+    """
+    path = local_journal_path(folder.path)
+    try:
+        if os.path.exists(path) and os.path.getsize(path) and not _ends_a_line(path):
+            raise ValueError("its last line is cut short")
+        Journal(folder, space).sync(frame)
+        return
+    except Exception as failure:
+        damage = f"{type(failure).__name__}: {failure}"
+    aside = f"{path}.damaged"
+    try:
+        os.replace(path, aside)
+        Journal(folder, space).sync(frame)
+        notes.append(f"{JOURNAL_FILE} could not be used ({damage}); it was moved to {aside} and written anew "
+                     "from results.parquet")
+    except Exception as failure:  # the journal is a view; it must never fail the search
+        notes.append(f"{JOURNAL_FILE} not brought up to date ({damage}; then {type(failure).__name__}: {failure})")
+
+
+def _ends_a_line(path: str) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+def no_success(frame: pd.DataFrame, metric: str, interrupted: bool = False) -> str:
+    """Why no trial succeeded, for the summary: the trials' statuses, and how the command exits
+    (an interrupted search exits 130, whatever its trials did)."""
+    statuses = status_counts(frame) or "no trial ran"
+    if interrupted:
+        return f"No trial has succeeded yet: none outside ERROR reported a finite {metric} ({statuses})"
+    return (f"No trial succeeded: none outside ERROR reported a finite {metric} ({statuses}); "
+            f"the command exits {NO_SUCCESS_EXIT}")
+
+
+def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, slots: int, gpus_per_trial: float,
+           gpu_notes: tuple[str, str], *, resume: str, ran_to_end: bool = False, stopped: str | None = None) -> Outcome:
+    """Derive results.parquet, best.yaml (with test accuracy), the report and the summary."""
+    experiment = space.experiment
+    notes: list[str] = []
+    frame = derive(folder, space, grid, notes, ran_to_end)
+    sync_journal(folder, space, frame, notes)
+    phases.mark("results")
+    ended = read_ended(folder) if ran_to_end else None  # a time_budget or stop_when ended it: done, exit 0
+    interrupted = (frame["status"] == INTERRUPTED).any() or (
+        frame["trial_id"].nunique() < experiment.num_samples and ended is None)
+    this_run = frame[frame["finished_at"] >= phases.called]
+    timing = Timing(phases.wall_seconds, float(this_run["epoch_seconds"].sum()), slots)
+
+    metric, objectives = first(experiment.metric), objectives_of(experiment)
+    scored = ranked(frame, metric, first(experiment.mode))
+    succeeded = bool((scored["status"] != ERROR).any())
+    # infeasible trials are never best; with several objectives pareto.yaml holds the answer, not best.yaml
+    scored, no_best = feasible_only(scored), None
+    if objectives.several:
+        scored, no_best = scored.iloc[0:0], write_pareto(folder, space, frame, objectives, grid)
+    elif objectives.constraints and succeeded and not len(scored):
+        no_best = f"No trial met experiment.constraints ({', '.join(map(str, objectives.constraints))})"
+    # the best is a finished trial's, as in the journal's study; an interrupted trial's epochs count
+    # only when no trial has finished, an errored trial's only when no other trial scored: best.yaml says so
+    finished = scored[~scored["status"].isin([ERROR, INTERRUPTED])]
+    candidates = finished if len(finished) else scored[scored["status"] != ERROR] if succeeded else scored
+    best, test, note = best_with_test(grid, candidates, data, metric)
+    phases.mark("test")
+    if best is not None and best["status"] in (ERROR, INTERRUPTED):
+        how = "ended in ERROR" if best["status"] == ERROR else "was interrupted"
+        others = "so did every trial with a score" if best["status"] == ERROR else "no trial has finished yet"
+        note = "; ".join([f"trial #{best['trial_number']} {how} after its epoch {best['epoch']} ({others})",
+                          *([note] if note else [])])
+    entry = None
+    best_path = folder.storage.join(folder.name, "best.yaml")
+    if best is not None:
+        schema = results_schema(space)  # a function's metrics: every reported column beyond the schema's
+        metrics = tuple(c for c in frame.columns if c not in schema.names or c == metric) \
+            if space.trainable else epoch_metrics(space.trial_defaults().loss, space.trial_defaults().metrics)
+        entry = best_entry(best, test, note, metric, folder.name, schema, metrics, trials=frame["trial_id"].nunique())
+        folder.write_best(best_yaml(entry, best_path, space))
+    summary = format_summary(frame, entry, timing, no_best=no_best if succeeded else no_success(frame, metric, interrupted), metric=metric, mode=first(experiment.mode),
+                             searched=[d.name for d in space.searched], gpus_per_trial=gpus_per_trial,
+                             also=tuple(names(experiment.metric)[1:]),
+                             gpu_notes=gpu_notes, rerun=rerun_command(best_path, space))
+    for result in grid:
+        if result.error is not None:  # after max_failures restarts; Tune keeps the traceback
+            first_line = str(result.error).strip().splitlines()[-1][:200]
+            summary += f"\nFailed: {folder.trial_path(result.path)}: {first_line} (traceback in error.txt there)"
+            if experiment.trial_timeout is not None and "process has died" in str(result.error):
+                summary += (f"\n      its process ended: a trial blocked outside Python past experiment.trial_timeout "
+                            f"({experiment.trial_timeout:g} s) ends so (trainable/watchdog.py), as does a crash")
+    summary += "".join(f"\nnote: {note}" for note in notes)
+    if ended:
+        summary += f"\nEnded: {ended_note(ended, frame['trial_id'].nunique())}"
+    summary += "\n" + search_notes(space, folder, timing)
+    from search.searching.warm_start import summary_line as warm_start_line
+
+    summary += warm_start_line(folder)  # which trials the study was told before trial 0, and from where
+    if interrupted:  # a stop must end in seconds (SIGTERM, then SIGKILL); the figures take seconds more
+        summary += (f"\nReport: not remade for a stopped search (the search's end makes it); "
+                    f"now: python -m search report {folder.path}\n{journal_note(folder.path)}")
+    else:
+        try:
+            from search.outputs.report import write_report  # matplotlib: only where a report is drawn
+
+            report = write_report(folder, space, frame, None if entry is None else entry["result"]["trial_id"],
+                                  summary, slots=slots)
+            summary += f"\nReport: {report} (figures in {folder.path}/report/)\n{journal_note(folder.path)}"
+        except Exception as error:  # the results are written; a figure must not turn them into a crash
+            summary += (f"\nReport: not written ({type(error).__name__}: {error}); "
+                        f"try again with: python -m search report {folder.path}")
+    phases.mark("report")
+    if stopped:  # the disk guard's reason (search/execution/disk_guard.py)
+        summary += f"\nStopped: {stopped}"
+    if interrupted:
+        unfinished = frame.loc[frame["status"] == INTERRUPTED, "trial_id"].nunique()
+        summary += (f"\nInterrupted: {unfinished} trial(s) unfinished, "
+                    f"{experiment.num_samples - frame['trial_id'].nunique()} not started. Continue with:\n"
+                    f"  {resume}")
+    return Outcome(folder.name, folder.path, frame, entry, timing, summary, bool(interrupted), succeeded)
+
+
+def with_time(outcome: Outcome, phases: Phases, folder: RunFolder) -> Outcome:
+    """The outcome once the command is over (Ray shut down): its whole wall time and phases, in the
+    summary and in the run folder's timing.yaml."""
+    timing = Timing(phases.wall_seconds, outcome.timing.training_seconds, outcome.timing.slots)
+    try:
+        folder.storage.write(f"{folder.name}/{TIMING_FILE}", yaml.safe_dump(phases.record(), sort_keys=False).encode())
+    except OSError:  # a full disk: the summary still says it
+        pass
+    summary = outcome.summary.replace(wall_line(outcome.timing), wall_line(timing, phases.line()), 1)
+    return dataclasses.replace(outcome, timing=timing, summary=summary)

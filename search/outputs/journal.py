@@ -1,0 +1,257 @@
+"""optuna.journal: the search as an Optuna study that optuna-dashboard reads while it runs.
+
+Optuna numbers a study's trials in the order they enter it, so entries enter in trial-number
+order and Optuna's trial number is hpsearch's `trial_number` (also kept as a user attribute):
+`optuna-dashboard runs/<name>/optuna.journal` shows trial k as results.parquet's trial_number k.
+
+An entry's life, as the search goes (search/execution/progress.py hands each step to its writer thread):
+
+- the trial starts: RUNNING, with its params and user attributes trial_number, trial_id, seed
+  and status RUNNING; a lower-numbered trial Tune has not started yet enters first, WAITING;
+- each epoch: its metric as an intermediate value;
+- it ends: COMPLETE with its value (its best epoch, as best.yaml picks it; an ASHA-stopped trial
+  too, with status STOPPED), or FAIL (no finite metric, or an error); status is results.parquet's;
+- the search stops (Ctrl-C) before it ends: the entry stays RUNNING with status INTERRUPTED, and
+  `--resume` continues that same entry. Only an entry that must change after it ended (a trial
+  run again after a killed driver, or an errored trial resumed) makes the journal be written
+  anew beside the old one and moved over it: rare, and a dashboard reloads to see it.
+
+A warm-started run (search/searching/warm_start.py) has a second study in the file, `<run>.warm_start`
+(WARM_STUDY): the earlier run's trials the searcher was told before trial 0, each with the user
+attributes warm_start_from (the earlier run) and warm_start_trial_number. They live apart so
+that the run's own entries keep their numbers.
+
+The file is created when the search starts, so a dashboard can open it before any trial ends.
+On URI storage (s3://, gs://) a journal needs a local file: it lives on the driver's disk
+(`local_journal_path`), and is copied into the run folder as the search goes (at most ~5% of
+the writer thread's time, as Tune rations its snapshots) and when it ends.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+from typing import Any, Mapping, Sequence
+
+import optuna
+import pandas as pd
+from optuna.trial import FrozenTrial, TrialState, create_trial
+
+from search.spec.objectives import objectives_of
+from search.run.results import results_schema
+from search.run.run_folder import RunFolder
+from search.spec.space import Space
+from search.run.storage import is_uri
+from search.searching.study import JOURNAL_FILE, PENDING, frozen_trial, journal, trial_records
+from search.searching.warm_start import load, told
+
+WARM_STUDY = "{run}.warm_start"  #: the warm start's study in optuna.journal
+
+
+def local_journal_path(run_path: str) -> str:
+    """Where the journal of the run folder `run_path` is written: in it if local, or, on URI storage, on
+    the driver's disk under $XDG_CACHE_HOME (~/.cache) at hpsearch/journals/<scheme>/<its path>/optuna.journal."""
+    if not is_uri(run_path):
+        return os.path.join(run_path, JOURNAL_FILE)
+    scheme, rest = run_path.split("://", 1)
+    parts = [re.sub(r"[^A-Za-z0-9._=-]", "_", p) for p in rest.split("/") if p not in ("", ".", "..")]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "hpsearch", "journals", scheme, *parts, JOURNAL_FILE)
+
+
+def _content(trial: FrozenTrial) -> tuple:
+    return (trial.state, trial.values, trial.params, trial.intermediate_values, trial.user_attrs, trial.constraints)
+
+
+def number_of(trial: FrozenTrial) -> int | None:
+    number = trial.user_attrs.get("trial_number")
+    return None if number is None else int(number)
+
+
+def placeholder(number: int) -> FrozenTrial:
+    """An entry for a trial number nothing is known of yet, so that later numbers stay in place."""
+    return create_trial(state=TrialState.WAITING, user_attrs={"trial_number": number, "status": PENDING})
+
+
+class Journal:
+    """optuna.journal of a run: entry k is trial_number k, as results.parquet holds it."""
+
+    UPLOAD_SHARE = 0.05  # of the writer thread's time, at most, spent copying the journal to URI storage
+
+    def __init__(self, folder: RunFolder, space: Space, schema=None):
+        self.folder, self.space = folder, space
+        self.schema = schema if schema is not None else results_schema(space)
+        self.path = local_journal_path(folder.path)
+        self._uploaded_at, self._upload_seconds = 0.0, 0.0
+        if is_uri(folder.path) and not os.path.exists(self.path):  # a resume on another machine
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            copy = folder.storage.read(f"{folder.name}/{JOURNAL_FILE}")
+            if copy:
+                with open(self.path, "wb") as f:
+                    f.write(copy)
+        self._open(self.path)
+        trials = self.storage.get_all_trials(self.study_id, deepcopy=False)
+        self.entries: dict[int, FrozenTrial] = {}
+        for t in trials:  # the later of two entries of one trial wins
+            if number_of(t) is not None:
+                self.entries[number_of(t)] = t
+        if any(number_of(t) != t.number for t in trials):  # written in finishing order (before hpsearch 0.2)
+            self._rewrite()
+        else:
+            self.upload(force=False)  # the run folder has a journal from the start
+
+    def _open(self, path: str) -> None:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "A new study created" line
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self.storage = journal(path)
+        optuna.create_study(storage=self.storage, study_name=self.folder.name, load_if_exists=True,
+                            directions=objectives_of(self.space.experiment).directions)
+        self.study_id = self.storage.get_study_id_from_name(self.folder.name)
+        self._write_warm_start()
+
+    def _write_warm_start(self) -> None:
+        """The warm start's study, written once: the trials a file already holds are not added again."""
+        warm = told(load(self.folder), self.space.searched)
+        if not warm:
+            return
+        study = optuna.create_study(storage=self.storage, study_name=WARM_STUDY.format(run=self.folder.name),
+                                    load_if_exists=True, direction=self.storage.get_study_directions(self.study_id)[0])
+        study.add_trials(warm[len(study.get_trials(deepcopy=False)):])
+
+    # ---- the search as it goes ----
+
+    def trial_of(self, rows: Sequence[Mapping[str, Any]]) -> FrozenTrial:
+        """One trial's rows (study.frozen_trial's records) as its entry: RUNNING, WAITING or ended, by its
+        status column."""
+        return frozen_trial(rows, self.space, self.schema, live=True)
+
+    def report(self, number: int, epoch: int, value: float) -> None:
+        """Trial `number`'s metric at `epoch`, if its entry is running."""
+        entry = self.entries.get(number)
+        if entry is None or entry.state.is_finished() or entry.intermediate_values.get(epoch) == value:
+            return
+        trial_id = self._id(number)
+        self.storage.set_trial_intermediate_value(trial_id, epoch, value)
+        self.entries[number] = self.storage.get_trial(trial_id)
+
+    def start(self, trial: FrozenTrial) -> None:
+        """A trial (re)starts: its entry RUNNING; one still running (a retry, a resume) keeps its curve."""
+        known = self.entries.get(number_of(trial))
+        if known is not None and not known.state.is_finished():
+            trial = create_trial(state=trial.state, params=trial.params, distributions=trial.distributions,
+                                 intermediate_values=known.intermediate_values,
+                                 user_attrs={**known.user_attrs, **trial.user_attrs})
+        self.put(trial)
+
+    def put(self, trial: FrozenTrial) -> None:
+        """Make the entry of `trial`'s number hold it: created, brought up to date, or (only if it
+        ended with something else) replaced by writing the journal anew."""
+        if not self._put(trial):
+            self._rewrite()
+        self.upload(force=False)
+
+    def sync(self, frame: pd.DataFrame) -> None:
+        """Make the journal hold the trials of `frame` (results.parquet), rewriting it only if it must.
+
+        Entries of trials not in `frame` that have not ended (WAITING: not started) stay.
+        """
+        wanted: dict[int, FrozenTrial] = {}
+        for rows in trial_records(frame):
+            trial = self.trial_of(rows)
+            if number_of(trial) is not None:
+                wanted[number_of(trial)] = trial
+        ok = not any(e.state.is_finished() for n, e in self.entries.items() if n not in wanted)
+        if not ok:
+            self.entries = {n: e for n, e in self.entries.items() if n in wanted or not e.state.is_finished()}
+        for number in sorted(wanted):
+            ok = self._put(wanted[number], write=ok) and ok
+        if not ok:
+            self._rewrite()
+        self.upload(force=True)
+
+    def _put(self, trial: FrozenTrial, *, write: bool = True) -> bool:
+        """Bring trial's entry up to date in place; False if only a rewrite can (self.entries then holds it)."""
+        number = number_of(trial)
+        known = self.entries.get(number)
+        if known is not None and _content(known) == _content(trial):
+            return True
+        if not write or (known is not None and not self._updatable(known, trial)):
+            self.entries[number] = trial
+            return False
+        if known is None:
+            for gap in range(len(self.entries), number):  # entries 0..n-1 exist: Optuna numbers in order
+                self._create(placeholder(gap))
+            if number < len(self.entries):  # not a gap: the entries are out of order (a hand-made journal)
+                self.entries[number] = trial
+                return False
+            self._create(trial)
+            return True
+        trial_id = self._id(number)
+        for name, value in trial.params.items():
+            if name not in known.params or known.params[name] != value:
+                distribution = trial.distributions[name]
+                self.storage.set_trial_param(trial_id, name, distribution.to_internal_repr(value), distribution)
+        for epoch, value in trial.intermediate_values.items():
+            if known.intermediate_values.get(epoch) != value:
+                self.storage.set_trial_intermediate_value(trial_id, epoch, value)
+        for key, value in trial.user_attrs.items():
+            if key not in known.user_attrs or known.user_attrs[key] != value:
+                self.storage.set_trial_user_attr(trial_id, key, value)
+        if trial.constraints and trial.constraints != known.constraints:  # set once, as the trial ends
+            study = optuna.load_study(study_name=self.folder.name, storage=self.storage)
+            for key, value in trial.constraints.items():
+                optuna.Trial(study, trial_id).set_constraint(key, value)
+        if trial.state != known.state:
+            self.storage.set_trial_state_values(trial_id, trial.state, trial.values)
+        self.entries[number] = self.storage.get_trial(trial_id)
+        return True
+
+    @staticmethod
+    def _updatable(known: FrozenTrial, trial: FrozenTrial) -> bool:
+        """Whether Optuna lets `known` become `trial` by appending: it has not ended, and only gains."""
+        return (not known.state.is_finished()
+                and not (known.state == TrialState.RUNNING and trial.state == TrialState.WAITING)
+                and known.params.keys() <= trial.params.keys()
+                and known.intermediate_values.keys() <= trial.intermediate_values.keys()
+                and known.user_attrs.keys() <= trial.user_attrs.keys())
+
+    def _create(self, trial: FrozenTrial) -> None:
+        trial_id = self.storage.create_new_trial(self.study_id, template_trial=trial)
+        self.entries[number_of(trial)] = self.storage.get_trial(trial_id)
+
+    def _id(self, number: int) -> int:
+        return self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
+
+    def _rewrite(self) -> None:
+        """Write every entry, in number order, to a new journal beside this one, and move it over."""
+        folder, name = os.path.split(self.path)
+        temporary = os.path.join(folder, f".{name}.{uuid.uuid4().hex}.tmp")
+        try:
+            self._open(temporary)
+            top = max(self.entries, default=-1)
+            ordered = [self.entries.get(n) or placeholder(n) for n in range(top + 1)]
+            for trial in ordered:
+                self.storage.create_new_trial(self.study_id, template_trial=trial)
+            os.replace(temporary, self.path)  # readers see the old journal or the new one, whole
+        finally:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+        self._open(self.path)
+        self.entries = {number_of(t): t for t in self.storage.get_all_trials(self.study_id, deepcopy=False)}
+        self.upload(force=True)
+
+    def upload(self, *, force: bool) -> None:
+        """On URI storage, copy the journal into the run folder; unless forced, at most ~5% of the time."""
+        if not is_uri(self.folder.path):
+            return
+        now = time.monotonic()
+        if not force and now - self._uploaded_at < self._upload_seconds / self.UPLOAD_SHARE:
+            return
+        with open(self.path, "rb") as f:
+            data = f.read()
+        self.folder.storage.write(f"{self.folder.name}/{JOURNAL_FILE}", data)
+        self._uploaded_at = time.monotonic()
+        self._upload_seconds = self._uploaded_at - now
+

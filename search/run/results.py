@@ -1,0 +1,315 @@
+"""results.parquet: one row per trial per epoch, derived from Tune's record of the trial.
+
+Tune keeps every report a trial made in the trial folder's result.json (its record, which
+survives a killed driver and a resume). `trial_rows` turns one trial's record into rows,
+and every results file is made by it: live, one Parquet part per trial when the trial ends;
+at the end of a search, every part again from the finished record.
+
+results.parquet is a folder of parts (`<trial_id>.parquet`) with one schema, so the cost
+of a finished trial does not grow with the trials before it, and `pandas.read_parquet`
+(or `pyarrow.dataset`) reads the folder as one table, mid-search too.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from typing import Any, Iterable, Mapping
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from search.spec.objectives import FEASIBLE
+from search.spec.schema import conditions, not_drawn
+from search.spec.space import Space
+from optuna.distributions import IntDistribution
+
+from trainable.config import FACTORY_KEY, FIELDS, TrialConfig, field_of, json_text, keyword_of, kind
+from trainable.metrics import score  # noqa: F401  (search's modules read it from here)
+from trainable.function import (DRIVER_KEYS, FUNCTION_REPORT_COLUMNS, METRIC_NAMES, TRAINABLE_KEY, FunctionConfig,
+                                is_function, trial_config)
+from trainable.metrics import epoch_metrics
+from trainable.report import EPOCH_COLUMNS, REPORT_COLUMNS
+from trainable.report import report_columns as epoch_report_columns
+
+RESULTS_FILE = "results.parquet"
+RECORD_FILE = "result.json"  # Tune's per-trial record: one JSON line per report
+# How each trial ended. INTERRUPTED: the search stopped (Ctrl-C, SIGTERM, a killed driver)
+# before the trial finished; --resume continues it from its last checkpoint.
+COMPLETED, STOPPED, DIVERGED, ERROR, INTERRUPTED = "COMPLETED", "STOPPED", "DIVERGED", "ERROR", "INTERRUPTED"
+# LOST: the trial's folder (Tune's record of it) and its results part are both gone; a note names it.
+LOST = "LOST"
+
+
+def config_columns(space: Space) -> list[str]:
+    """The trial config's flat names for this space: every field, and model.<key> for its keywords
+    (a function trainable: its reference, its free names, and the driver's per-trial keys)."""
+    if space.trainable:
+        names = [*space.fixed, *(d.name for d in space.searched if d.name not in space.fixed)]
+        return [TRAINABLE_KEY, *names, *DRIVER_KEYS]
+    flat = space.trial_defaults().to_flat()
+    model_keys = sorted({k for k in [*flat, *(d.name for d in space.searched)] if keyword_of(k) is not None})
+    ordered = []
+    for name in FIELDS:
+        if name == "model":
+            ordered += [FACTORY_KEY, *model_keys]
+        elif name != "model_args":
+            ordered.append(name)
+    return ordered
+
+
+# Derived where the searcher's record meets the trial's, on the first row of each run of a
+# trial: the searcher's time to suggest it, its wait for an actor, the actor's wait for it,
+# the actor's start or reuse.
+SEARCH_COLUMNS = ["suggest_seconds", "queue_seconds", "idle_seconds", "start_seconds"]
+
+
+def report_columns(space: Space) -> list[str]:
+    """The columns of a trial's reports that every trial has (a function's own metrics join them as reported)."""
+    if space.trainable:
+        return [*FUNCTION_REPORT_COLUMNS, space.experiment.metric, *REPORT_COLUMNS[len(EPOCH_COLUMNS) + 1:]]
+    defaults = space.trial_defaults()  # training.loss and training.metrics decide the metric columns
+    return epoch_report_columns(epoch_metrics(defaults.loss, defaults.metrics))
+
+
+def columns(space: Space) -> list[str]:
+    return ["trial_id", "status", *config_columns(space), *report_columns(space), *SEARCH_COLUMNS, FEASIBLE]
+
+
+JSON = {b"json": b"1"}  # field metadata: the column holds JSON text of nested or mixed values
+
+
+def _field(name: str, values: list[Any]) -> pa.Field:
+    """One Arrow type for every value a column can hold; JSON text where they don't agree."""
+    try:
+        kind = pa.array(values).type
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        return pa.field(name, pa.string(), metadata=JSON)
+    if pa.types.is_struct(kind) or pa.types.is_null(kind):
+        return pa.field(name, pa.string(), metadata=JSON)
+    return pa.field(name, kind)
+
+
+def is_json(f: pa.Field) -> bool:
+    return (f.metadata or {}).get(b"json") == b"1"
+
+
+def results_schema(space: Space) -> pa.Schema:
+    """The schema every part of results.parquet shares, known before the first trial ends.
+
+    A field's column has the field's type; a model keyword's, the type its distribution draws
+    (an int distribution: int64), or its fixed value's.
+    """
+    searched = {d.name: d for d in space.searched}
+    defaults = space.trial_defaults().to_flat()
+    types = {"int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(), "str": pa.string()}
+    out = [pa.field("trial_id", pa.string()), pa.field("status", pa.string())]
+    for name in config_columns(space):
+        d = searched.get(name)
+        if space.trainable and (d is None or d.is_choice):  # a free name: the type of its value(s)
+            out.append(pa.field(name, pa.int64()) if name in ("seed", "num_threads", "trial_number") else
+                       _field(name, [defaults.get(name)] if d is None else list(d.values)))
+        elif space.trainable:
+            out.append(pa.field(name, pa.int64() if isinstance(d.distribution, IntDistribution) else pa.float64()))
+        elif d is not None and d.is_choice:
+            out.append(_field(name, list(d.values)))
+        elif keyword_of(name) is not None:
+            out.append(_field(name, [defaults.get(name)]) if d is None else
+                       pa.field(name, pa.int64() if isinstance(d.distribution, IntDistribution) else pa.float64()))
+        elif kind(field_of(name)) == "mapping":
+            out.append(pa.field(name, pa.string(), metadata=JSON))
+        else:
+            out.append(pa.field(name, types[kind(field_of(name))]))
+    report_types = {"epoch": pa.int64(), "params": pa.int64(), "diverged": pa.bool_(), "node": pa.string(), "hostname": pa.string(),
+                    "device": pa.string(), "accelerator_ids": pa.string()}
+    out += [pa.field(c, report_types.get(c, pa.float64())) for c in report_columns(space) + SEARCH_COLUMNS]
+    out.append(pa.field(FEASIBLE, pa.bool_()))  # the trial's point meets experiment.constraints
+    # the `when:` of conditional keys, so that every writer and reader of rows nulls the keys a trial did not draw
+    gated = conditions(space.searched)
+    return pa.schema(out, metadata={WHEN: json.dumps(gated)} if gated else None)
+
+
+WHEN = b"when"  #: schema metadata: JSON of [[key, [[earlier key, [values]], ...]], ...] in the space's order
+
+
+def conditions_of(schema: pa.Schema) -> list:
+    """results_schema's record of the space's conditional keys (not_drawn's input); [] without any."""
+    return json.loads((schema.metadata or {}).get(WHEN, b"[]"))
+
+
+def best_of(values: Iterable[Any], mode: str) -> float | None:
+    """The best score among `values` (a trial's value: its best epoch), None if none is finite."""
+    scores = [s for s in map(score, values) if s is not None]
+    return (max(scores) if mode == "max" else min(scores)) if scores else None
+
+
+Rank = tuple[bool, float, int]
+
+
+def rank(value: Any, mode: str | None, order: int) -> Rank:
+    """A report's place among a trial's, higher is better: scored over unscored (score()), the better
+    score, then the later `order` (epoch, checkpoint): how checkpoints are kept and chosen."""
+    value = score(value) if mode else None
+    return value is not None, 0.0 if value is None else value if mode == "max" else -value, order
+
+
+def ranked(frame: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame:
+    """Rows with a finite metric, best first; ties keep the frame's order (trial number, epoch)."""
+    # astype(bool): on a frame with no rows (no trial started) an empty object Series would
+    # select columns, not rows
+    scored = frame[frame[metric].map(lambda v: score(v) is not None).astype(bool)]
+    return scored.sort_values(metric, ascending=(mode == "min"), kind="stable")
+
+
+def trial_status(config: TrialConfig | FunctionConfig, reports: list[Mapping[str, Any]], *, done: bool, error: bool) -> str:
+    """COMPLETED (all epochs), STOPPED (early, by the scheduler), DIVERGED, ERROR or INTERRUPTED."""
+    if error:
+        return ERROR
+    if reports and reports[-1].get("diverged"):
+        return DIVERGED
+    if not done:
+        return INTERRUPTED
+    last_epoch = max((int(r["epoch"]) for r in reports), default=0)
+    if config.epochs is None:  # a function trainable without `epochs`: it ends when it returns
+        return COMPLETED
+    return COMPLETED if last_epoch >= config.epochs else STOPPED
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def search_phases(report: Mapping[str, Any], suggested: tuple[float, float] | None,
+                  first: bool) -> dict[str, float | None]:
+    """suggest/queue/idle/start seconds of a row: where a run of the trial began, else None.
+
+    `suggested`: (unix time the searcher returned the trial, seconds it took), None if the
+    searcher kept no record (reproducible: false). The actor was free from `ready_at` (its
+    previous trial's last report). A trial suggested before that queued until then; an actor
+    free before the suggestion idled until it (the driver was busy: results, snapshots, the
+    searcher). From the later of the two the trial started, until `started_at`. Without a
+    record, start_seconds holds the idle time too.
+    """
+    out = dict.fromkeys(SEARCH_COLUMNS)
+    ready, started = report.get("ready_at"), report.get("started_at")
+    if _missing(ready) or _missing(started):
+        return out
+    if suggested is not None and first:  # a restart waited for a free slot again, not for the searcher
+        at, out["suggest_seconds"] = suggested
+        free = max(ready, at)
+        out["queue_seconds"], out["idle_seconds"] = max(0.0, ready - at), max(0.0, at - ready)
+    else:
+        free = ready
+    out["start_seconds"] = max(0.0, started - free)  # clocks of two machines may disagree by a little
+    return out
+
+
+def trial_rows(trial_id: str, config: Mapping[str, Any], reports: Iterable[Mapping[str, Any]], *,
+               done: bool, error: bool, suggested: tuple[float, float] | None = None) -> list[dict[str, Any]]:
+    """One row per reported epoch (the last report of an epoch wins, e.g. after a restart).
+
+    A row's config is the one its epoch trained with: Tune records it with each report, and
+    PBT (search/searching/pbt.py) changes a trial's config between epochs.
+    """
+    trial = trial_config(config)
+    by_epoch = {int(r["epoch"]): r for r in reports if not _missing(r.get("epoch"))}
+    ordered = [by_epoch[e] for e in sorted(by_epoch)]
+    status = trial_status(trial, ordered, done=done, error=error)
+    base = {"trial_id": trial_id, "status": status, **trial.to_flat()}
+    if not ordered:  # failed before its first epoch: keep it visible
+        return [{**base, **{c: None for c in REPORT_COLUMNS + SEARCH_COLUMNS}}]
+    if is_function(config):  # the function's own metrics, as named in each report
+        return [{**base, **{c: r.get(c) for c in [*REPORT_COLUMNS[len(EPOCH_COLUMNS):], *FUNCTION_REPORT_COLUMNS,
+                                                 *r.get(METRIC_NAMES, [])]},
+                 **search_phases(r, suggested, first=i == 0)} for i, r in enumerate(ordered)]
+    # training.metrics' columns (train_<name>, val_<name>) beside the fixed ones; the schema keeps what the space reports
+    metric_columns = [c for c in (ordered[0] if ordered else {}) if c.startswith(("train_", "val_"))]
+    return [{**base, **_epoch_config(r, config), **{c: r.get(c) for c in [*REPORT_COLUMNS, *metric_columns]},
+             **search_phases(r, suggested, first=i == 0)} for i, r in enumerate(ordered)]
+
+
+def _epoch_config(report: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config a report was made under, where Tune recorded one other than the trial's last."""
+    own = report.get("config")
+    return TrialConfig.from_mapping(own).to_flat() if isinstance(own, Mapping) and own != config else {}
+
+
+def trial_id_of(result) -> str:
+    """The Tune trial id of a Result, from its folder (trial_<id>, see search/execution/tuner.py trial_folder_name)."""
+    return result.path.rstrip("/").rsplit("/", 1)[-1].removeprefix("trial_")
+
+
+def read_record(fs: pafs.FileSystem, trial_path: str) -> list[dict[str, Any]]:
+    """Every report in a trial folder's result.json (Tune's record); [] if it has none yet."""
+    path = f"{trial_path.rstrip('/')}/{RECORD_FILE}"
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        return []
+    with fs.open_input_stream(path) as stream:
+        text = stream.read().decode("utf-8", errors="replace")
+    reports = []
+    for line in text.splitlines():
+        try:
+            reports.append(json.loads(line))
+        except ValueError:  # a line cut short by a killed driver: the reports before it stand
+            continue
+    return reports
+
+
+def table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    """Rows as a table of `schema`; values of JSON-text columns become JSON text."""
+    gated = conditions_of(schema)
+    if TRAINABLE_KEY in schema.names:  # a function trainable's metrics: columns as its reports name them
+        extra = sorted({k for row in rows for k in row} - set(schema.names))
+        schema = pa.schema([*schema, *(pa.field(k, pa.float64()) for k in extra)])
+    text = {f.name for f in schema if is_json(f)}
+    cells = [{k: (json_text(v) if k in text and v is not None else v)
+              for k, v in {**row, **dict.fromkeys(not_drawn(gated, row))}.items()} for row in rows]
+    return pa.Table.from_pylist(cells, schema=schema)
+
+
+def part_bytes(rows: list[dict[str, Any]], schema: pa.Schema) -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(table(rows, schema), buffer)
+    return buffer.getvalue()
+
+
+def records(rows: list[dict[str, Any]], schema: pa.Schema) -> list[dict[str, Any]]:
+    """Rows as results.parquet holds them (typed, JSON-text columns as text), without pandas: a trial's
+    entry in the journal is made from them at its start and end, five times faster than from a frame."""
+    return table(rows, schema).to_pylist()
+
+
+def to_frame(rows: list[dict[str, Any]], schema: pa.Schema) -> pd.DataFrame:
+    frame = table(rows, schema).to_pandas()
+    # trial_number first: Tune's trial ids are random, and ties (best epoch) go to the earlier trial
+    return frame.sort_values(["trial_number", "trial_id", "epoch"], kind="stable").reset_index(drop=True)
+
+
+def config_from_row(row: Mapping[str, Any], schema: pa.Schema) -> dict[str, Any]:
+    """A trial config (nested plain data, as in best.yaml) back from a results row."""
+    flat = {}
+    function = TRAINABLE_KEY in schema.names
+    for f in schema:
+        name = f.name
+        if function and name == "epoch":  # config columns come first: the rest are reports
+            break
+        if function and name in ("trial_id", "status"):
+            continue
+        if not function and name not in FIELDS and name != FACTORY_KEY and keyword_of(name) is None:
+            continue
+        value = row[name]
+        if hasattr(value, "tolist"):  # numpy arrays and scalars
+            value = value.tolist()
+        if isinstance(value, float) and math.isnan(value):
+            value = None
+        if is_json(f) and isinstance(value, str):
+            value = json.loads(value)
+        if pa.types.is_integer(f.type) and value is not None:
+            value = int(value)
+        flat[name] = value
+    for name in not_drawn(conditions_of(schema), flat):  # null: the trial ran with the default
+        flat.pop(name, None)
+    return trial_config(flat).to_dict()

@@ -1,0 +1,257 @@
+"""Successive halving that reproduces: which trials stop, and at which epoch, depends only on the seed.
+
+Ray's ASHA judges a trial at a rung (an epoch grace_period * reduction_factor**k) against the
+results that have arrived at that rung so far, so a different finishing order stops different
+trials. OrderedHalving judges trial n at a rung against the trials numbered below n that reach
+that rung (their value at it), whatever order they arrive in:
+
+- the rule is ASHA's: trial n goes on if its value is at least the (1 - 1/reduction_factor)
+  percentile of the lower-numbered trials' values at the rung (np.nanpercentile, as Ray's
+  ASHA computes it), and always when none of them reached the rung; a value that is not
+  finite (a diverged trial) is below every cutoff;
+- trial n waits at a rung (Tune PAUSEs it: it checkpoints, frees its slot, and later resumes
+  from that checkpoint bit for bit) only while a lower-numbered trial it is compared with has
+  not yet either reached the rung or ended short of it. Those waits are counted (`waits`:
+  trial number -> seconds) and said in the summary, as OrderedSearch's are;
+- a lower-numbered trial that ends in ERROR (after its restarts) before the rung counts as
+  ending short of it, with no value; so the search reproduces when its errors do;
+- Hyperband (`brackets` > 1): trial n is in bracket n mod brackets; bracket s first judges
+  its trials at epoch grace_period * reduction_factor**s, and compares a trial only with the
+  lower-numbered trials of its own bracket.
+
+No deadlock: the lowest-numbered trial that has not passed a rung never waits, and a waiting
+trial holds no slot (it is PAUSED); Tune resumes a paused trial only when choose_trial_to_run
+picks it, and it picks those cleared to go on, lowest number first.
+
+What TPE learns from a trial stopped here is OrderedSearch's part (search/searching/ordered.py
+MULTIFIDELITY: PRUNED, with its curve), told in trial-number order like every result.
+
+The decisions and waits are also written to `halving.json` in the run folder: the summary
+reads the waits there, and a resumed search takes the decisions back (a trial rerun from an
+earlier checkpoint reaches the same values, so the same decisions, but this saves its waits).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import numpy as np
+from ray.tune.experiment import Trial
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+
+from search.run.results import score
+from search.run.storage import Storage
+
+RECORD_FILE = "halving.json"  # in the run folder
+
+
+def milestones(first: int, max_t: int, reduction_factor: int) -> list[int]:
+    """The rung epochs from `first` on, each reduction_factor times the last, below max_t."""
+    rungs, epoch = [], first
+    while epoch < max_t:
+        rungs.append(epoch)
+        epoch *= reduction_factor
+    return rungs
+
+
+def bracket_count(grace_period: int, max_t: int, reduction_factor: int) -> int:
+    """Hyperband's brackets: one per rung a bracket can start at (at least one)."""
+    return max(1, len(milestones(grace_period, max_t, reduction_factor)))
+
+
+class OrderedHalving(FIFOScheduler):
+    """Tune scheduler: reproducible successive halving (brackets=1) or Hyperband (brackets>1)."""
+
+    # Tune may otherwise hand a trial's results over in batches, past the rung it should stop at
+    _supports_buffered_results = False
+
+    def __init__(self, *, metric: str, mode: str, max_t: int, grace_period: int, reduction_factor: int,
+                 brackets: int = 1, storage: Storage | None = None, record: str = RECORD_FILE):
+        super().__init__()
+        self._metric, self.mode, self.reduction_factor = metric, mode, reduction_factor
+        self.rungs = [milestones(grace_period * reduction_factor ** s, max_t, reduction_factor)
+                      for s in range(brackets)]
+        self.storage, self.record = storage, record  # where halving.json goes (None: nowhere)
+        self.values: dict[int, dict[int, float | None]] = {}  # n -> rung epoch -> signed score (None: not finite)
+        self.decided: dict[int, dict[int, str]] = {}  # n -> rung epoch -> CONTINUE | STOP
+        self.stopped: dict[int, int] = {}  # n -> the rung epoch it was stopped at
+        self.waits: dict[int, float] = {}  # n -> seconds it waited at rungs, in all
+        self._trials: dict[int, Trial] = {}
+        self._ended: set[int] = set()  # completed, stopped or removed: reaches no further rung
+        self._waiting: dict[int, tuple[int, float]] = {}  # n -> (rung epoch, monotonic time it paused)
+        self._ready: set[int] = set()  # paused, cleared to go on, not yet resumed
+        self._loaded = False
+        self._settling = False
+
+    # ---- what Tune calls ---------------------------------------------------------------
+
+    def on_trial_add(self, tune_controller, trial: Trial) -> None:
+        self._load()
+        self._trials[self.number(trial)] = trial
+        self._ended.discard(self.number(trial))  # a trial restarted after an error is live again
+
+    def on_trial_result(self, tune_controller, trial: Trial, result: dict) -> str:
+        n, epoch = self.number(trial), result.get("epoch")
+        self._trials[n] = trial
+        self._ready.discard(n)  # it runs again
+        if epoch is None or int(epoch) not in self.rungs[self.bracket(n)]:
+            return TrialScheduler.CONTINUE
+        rung = int(epoch)
+        self.values.setdefault(n, {}).setdefault(rung, self.signed(result.get(self._metric)))
+        decision = self.decided.get(n, {}).get(rung)
+        if decision is None and (rung >= int(trial.config.get("epochs", rung + 1)) or result.get("diverged")):
+            decision = TrialScheduler.CONTINUE  # its last epoch: it ends anyway; its value counts for later trials
+        if decision is None and self._comparable(n, rung):
+            decision = self._decide(n, rung)
+            self._save()
+        self._settle(tune_controller)  # its value may clear trials waiting at this rung
+        if decision is None:
+            self._waiting[n] = (rung, time.monotonic())
+            return TrialScheduler.PAUSE
+        if decision == TrialScheduler.STOP:
+            self._ended.add(n)
+        return decision
+
+    def on_trial_complete(self, tune_controller, trial: Trial, result: dict) -> None:
+        self._end(trial)
+
+    def on_trial_remove(self, tune_controller, trial: Trial) -> None:
+        self._end(trial)
+
+    def on_trial_error(self, tune_controller, trial: Trial) -> None:
+        # called before a restart too (then on_trial_add follows); a final ERROR is read from
+        # the trial's status when the waiting trials are next settled
+        self._waiting.pop(self.number(trial), None)
+
+    def choose_trial_to_run(self, tune_controller) -> Trial | None:
+        self._settle(tune_controller)
+        for n in sorted(self._ready):  # cleared to go on: lowest number first, it may clear others
+            if self._trials[n].status == Trial.PAUSED:
+                return self._trials[n]
+        for trial in tune_controller.get_trials():
+            if trial.status == Trial.PENDING and self._stopped_already(trial):
+                # a resume of a trial stopped while it waited at a rung: Tune snapshots a trial again
+                # only when it has an actor, so its record may still say PAUSED, and Tune restores
+                # that as PENDING. Stopped again, not run on past the rung it was stopped at.
+                self._ended.add(self.number(trial))
+                tune_controller.stop_trial(trial)
+            elif trial.status == Trial.PENDING:
+                return trial
+        return None
+
+    def _stopped_already(self, trial: Trial) -> bool:
+        n = self.number(trial)
+        return n in self.stopped and int((trial.last_result or {}).get("epoch") or 0) >= self.stopped[n]
+
+    def debug_string(self) -> str:
+        return f"Reproducible successive halving, rungs {self.rungs}; {len(self._waiting)} trial(s) waiting"
+
+    # ---- the rule ----------------------------------------------------------------------
+
+    @staticmethod
+    def number(trial: Trial) -> int:
+        return int(trial.config["trial_number"])
+
+    def bracket(self, n: int) -> int:
+        return n % len(self.rungs)
+
+    def signed(self, value: Any) -> float | None:
+        """A score to maximise: the metric, negated for mode min; None if it is not finite."""
+        finite = score(value)
+        return None if finite is None else (finite if self.mode == "max" else -finite)
+
+    def _peers(self, n: int) -> range:
+        """The lower-numbered trials of n's bracket."""
+        return range(self.bracket(n), n, len(self.rungs))
+
+    def _comparable(self, n: int, rung: int) -> bool:
+        """Whether every lower-numbered trial of n's bracket has reached `rung` or ended short of it."""
+        return all(rung in self.values.get(k, {}) or self._has_ended(k) for k in self._peers(n))
+
+    def _has_ended(self, k: int) -> bool:
+        trial = self._trials.get(k)
+        return k in self._ended or (trial is not None and trial.status in (Trial.ERROR, Trial.TERMINATED))
+
+    def _decide(self, n: int, rung: int) -> str:
+        """ASHA's rule over the lower-numbered trials at the rung; remembered, so a rerun epoch gets the same."""
+        others = [self.values[k][rung] for k in self._peers(n) if rung in self.values.get(k, {})]
+        finite = [v for v in others if v is not None]
+        value = self.values[n][rung]
+        decision = TrialScheduler.CONTINUE
+        if finite:
+            cutoff = float(np.nanpercentile(finite, (1 - 1 / self.reduction_factor) * 100))
+            if value is None or value < cutoff:
+                decision = TrialScheduler.STOP
+        elif others and value is None:
+            decision = TrialScheduler.STOP
+        self.decided.setdefault(n, {})[rung] = decision
+        if decision == TrialScheduler.STOP:
+            self.stopped[n] = rung
+        return decision
+
+    def _settle(self, tune_controller) -> None:
+        """Decide for the paused trials whose comparison is now complete: stop them or clear them to go on."""
+        if self._settling:  # stop_trial calls back into this scheduler
+            return
+        self._settling = True
+        changed = False
+        try:
+            for n in sorted(self._waiting):  # lower numbers first: stopping one can clear a higher one
+                rung, since = self._waiting[n]
+                trial = self._trials[n]
+                if trial.status != Trial.PAUSED or not self._comparable(n, rung):
+                    continue  # still saving its checkpoint, or still waiting
+                del self._waiting[n]
+                self.waits[n] = self.waits.get(n, 0.0) + time.monotonic() - since
+                changed = True
+                if self._decide(n, rung) == TrialScheduler.STOP:
+                    self._ended.add(n)
+                    tune_controller.stop_trial(trial)
+                else:
+                    self._ready.add(n)
+        finally:
+            self._settling = False
+        if changed:
+            self._save()
+
+    def _end(self, trial: Trial) -> None:
+        n = self.number(trial)
+        self._ended.add(n)
+        self._waiting.pop(n, None)
+        self._ready.discard(n)
+
+    # ---- the record in the run folder ---------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        return {"values": self.values, "decided": self.decided, "stopped": self.stopped, "waits": self.waits}
+
+    def _save(self) -> None:
+        if self.storage is not None:
+            self.storage.write(self.record, json.dumps(self.state()).encode())
+
+    def _load(self) -> None:
+        """A resumed search: the decisions and waits of the run before (once, before the first trial is added)."""
+        if self._loaded or self.storage is None:
+            return
+        self._loaded = True
+        saved = read_record(self.storage, self.record)
+        self.values, self.decided = saved["values"], saved["decided"]
+        self.stopped, self.waits = saved["stopped"], saved["waits"]
+
+
+def read_record(storage: Storage, relative: str) -> dict[str, Any]:
+    """halving.json as the scheduler holds it (int keys); empty if there is none or it does not read."""
+    empty = {"values": {}, "decided": {}, "stopped": {}, "waits": {}}
+    data = storage.read(relative)
+    if data is None:
+        return empty
+    try:
+        raw = json.loads(data)
+        ints = lambda mapping: {int(k): v for k, v in mapping.items()}  # noqa: E731
+        return {"values": {int(n): ints(v) for n, v in raw["values"].items()},
+                "decided": {int(n): ints(v) for n, v in raw["decided"].items()},
+                "stopped": ints(raw["stopped"]), "waits": ints(raw["waits"])}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return empty

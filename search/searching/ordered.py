@@ -1,0 +1,404 @@
+"""A parallel search that reproduces: trial n's config depends only on the seed and n.
+
+Tune's OptunaSearch tells Optuna each result as it arrives, so with several trials at once
+TPE sees results in whatever order trials happen to finish, and two runs of one seed differ.
+OrderedSearch asks for trial n on a study that holds, for trial n alone:
+
+- the results of trials 0 .. n-L-1 (L = max_concurrent), told in trial-number order;
+- trials n-L .. n-1 as running, whatever they have done since (TPE's constant liar
+  counts them as pending);
+- a sampler seeded from (seed, n).
+
+Before any of them, the study holds the warm-start trials (search/searching/warm_start.py), if any: an
+earlier run's finished trials, the same for every n. Trial n < k of k enqueued configs
+(`experiment.enqueue`) is asked with its config enqueued (Study.enqueue_trial), its other keys drawn.
+
+So trial n waits only while one of trials 0 .. n-L-1 is unfinished; those waits are counted
+(`waits`: trial number -> seconds) and reported. A trial's value is its best epoch's metric
+(the epoch best.yaml picks); a trial whose metric never was finite is FAIL to Optuna. A trial
+that ended short of its epochs (stopped at a rung, diverged) is told as `multifidelity` says
+(MULTIFIDELITY below): under halving, TPE gets it PRUNED with its curve (docs/schedulers.md).
+
+With `ends_at_epochs` (the canonical loop, which reports nothing after its last epoch) a trial is
+finished at its report of its last planned epoch, a step before Tune ends it. The value is the
+same either way; what changes is when a waiting trial can be asked. Tune decides whether to keep
+an ended trial's actor for reuse when the trial ends, before it asks the searcher again, and keeps
+one idle actor at most: a trial that ends while its successor waits for an earlier trial's result
+parks its actor, and when that earlier trial then ended, its actor was stopped, although the
+searcher could now suggest two trials. The next trial then waited for a new actor (seconds of
+imports), and Tune gave it the first reused actor that came free instead, so the search went on
+one trial at a time (bench/default_search.py: the default search took 78 s, now 55-61 s).
+Asked at the earlier trial's last report, the waiting trial takes the parked actor, and the
+earlier trial's actor is kept for the trial after it.
+
+That study is kept in memory from one suggestion to the next, since trial n+1's study is
+trial n's plus trial n, with trial n-L told: rebuilding it per suggestion cost O(n) storage
+work each time, O(n^2) over a search of thousands of trials. What the searcher saves is the
+plain record (what it asked and was told); the study is a cache of it, built again from the
+record after a restore, and then equal to the one it would have kept.
+
+The record is a JSON file of ours, `searcher.json` (RECORD_FILE), written into the folder Tune
+saves its experiment state to, at each of Tune's snapshots: Tune uploads it to the run folder
+with that state, so the two always describe the same moment, and a resume reads it back
+(`restore_from_dir`). The study lives in an Optuna InMemoryStorage made here, used through
+the storage's public methods only.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import optuna
+from optuna.storages import InMemoryStorage
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial, TrialState, create_trial
+from ray.tune.search import Searcher
+
+from search.spec.objectives import Objectives, first
+from search.run.results import best_of, score
+from search.run.searcher_record import RECORD, RECORD_FILE, by_number, record_from_json, record_to_json  # noqa: F401  (its record's format)
+from trainable.seed import derive_seed
+# Pinned: Optuna 5 changed TPE's defaults, which silently changes every seeded search.
+TPE_SETTINGS = {"multivariate": True, "constant_liar": True, "n_startup_trials": 10, "n_ei_candidates": 24}
+SAMPLER_STREAM = 1  # derive_seed stream of sampler seeds (stream 0 seeds the trials)
+# How a trial that ended short of its epochs (stopped at a rung, diverged) is told to the study;
+# bench/multifidelity.py measures them (docs/schedulers.md):
+# - "final": COMPLETE with its best epoch's value, as a full trial (what hpsearch did before);
+# - "pruned": PRUNED with its curve as intermediate values; TPE puts a pruned trial after every
+#   complete one, pruned ones ranked by their last epoch, then their value there;
+# - "rung": as BOHB: the model is fit at the highest epoch that RUNG_POINTS told trials reached,
+#   each trial that reached it told with its best value up to it, the others PRUNED as above.
+MULTIFIDELITY = ("final", "pruned", "rung")
+RUNG_POINTS = TPE_SETTINGS["n_startup_trials"]  # trials at a fidelity before "rung" fits the model there
+CACHES = ("_kept", "_told", "_settled", "_fidelity")  # derived from the record, see _drop_caches
+
+
+class KeptStudy(NamedTuple):
+    """The study kept between suggestions, with the storage we made for it and its key there."""
+
+    study: optuna.Study
+    storage: InMemoryStorage
+    key: int  #: what the storage's create_new_study returned
+
+
+def make_sampler(name: str, experiment_seed: int, number: int,
+                 tpe_settings: Mapping[str, Any] = TPE_SETTINGS) -> optuna.samplers.BaseSampler:
+    """The sampler that asks for trial `number`; its randomness is a function of (seed, number)."""
+    seed = derive_seed(experiment_seed, number, stream=SAMPLER_STREAM)
+    if name == "nsga2":  # for several objectives (search/spec/objectives.py); reads the trials' constraints too
+        return optuna.samplers.NSGAIISampler(seed=seed)
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, **tpe_settings)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "qmc":  # one scrambled sequence for the whole search; trial n takes its n-th point
+        return optuna.samplers.QMCSampler(seed=experiment_seed, scramble=True, warn_asynchronous_seeding=False)
+    if name == "cmaes":  # its state travels in the trials' system attrs, kept per trial number below
+        return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=1, warn_independent_sampling=False)
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=TPE_SETTINGS["n_startup_trials"])
+    raise ValueError(f"unknown sampler {name!r}")  # validated in the space file
+
+
+class OrderedSearch(Searcher):
+    """Tune searcher: reproducible suggestions at up to `lag` trials at once.
+
+    `tpe_settings` replaces TPE_SETTINGS (the sampler "tpe" only): the knobs that bound
+    TPE's cost per suggestion at thousands of trials (bench/tpe_scale.py). `unseen` (default
+    `lag`): trial n is asked on the results of trials 0 .. n-unseen-1, the rest running to it.
+    Fewer unseen trials give trial n more results and fewer liars, and make a slot wait more
+    often: whenever trial n-unseen-1 is still running when a later trial ends. At lag 1,
+    unseen 0 never waits (docs/search-quality.md measures both).
+    """
+
+    def __init__(self, ask: Callable[[optuna.Trial], dict[str, Any]], *, metric: str, mode: str,
+                 experiment_seed: int, sampler: str, lag: int, tpe_settings: Mapping[str, Any] | None = None,
+                 enqueued: Sequence[Mapping[str, Any]] = (), warm: Sequence[FrozenTrial] = (),
+                 objectives: Objectives | None = None, unseen: int | None = None,
+                 multifidelity: str = "final", epochs: int | None = None, ends_at_epochs: bool = False):
+        super().__init__(metric=first(metric), mode=first(mode))
+        # several objectives or constraints (search/spec/objectives.py): a trial's point, not its best epoch
+        self.objectives = objectives or Objectives((metric,), (mode,))
+        self.ask, self.experiment_seed, self.sampler, self.lag = ask, experiment_seed, sampler, lag
+        # settings, like the rest of the constructor's: pickled with the searcher, not in the record
+        self.enqueued = [dict(params) for params in enqueued]  # trial n < len: Optuna's params it starts from
+        self.warm = list(warm)  # told before trial 0; Optuna's number of trial n is n + len(warm)
+        self.unseen = lag if unseen is None else unseen  # trials n-unseen .. n-1 are running to trial n
+        self.tpe_settings = dict(TPE_SETTINGS if tpe_settings is None else tpe_settings)
+        if multifidelity not in MULTIFIDELITY:
+            raise ValueError(f"multifidelity: one of {MULTIFIDELITY}, got {multifidelity!r}")
+        # how a trial that ended short of its epochs is told (MULTIFIDELITY); `epochs`: a trial's
+        # epochs when its config does not search them
+        self.multifidelity, self.epochs = multifidelity, epochs
+        # a trial's report of its last planned epoch is its last (the canonical loop): it is finished there
+        self.ends_at_epochs = ends_at_epochs
+        self.numbers: dict[str, int] = {}  # Tune trial id -> trial number
+        # by number: params, distributions, system attrs (where a sampler such as CMA-ES keeps its state)
+        self.asked: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = []
+        self.curves: dict[int, dict[int, float]] = {}  # number -> epoch -> metric
+        self.finished: dict[int, float | None] = {}  # number -> value (None: no finite metric, or an error)
+        self.study_attrs: dict[str, Any] = {}  # the study's system attrs after the last ask (QMC's point counter)
+        self.waits: dict[int, float] = {}  # number -> seconds its slot waited for earlier results
+        # number -> (unix time the suggestion was made, seconds it took): results.parquet's
+        # suggest_seconds, and where queue_seconds starts
+        self.suggested: dict[int, tuple[float, float]] = {}
+        # number -> epoch -> the objectives.measured metrics (several objectives or constraints only)
+        self.measures: dict[int, dict[int, list[float | None]]] = {}
+        self.planned: dict[int, int] = {}  # number -> the epochs it was to run (multifidelity only)
+        self._waiting_since: float | None = None
+        self._drop_caches()
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        n = len(self.asked)
+        running = n - len(self.finished)
+        if running >= self.lag:
+            return None  # every slot is busy
+        if self._result_out_before(n - self.unseen):
+            self._waiting_since = self._waiting_since or time.monotonic()
+            return None  # an earlier result that trial n must see is still out
+        if self._waiting_since is not None:
+            self.waits[n] = time.monotonic() - self._waiting_since
+            self._waiting_since = None
+        asking = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # qmc, gp: "experimental"
+            kept = self._study_for(n)
+            study = kept.study
+            study.sampler = make_sampler(self.sampler, self.experiment_seed, n, self.tpe_settings)
+            try:
+                if n < len(self.enqueued):
+                    study.enqueue_trial(self.enqueued[n])  # the one waiting trial: ask() takes it
+                trial = study.ask()
+                constants = self.ask(trial)
+            except BaseException:
+                self._drop_caches()  # the study holds a half-asked trial n, which would shift every later number
+                raise
+        # a copy of the asked trial alone (study.trials[-1] would deep-copy every trial), so the
+        # record shares no object with the study; the running trials are the last `lag` or fewer
+        asked = copy.deepcopy(next(t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                                   if t.number == trial.number))
+        self.study_attrs = copy.deepcopy(kept.storage.get_study_system_attrs(kept.key))
+        self.asked.append((dict(asked.params), dict(asked.distributions), dict(asked.system_attrs)))
+        self.numbers[trial_id] = n
+        if (self.multifidelity != "final" or self.ends_at_epochs) and (constants.get("epochs") or self.epochs):
+            self.planned[n] = int(constants.get("epochs") or self.epochs)
+        self.suggested[n] = (time.time(), time.perf_counter() - asking)
+        return {**trial.params, **constants}
+
+    def _result_out_before(self, end: int) -> bool:
+        """Whether one of trials 0 .. end-1 is unfinished; amortised O(1) per suggestion, not a scan of all n."""
+        while self._settled < end and self._settled in self.finished:  # results are never taken back
+            self._settled += 1
+        return self._settled < end
+
+    def _study_for(self, n: int) -> KeptStudy:
+        """The kept study, brought to what trial n must see: trials 0 .. n-L-1 told, the rest running.
+
+        Results are told with Study.tell by trial number. Tell also calls the sampler's
+        after_trial, which a study built from the record never saw; for the five samplers here
+        (no constraints) it does nothing, so both studies are the same. Trials are told in
+        trial-number order, as the build adds them, so the best trial (ties to the earlier) and
+        the trial list read the same either way. A PRUNED trial (MULTIFIDELITY) has its curve as
+        intermediate values either way: Trial.report before the tell, create_trial's in a build.
+        """
+        fidelity = self._fidelity_for(n)
+        if self._kept is not None and fidelity != self._fidelity:
+            self._drop_caches()  # "rung" moved up: every told trial's value changes, build it again
+        if self._kept is None:
+            self._fidelity = fidelity
+            self._kept, self._told = self._built(n), max(0, n - self.unseen)
+        for k in range(self._told, n - self.unseen):
+            self._tell(self._kept, k)
+            self._told = k + 1
+        return self._kept
+
+    def _built(self, n: int) -> KeptStudy:
+        """A study made from the record for trial n, as every suggestion made it before the study was kept."""
+        # one "study created" line per build is noise; set here, not per suggestion, where it cost 1.5 ms
+        # (the logging module clears the level cache of every logger there is, Ray's and Tune's too)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        storage = InMemoryStorage()
+        key = storage.create_new_study([StudyDirection.MAXIMIZE if m == "max" else StudyDirection.MINIMIZE
+                                        for m in self.objectives.modes], study_name="ordered")
+        for name, value in self.study_attrs.items():  # Study has no public setter for these; the storage has
+            storage.set_study_system_attr(key, name, value)
+        study = optuna.load_study(study_name="ordered", storage=storage,
+                                  sampler=optuna.samplers.RandomSampler())  # replaced before each ask
+        study.add_trials(self.warm)
+        for k in range(n):
+            params, distributions, system_attrs = self.asked[k]
+            if k < n - self.unseen:
+                state, value, curve = self._outcome(k)
+                point = self._point(k)
+                study.add_trial(create_trial(
+                    state=state, values=None if value is None else value if isinstance(value, list) else [value],
+                    intermediate_values=curve, params=params, distributions=distributions, user_attrs=point or {},
+                    system_attrs=system_attrs,
+                    constraints=self._constraints(point, value)))
+            else:
+                study.add_trial(create_trial(state=TrialState.RUNNING, params=params, distributions=distributions,
+                                             system_attrs=system_attrs))
+        return KeptStudy(study, storage, key)
+
+    def _tell(self, kept: KeptStudy, k: int) -> None:
+        """Trial k, running in the study, gets its result: as create_trial made it in a build."""
+        state, value, curve = self._outcome(k)
+        number, point = k + len(self.warm), self._point(k)
+        trial = optuna.Trial(kept.study, kept.storage.get_trial_id_from_study_id_trial_number(kept.key, number))
+        # as create_trial made them in a build: the point's metrics, and the constraints (TPE, NSGA-II and
+        # GP read a finished trial's constraints; Optuna 5 replaced constraints_func by set_constraint)
+        for name, measured in (point or {}).items():
+            trial.set_user_attr(name, measured)
+        for name, violation in (self._constraints(point, value) or {}).items():
+            trial.set_constraint(name, violation)
+        for epoch, measured in curve.items():
+            trial.report(measured, epoch)
+        if state == TrialState.COMPLETE:
+            kept.study.tell(number, value)
+        else:  # a PRUNED trial's value is its last intermediate value, as create_trial was given it
+            kept.study.tell(number, state=state)
+
+    def _outcome(self, k: int) -> tuple[TrialState, Any, dict[int, float]]:
+        """How finished trial k is told: its state, its value(s), its curve as intermediate values (PRUNED only)."""
+        value, curve = self.finished[k], self.curves.get(k, {})
+        if value is None:
+            return TrialState.FAIL, None, {}
+        last = max(curve, default=None)
+        if self.multifidelity == "final" or last is None or self.objectives.several:
+            return TrialState.COMPLETE, value, {}
+        if self._fidelity is not None and last >= self._fidelity:  # "rung": its value at the model's fidelity
+            return TrialState.COMPLETE, best_of((v for e, v in curve.items() if e <= self._fidelity), self.mode), {}
+        if last < self.planned.get(k, last):
+            return TrialState.PRUNED, curve[last], dict(sorted(curve.items()))
+        return TrialState.COMPLETE, value, {}
+
+    def _fidelity_for(self, n: int) -> int | None:
+        """"rung": the epoch trial n's model is fit at, the highest that RUNG_POINTS of the trials told
+        to it reached (None before there are that many, or for another multifidelity)."""
+        if self.multifidelity != "rung":
+            return None
+        lasts = sorted((max(self.curves[k]) for k in range(max(0, n - self.unseen))
+                        if self.finished.get(k) is not None and self.curves.get(k)), reverse=True)
+        return lasts[RUNG_POINTS - 1] if len(lasts) >= RUNG_POINTS else None
+
+    def _point(self, k: int) -> dict[str, float | None] | None:
+        """Trial k's point: its objectives.measured metrics at its point epoch; None without constraints
+        and several objectives (its value is all there is), or without a point."""
+        curve = {e: dict(zip(self.objectives.measured, v)) for e, v in self.measures.get(k, {}).items()}
+        epoch = self.objectives.point_epoch(curve)
+        return None if epoch is None else curve[epoch]
+
+    def _constraints(self, point: Mapping[str, Any] | None, value: Any) -> dict[str, float] | None:
+        """A finished trial's constraints as Optuna holds them: 'params <= 200000' -> its violation."""
+        if not self.objectives.constraints or value is None or point is None:
+            return None
+        return self.objectives.constraint_values(point)
+
+    def _drop_caches(self) -> None:
+        """Forget what is derived from the record; it is derived again when next needed."""
+        self._kept: KeptStudy | None = None
+        self._told = 0  # trials 0 .. _told-1 have their results in the study
+        self._settled = 0  # trials 0 .. _settled-1 are finished
+        self._fidelity: int | None = None  # "rung": the epoch the kept study's values are at
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        value = score(result.get(self.metric))
+        if trial_id in self.numbers and value is not None and result.get("epoch") is not None:
+            self.curves.setdefault(self.numbers[trial_id], {})[int(result["epoch"])] = value
+            self._drop_caches_if_told(self.numbers[trial_id])
+        if trial_id in self.numbers and result.get("epoch") is not None and self._measuring:
+            self.measures.setdefault(self.numbers[trial_id], {})[int(result["epoch"])] = \
+                [score(result.get(m)) for m in self.objectives.measured]
+        n = self.numbers.get(trial_id)
+        if self.ends_at_epochs and n is not None and n not in self.finished and n in self.planned \
+                and result.get("epoch") is not None and int(result["epoch"]) >= self.planned[n]:
+            self._finish(n)  # its last report: the module's docstring says why now
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        if trial_id not in self.numbers:
+            return
+        n = self.numbers[trial_id]
+        if self.ends_at_epochs and n in self.finished:
+            return  # finished at its last epoch's report: its value stands, whatever ends its actor after it
+        if result and not error:
+            # a scheduler's STOP: Tune gives the stopping epoch's result here only, not to on_trial_result
+            # (a trial paused at the rung first had it there), so both ways the curve holds it
+            self.on_trial_result(trial_id, result)
+        self._finish(n, error)
+
+    def _finish(self, n: int, error: bool = False) -> None:
+        """Trial n's value, as Optuna is told it: its best epoch's metric, None for an error."""
+        self.finished[n] = None if error else best_of(self.curves.get(n, {}).values(), self.mode)
+        if self.objectives.several and not error:  # the point's values: its last epoch's (objectives.py)
+            point = self._point(n)
+            self.finished[n] = None if point is None else self.objectives.values(point)
+        self._drop_caches_if_told(n)
+
+    @property
+    def _measuring(self) -> bool:
+        return self.objectives.several or bool(self.objectives.constraints)
+
+    def _drop_caches_if_told(self, n: int) -> None:
+        # Tune does not report on a trial after it completes; if it ever did, the next
+        # suggestion builds the study again from the record, which holds the news.
+        if n < self._told:
+            self._drop_caches()
+
+    def save(self, checkpoint_path: str) -> None:
+        """Write the record to `checkpoint_path` as JSON (record_to_json)."""
+        with open(checkpoint_path, "w", encoding="utf-8") as f:
+            f.write(record_to_json({key: getattr(self, key) for key in RECORD}))
+
+    def restore(self, checkpoint_path: str) -> None:
+        """Take the record saved at `checkpoint_path`; what is derived from it is built again when needed."""
+        with open(checkpoint_path, encoding="utf-8") as f:
+            record = record_from_json(f.read())
+        for key in RECORD:
+            setattr(self, key, record[key])
+        self._waiting_since = None
+        self._drop_caches()
+
+    def save_to_dir(self, checkpoint_dir: str, session_str: str = "default") -> None:
+        """Tune's call at each snapshot: the record as `<checkpoint_dir>/searcher.json`, replaced whole.
+
+        `checkpoint_dir` is the folder Tune writes its experiment state to and then uploads to
+        the run folder; one file name for every session, so the run folder holds one record.
+        """
+        temporary = os.path.join(checkpoint_dir, f".{RECORD_FILE}.{uuid.uuid4().hex}.tmp")
+        try:
+            self.save(temporary)
+            os.replace(temporary, os.path.join(checkpoint_dir, RECORD_FILE))
+        finally:
+            if os.path.exists(temporary):
+                os.remove(temporary)
+
+    def restore_from_dir(self, checkpoint_dir: str) -> None:
+        """Tune's call on resume: the record from `<checkpoint_dir>/searcher.json`."""
+        path = os.path.join(checkpoint_dir, RECORD_FILE)
+        if not os.path.exists(path):
+            raise RuntimeError(f"{path} is missing: no record of this search's searcher to resume from")
+        self.restore(path)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles its searcher (tuner.pkl); the study is rebuilt from the record on demand
+        return {key: value for key, value in self.__dict__.items() if key not in CACHES}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.__dict__.setdefault("tpe_settings", dict(TPE_SETTINGS))  # a searcher pickled before it had them
+        self.__dict__.setdefault("enqueued", [])
+        self.__dict__.setdefault("warm", [])
+        self.__dict__.setdefault("objectives", Objectives((self.metric,), (self.mode,)))
+        self.__dict__.setdefault("measures", {})
+        self.__dict__.setdefault("unseen", self.lag)
+        self.__dict__.setdefault("multifidelity", "final")
+        self.__dict__.setdefault("epochs", None)
+        self.__dict__.setdefault("planned", {})
+        self.__dict__.setdefault("ends_at_epochs", False)
+        self._drop_caches()

@@ -1,0 +1,100 @@
+"""The search as an Optuna study, built from results rows: in memory for the report, and each
+trial's entry in optuna.journal for `optuna-dashboard` (search/outputs/journal.py).
+
+A trial's value is its best epoch's metric (the epoch best.yaml picks), as in OrderedSearch;
+a trial without a finite metric, or that ended in ERROR, is FAIL (its epochs stay as
+intermediate values), so the study's best is best.yaml's. Each trial carries `trial_number`, `trial_id` and
+`seed` as user attributes, and its metric per epoch as intermediate values.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping, Sequence
+
+import optuna
+import pandas as pd
+from optuna.trial import FrozenTrial, TrialState, create_trial
+
+from search.spec.objectives import objectives_of, point_row
+from search.run.results import INTERRUPTED, best_of, is_json, results_schema, score
+from search.spec.schema import conditions, not_drawn
+from search.spec.space import Space
+
+JOURNAL_FILE = "optuna.journal"
+RUNNING, PENDING = "RUNNING", "PENDING"  # the status user attribute of a trial running, or not yet started
+# a trial that has not ended, as the journal holds it: the status user attribute -> Optuna's state
+UNENDED = {RUNNING: TrialState.RUNNING, INTERRUPTED: TrialState.RUNNING, PENDING: TrialState.WAITING}
+
+
+def _cell(value, json_column: bool):
+    """A results cell as the trial config holds it (JSON-text columns decoded)."""
+    return json.loads(value) if json_column and isinstance(value, str) else value
+
+
+def frozen_trial(rows: Sequence[Mapping[str, Any]], space: Space, schema=None, *, live: bool = False) -> FrozenTrial:
+    """One trial's rows (one per epoch, as results.parquet holds them: results.records, or a frame's
+    to_dict("records")) as an Optuna trial; `schema`: results_schema(space), if held.
+
+    By default a finished trial (the report's study). `live`: as optuna.journal holds it, where a
+    trial not yet ended (status RUNNING or INTERRUPTED) is RUNNING with its curve so far, and one
+    not yet started (PENDING) is WAITING.
+    """
+    objectives = objectives_of(space.experiment)
+    metric, mode = objectives.metrics[0], objectives.modes[0]
+    first = rows[0]
+    json_columns = {f.name for f in (schema or results_schema(space)) if is_json(f)}
+    curve = {int(r["epoch"]): score(r[metric]) for r in rows
+             if not pd.isna(r["epoch"]) and score(r[metric]) is not None}
+    value = best_of(curve.values(), mode)
+    # several objectives, constraints: the trial's point (search/spec/objectives.py) gives its values and constraints
+    point = point_row(rows, objectives) if objectives.several or objectives.constraints else None
+    values = (None if point is None else objectives.values(point)) if objectives.several else \
+        None if value is None else [value]
+    status = str(first["status"])
+    if status == "ERROR":  # it raised, as a failed Optuna trial does: never the best, as in best.yaml
+        values = None
+    state = TrialState.COMPLETE if values is not None else TrialState.FAIL
+    if live and status in UNENDED:
+        state, values = UNENDED[status], None
+    measured = {} if point is None else {m: score(point.get(m)) for m in objectives.measured}
+    cells = {d.name: _cell(first[d.name], d.name in json_columns) for d in space.searched}
+    drawn = [d for d in space.searched if d.name not in not_drawn(conditions(space.searched), cells)]  # `when:`
+    return create_trial(
+        state=state,
+        values=values,
+        constraints=objectives.constraint_values(point)
+        if point is not None and objectives.constraints and state == TrialState.COMPLETE else None,
+        params={d.name: d.param(cells[d.name]) for d in drawn},
+        distributions={d.name: d.distribution for d in drawn},
+        intermediate_values=curve or None,
+        user_attrs={"trial_number": None if pd.isna(first["trial_number"]) else int(first["trial_number"]),
+                    "trial_id": str(first["trial_id"]), "seed": int(first["seed"]), "status": status, **measured},
+    )
+
+
+def make_study(frame: pd.DataFrame, space: Space, storage: optuna.storages.BaseStorage | None = None,
+               name: str | None = None) -> optuna.Study:
+    """A study of every trial in `frame`, in trial-number order."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True,
+                                directions=objectives_of(space.experiment).directions)
+    schema = results_schema(space)
+    for rows in sorted(trial_records(frame, by_id=True), key=lambda rows: rows[0]["trial_number"]):
+        study.add_trial(frozen_trial(rows, space, schema))
+    return study
+
+
+def trial_records(frame: pd.DataFrame, *, by_id: bool = False) -> list[list[dict[str, Any]]]:
+    """Each trial's rows of a results frame as frozen_trial's records, in the frame's order (`by_id`:
+    by trial id). One to_dict for the whole frame: one per trial takes about a millisecond each."""
+    trials: dict[str, list[dict[str, Any]]] = {}
+    for row in frame.to_dict("records"):
+        trials.setdefault(row["trial_id"], []).append(row)
+    return [trials[i] for i in sorted(trials)] if by_id else list(trials.values())
+
+
+def journal(path: str) -> optuna.storages.JournalStorage:
+    from optuna.storages.journal import JournalFileBackend
+
+    return optuna.storages.JournalStorage(JournalFileBackend(path))

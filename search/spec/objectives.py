@@ -1,0 +1,237 @@
+"""Several objectives and constraints: what `experiment.metric`, `mode` and `constraints` ask of a
+trial, which epoch of a trial counts, which trials are feasible, and the Pareto front.
+
+    experiment:
+      metric: [val_acc, params]        # one metric (a string, as before) or a list of distinct ones
+      mode: [max, min]                 # one mode per metric
+      constraints: ["params <= 200000", "latency_ms <= 5"]   # METRIC <= NUMBER or METRIC >= NUMBER
+
+A trial's point is its report at ONE epoch, used everywhere (the searcher's study, optuna.journal,
+results.parquet's `feasible`, pareto.yaml, best.yaml, the report):
+
+- one objective: its best epoch by that metric (ties: the earlier), the epoch best.yaml always picked;
+- several: the last epoch whose objectives are all finite (the trained model the front describes;
+  its checkpoint is always kept).
+
+A trial is feasible when every constraint holds at its point; a constraint on a metric the point
+lacks (not finite) is broken. Infeasible trials are kept and marked; they are never best and never
+on the front. Optuna holds each constraint of a finished trial (Trial.set_constraint, create_trial's
+`constraints`: Optuna 5's replacement of constraints_func) as `value - bound` (`<=`) or `bound - value`
+(`>=`): <= 0 when it holds. TPE, NSGA-II and GP read them; so do Study.best_trials and optuna-dashboard.
+
+Nothing here imports Ray or torch: the space file's checks run before anything starts.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from trainable.errors import problem
+from trainable.metrics import OBJECTIVES, metric_name, score
+
+FEASIBLE = "feasible"  #: results.parquet's column: the trial's point meets every constraint
+# samplers that optimise one objective only (schema.Sampler names)
+SINGLE_OBJECTIVE_SAMPLERS = ("cmaes",)
+# schedulers that rank trials by one metric at each rung
+EARLY_STOPPING = ("asha", "hyperband", "pbt")
+_CONSTRAINT = re.compile(r"\s*(\S+?)\s*(<=|>=)\s*(\S+)\s*")
+
+
+def first(value: str | Sequence[str]) -> str:
+    """experiment.metric or mode as one name: itself, or the first of a list (progress, checkpoints, curves)."""
+    return value if isinstance(value, str) else value[0]
+
+
+def several(experiment: Any) -> bool:
+    return not isinstance(experiment.metric, str) and len(experiment.metric) > 1
+
+
+def names(value: str | Sequence[str]) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """'METRIC <= NUMBER' or 'METRIC >= NUMBER': a constraint (experiment.constraints) or a target
+    (experiment.stop_when, search/searching/budget.py)."""
+
+    metric: str
+    op: str  #: "<=" or ">="
+    bound: float
+
+    def violation(self, value: Any) -> float:
+        """Optuna's constraint value: <= 0 when it holds; infinite when the metric was not measured."""
+        v = score(value)
+        if v is None:
+            return math.inf
+        return v - self.bound if self.op == "<=" else self.bound - v
+
+    def holds(self, value: Any) -> bool:
+        """Whether a measured, finite `value` is within the bound (a target: reached)."""
+        return self.violation(value) <= 0
+
+    def __str__(self) -> str:
+        return f"{self.metric} {self.op} {self.bound:g}"
+
+
+CONSTRAINT_RULE = (f"must read 'METRIC <= NUMBER' or 'METRIC >= NUMBER' with a METRIC the trainable reports "
+                   f"({', '.join(OBJECTIVES)}, or train_/val_<name> of training.metrics)")
+
+
+def parse_constraint(text: Any) -> Bound | None:
+    """'params <= 200000' as a Bound; None if it is not one (CONSTRAINT_RULE says why)."""
+    match = _CONSTRAINT.fullmatch(text) if isinstance(text, str) else None
+    if match is None or not metric_name(match.group(1)):
+        return None
+    try:
+        bound = float(match.group(3))
+    except ValueError:
+        return None
+    return Bound(match.group(1), match.group(2), bound) if math.isfinite(bound) else None
+
+
+@dataclass(frozen=True)
+class Objectives:
+    """The search's objectives (metric, mode pairs) and constraints."""
+
+    metrics: tuple[str, ...]
+    modes: tuple[str, ...]
+    constraints: tuple[Bound, ...] = ()
+
+    @property
+    def several(self) -> bool:
+        return len(self.metrics) > 1
+
+    @property
+    def directions(self) -> list[str]:
+        """Optuna's study directions."""
+        return ["maximize" if m == "max" else "minimize" for m in self.modes]
+
+    @property
+    def measured(self) -> tuple[str, ...]:
+        """Every metric a trial's point needs: the objectives, then the constraints' others."""
+        return tuple(dict.fromkeys([*self.metrics, *(c.metric for c in self.constraints)]))
+
+    def point_epoch(self, reports: Mapping[int, Mapping[str, Any]]) -> int | None:
+        """The epoch of a trial's point among its reports (epoch -> report); None if no epoch has one."""
+        epochs = [e for e in sorted(reports) if all(score(reports[e].get(m)) is not None for m in self.metrics)]
+        if not epochs:
+            return None
+        if self.several:
+            return epochs[-1]
+        sign = 1 if self.modes[0] == "max" else -1
+        return max(epochs, key=lambda e: (sign * score(reports[e][self.metrics[0]]), -e))
+
+    def values(self, report: Mapping[str, Any]) -> list[float]:
+        return [score(report.get(m)) for m in self.metrics]
+
+    def violations(self, report: Mapping[str, Any]) -> list[float]:
+        return [c.violation(report.get(c.metric)) for c in self.constraints]
+
+    def constraint_values(self, report: Mapping[str, Any]) -> dict[str, float]:
+        """The constraints as Optuna holds them on a trial: 'params <= 200000' -> its violation."""
+        return dict(zip(map(str, self.constraints), self.violations(report)))
+
+    def feasible(self, report: Mapping[str, Any]) -> bool:
+        return all(v <= 0 for v in self.violations(report))
+
+
+def objectives_of(experiment: Any) -> Objectives:
+    """A validated Experiment's objectives (schema.Experiment: metric, mode, constraints)."""
+    return Objectives(names(experiment.metric), names(experiment.mode),
+                      tuple(parse_constraint(c) for c in getattr(experiment, "constraints", ())))
+
+
+def problems(experiment: Any) -> list[str]:
+    """What the schema's per-field rules cannot say: lengths, each constraint, what several objectives exclude."""
+    out = []
+    metrics, modes = names(experiment.metric), names(experiment.mode)
+    if len(metrics) != len(modes):
+        out.append(problem("experiment.mode", f"must have one mode per metric ({len(metrics)}: "
+                                              f"{', '.join(metrics)})", experiment.mode))
+    for i, text in enumerate(experiment.constraints):
+        if parse_constraint(text) is None:
+            out.append(problem(f"experiment.constraints[{i}]", CONSTRAINT_RULE, text))
+    if experiment.constraints and not experiment.reproducible:
+        out.append(problem("experiment.constraints", "need experiment.reproducible: true (the searcher that "
+                                                     "tells Optuna each trial's constraints)", experiment.constraints))
+    if len(metrics) > 1:
+        if experiment.sampler in SINGLE_OBJECTIVE_SAMPLERS:
+            out.append(problem("experiment.sampler", "must not be cmaes with several objectives (it optimises "
+                                                     "one); use tpe, nsga2, random, qmc or gp", experiment.sampler))
+        if getattr(experiment, "warm_start", None):  # an earlier run's trials are told with one value
+            out.append(problem("experiment.warm_start", "is not supported with several objectives",
+                               experiment.warm_start))
+        if experiment.scheduler in EARLY_STOPPING:
+            out.append(problem("experiment.scheduler", "must be fifo with several objectives: early stopping ranks "
+                                                       "trials by one metric (docs/multi-objective.md)",
+                               experiment.scheduler))
+    return out
+
+
+# ---- a search's trials, from results.parquet ----------------------------------------------------
+
+def point_row(rows: Iterable[Mapping[str, Any]], objectives: Objectives) -> Mapping[str, Any] | None:
+    """One trial's rows (one per epoch) -> the row of its point, or None."""
+    by_epoch = {int(r["epoch"]): r for r in rows if not pd.isna(r["epoch"])}
+    epoch = objectives.point_epoch(by_epoch)
+    return None if epoch is None else by_epoch[epoch]
+
+
+def mark_feasible(rows: list[dict[str, Any]], objectives: Objectives) -> list[dict[str, Any]]:
+    """A trial's results rows with `feasible` set on each: its point meets every constraint (null: no point)."""
+    by_epoch = {int(r["epoch"]): r for r in rows if score(r.get("epoch")) is not None}
+    epoch = objectives.point_epoch(by_epoch)
+    feasible = None if epoch is None else objectives.feasible(by_epoch[epoch])
+    return [{**r, FEASIBLE: feasible} for r in rows]
+
+
+def non_dominated(points: Sequence[Sequence[float]], modes: Sequence[str]) -> list[int]:
+    """Indices of the points no other point dominates (at least as good in every objective, better in one)."""
+    if not len(points):
+        return []
+    loss = np.asarray(points, dtype=float) * np.array([-1.0 if m == "max" else 1.0 for m in modes])
+    keep = []
+    for i, p in enumerate(loss):
+        dominated = np.any(np.all(loss <= p, axis=1) & np.any(loss < p, axis=1))
+        if not dominated:
+            keep.append(i)
+    return keep
+
+
+def points(frame: pd.DataFrame, objectives: Objectives, statuses: Iterable[str] = ("ERROR", "INTERRUPTED")
+           ) -> pd.DataFrame:
+    """Each trial's point row, in trial-number order, for trials whose status is not in `statuses`
+    (an errored or unfinished trial is never on the front, as it is never best)."""
+    out = []
+    for _, rows in frame.groupby("trial_id", sort=False):
+        if rows["status"].iloc[0] in tuple(statuses):
+            continue
+        row = point_row((r for _, r in rows.iterrows()), objectives)
+        if row is not None:
+            out.append(row)
+    if not out:
+        return frame.iloc[0:0]
+    return pd.DataFrame(out).sort_values("trial_number", kind="stable").reset_index(drop=True)
+
+
+def pareto_front(frame: pd.DataFrame, objectives: Objectives) -> pd.DataFrame:
+    """The feasible non-dominated trials' point rows, in trial-number order."""
+    candidates = points(frame, objectives)
+    candidates = candidates[[objectives.feasible(r) for _, r in candidates.iterrows()]] if len(candidates) else \
+        candidates
+    keep = non_dominated(candidates[list(objectives.metrics)].to_numpy(dtype=float), objectives.modes)
+    return candidates.iloc[keep].reset_index(drop=True)
+
+
+def feasible_only(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows of trials not marked infeasible (a search without constraints marks none)."""
+    if FEASIBLE not in rows:
+        return rows
+    return rows.loc[rows[FEASIBLE].map(lambda v: v is None or v != v or bool(v)).astype(bool)]

@@ -1,0 +1,461 @@
+"""The space file: what to tune, validated at the edge into frozen, typed objects.
+
+A space file has six sections, all optional (defaults below):
+
+    experiment: name, metric, mode, num_samples, max_concurrent, seed, scheduler, ...
+    resources:  cpus, gpus, spread     (per trial; gpus may be fractional, e.g. 0.25, or auto)
+    model:      factory (mlp, cnn, FILE.py:CALLABLE, package.module:CALLABLE) + its keyword arguments
+    data:       root, dataset (built-in or FILE.py:FUNCTION), args + the trial config's data fields
+    training:   fixed trial config fields (epochs, optimizer, lr, ...)
+    space:      searched fields: {distribution: loguniform|uniform|randint|choice, ...}
+                or plain values (fixed); a factory keyword is `model.<key>`
+
+and one key: `trainable: FILE.py:FUNCTION` (or package.module:FUNCTION), the user's own training
+function instead of the canonical loop (trainable/function.py). Then `training` and `space` hold
+free names passed to it, and `model` and `data` do not apply.
+
+Every problem is collected and reported at once as `path.to.key: rule, got value`.
+Nothing here touches Ray, data or user code, so a bad file fails in a second, not after
+start-up (search/driver.check_search then imports the references and tries the model once).
+`to_raw` writes a Space back as a space file: the run folder's spec.yaml.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from optuna.distributions import FloatDistribution, IntDistribution
+
+from search.spec.enqueue import enqueue_problems
+from search.spec.objectives import problems as objective_problems
+from search.spec.schema import (STOP_WHEN_RULE, DataRoot, Experiment, Resources, Searched, field_value, label, parse_searched,
+                           bad_targets, entry_problems, stop_when_valid, training_metric_problems, validated)
+from trainable.config import (FACTORY_KEY, FIELDS, MODEL, MOVED, MUTABLE, TrialConfig, absolute_reference,
+                              cross_field_problems, fields_in, is_plain_data, is_reference, keyword_of, model_key,
+                              plain, searchable, section)
+from trainable.errors import ConfigError, problem
+from trainable.function import RESERVED, TRAINABLE_KEY, FunctionConfig
+
+SECTIONS = ("experiment", "resources", "model", "data", "training", "space")
+DATA_KEYS = {"args": "data_args"}  # data section key -> trial config field, where they differ
+
+
+@dataclass(frozen=True)
+class Space:
+    """A validated space file."""
+
+    experiment: Experiment
+    resources: Resources
+    data_root: str | None
+    fixed: Mapping[str, Any]  #: every fixed trial config field (data, training, plain space values)
+    searched: tuple[Searched, ...]
+    source: str = "<memory>"  #: the file it came from, for messages
+    trainable: str | None = None  #: the user's training function (absolute FILE.py:FUNCTION); None: the canonical loop
+    asked: tuple[str, ...] = ()  #: the keys this command's flags and --set gave (a resume takes those it may change)
+
+    def trial_defaults(self) -> TrialConfig | FunctionConfig:
+        """The trial config with the fixed fields set and searched ones at their defaults."""
+        if self.trainable:
+            return FunctionConfig(self.trainable, dict(self.fixed))
+        return TrialConfig.from_mapping(self.fixed)
+
+
+def _section(raw: Mapping[str, Any], name: str, problems: list[str]) -> dict[str, Any]:
+    value = raw.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        problems.append(problem(name, "must be a mapping of keys to values", value))
+        return {}
+    return value
+
+
+def max_epochs(searched: tuple[Searched, ...], fixed_epochs: int) -> int:
+    """The most epochs any trial of the search runs (epochs may be searched)."""
+    for d in searched:
+        if d.name == "epochs":  # a conditional epochs runs the default where its condition fails
+            return max(int(d.largest()), fixed_epochs) if d.when else int(d.largest())
+    return fixed_epochs
+
+
+def _base_folder(source: str) -> Path:
+    """Where a relative FILE.py reference points from: the space file's folder."""
+    path = Path(source)
+    return path.parent.resolve() if path.is_file() else Path.cwd()
+
+
+MOVED_KEYS = {key: f"{to} (in the model section, or space: {to})" for key, to in MOVED.items()}
+
+
+def _key_problem(sec: str, key: Any, value: Any) -> str:
+    """Why `key` is not a key of the data or training section: moved, elsewhere, the driver's, unknown."""
+    name = DATA_KEYS.get(key, key) if sec == "data" else key
+    elsewhere = section(name) if name in FIELDS and name not in ("model", "model_args") else None
+    rule = (f"moved to {MOVED_KEYS[key]}" if key in MOVED_KEYS else
+            "is set by the driver per trial" if elsewhere == "driver" else
+            f"belongs in the {elsewhere} section" if elsewhere and elsewhere != sec else
+            f"unknown key (known: {', '.join(_section_keys(sec))})")
+    return problem(f"{sec}.{key}", rule, value)
+
+
+def _section_keys(sec: str) -> list[str]:
+    if sec == "data":
+        return ["root", *[{v: k for k, v in DATA_KEYS.items()}.get(f, f) for f in fields_in("data")]]
+    return list(fields_in("training"))
+
+
+def _space_key_problem(key: Any, value: Any, fixed: Mapping[str, Any]) -> str | None:
+    """Why `space.<key>` cannot be searched or fixed there, or None."""
+    path = f"space.{key}"
+    if not isinstance(key, str) or (key not in FIELDS and key != FACTORY_KEY and keyword_of(key) is None) \
+            or key in ("model", "model_args"):
+        rule = f"moved to {MOVED_KEYS[key]}" if key in MOVED_KEYS else "unknown field of the trial config"
+        return problem(path, rule, value)
+    where = {"data": "the data section", "model": "the model section", "driver": "the driver",
+             "training": "the training section, the same for every trial (training.loss and training.metrics "
+                         "decide the reported columns and their scale)"}
+    if not searchable(key):
+        return problem(path, f"cannot be searched: it is set by {where[section(key)]}", value)
+    if key in fixed:
+        return problem(path, f"is also fixed in the {section(key)} section; set it in one place", value)
+    return None
+
+
+def pbt_problems(experiment: Experiment, searched: tuple[Searched, ...], epochs: int) -> list[str]:
+    """What scheduler pbt needs: a searched key it can change mid-run, epochs it can perturb between,
+    and a checkpoint at every perturbation (a copied trial continues from it)."""
+    problems = []
+    names = {d.name for d in searched}
+    if not names & set(MUTABLE):
+        problems.append(problem("space", f"must search at least one of {', '.join(MUTABLE)} for scheduler pbt "
+                                         "(the values it changes between epochs)", sorted(names)))
+    if "epochs" in names:
+        problems.append(problem("space.epochs", "cannot be searched with scheduler pbt: the population trains "
+                                                "in step, every trial the same epochs", "searched"))
+    elif experiment.perturbation_interval >= epochs:
+        problems.append(problem("experiment.perturbation_interval", f"must be < the epochs a trial runs ({epochs}) "
+                                "for pbt: no perturbation happens at or after the last epoch",
+                                experiment.perturbation_interval))
+    if "num_to_keep" in experiment.model_fields_set and experiment.num_to_keep is not None:
+        problems.append(problem("experiment.num_to_keep", "must be null (keep all) for pbt: a trial that copies "
+                                "another restores a checkpoint the other may since have replaced (Ray warns of "
+                                "the same)", experiment.num_to_keep))
+    for d in searched:
+        if d.when:  # Ray's PBT gives every trial every key, and perturbs and copies whole configs
+            problems.append(problem(f"space.{d.name}.when", "is not supported with scheduler pbt: its trials copy "
+                                    "and perturb whole configs, so every searched key must be drawn in every trial",
+                                    {k: list(v) if len(v) > 1 else v[0] for k, v in d.when}))
+    for key in ("time_budget", "stop_when", "enqueue", "warm_start"):  # they act through the searcher pbt lacks
+        if getattr(experiment, key):
+            problems.append(problem(f"experiment.{key}", "is not supported with scheduler pbt: Ray's PBT takes no "
+                                    "searcher, and the population is drawn up front", getattr(experiment, key)))
+    if experiment.perturbation_interval % experiment.checkpoint_every:
+        problems.append(problem("experiment.checkpoint_every", f"must divide perturbation_interval "
+                                f"({experiment.perturbation_interval}) for pbt: a copied trial continues from "
+                                "that epoch's checkpoint", experiment.checkpoint_every))
+    return problems
+
+
+def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
+    """Validate a whole space mapping; raise one ConfigError listing every problem."""
+    problems: list[str] = []
+    if not isinstance(raw, Mapping):
+        raise ConfigError([problem("(top level)", "must be a mapping of sections", raw)], source)
+    if raw.get(TRAINABLE_KEY) is not None:
+        return _parse_function_space(raw, source)
+    for key in raw:
+        if key in ("run", TRAINABLE_KEY):  # run: spec.yaml's record of where the run lives: not part of the space
+            continue
+        if key not in SECTIONS:
+            problems.append(problem(str(key), f"unknown section (known: {', '.join(SECTIONS)}; and "
+                                              f"{TRAINABLE_KEY}: FILE.py:FUNCTION, your own training function)",
+                                    raw[key]))
+    base = _base_folder(source)
+    experiment = validated(Experiment, "experiment", _section(raw, "experiment", problems), problems)
+    resources = validated(Resources, "resources", _section(raw, "resources", problems), problems)
+    problems += objective_problems(experiment)
+
+    fixed: dict[str, Any] = {}
+    for key, value in _section(raw, MODEL, problems).items():
+        name = model_key(key)
+        fixed[name] = field_value(name, name, absolute_reference(value, base) if key == "factory" else value, problems)
+
+    data = dict(_section(raw, "data", problems))
+    data_root = validated(DataRoot, "data", {"root": data.pop("root")} if "root" in data else {}, problems).root
+    for sec, values in (("data", data), ("training", _section(raw, "training", problems))):
+        for key, value in values.items():
+            name = DATA_KEYS.get(key, key) if sec == "data" else key
+            if name not in fields_in(sec) or (sec == "data" and key in DATA_KEYS.values()):
+                problems.append(_key_problem(sec, key, value))
+            else:
+                fixed[name] = field_value(f"{sec}.{key}", name, absolute_reference(value, base)
+                                           if name in ("dataset", "loss") else value, problems)
+
+    searched = []
+    for key, value in _section(raw, "space", problems).items():
+        wrong = _space_key_problem(key, value, fixed)
+        if wrong:
+            problems.append(wrong)
+        # a model keyword may itself be a mapping: searched only with a distribution key
+        elif isinstance(value, dict) and (keyword_of(key) is None or "distribution" in value):
+            found = parse_searched(key, value, problems)
+            if found:
+                searched.append(found)
+        else:
+            fixed[key] = field_value(f"space.{key}", key, value, problems)
+    problems += when_problems(searched, fixed)
+    experiment, metric_problems = training_metric_problems(experiment, fixed)  # experiment.metric vs the columns
+    problems += metric_problems
+    if not problems:
+        problems += cross_field_problems(fixed, "data.")
+    if not problems and experiment.scheduler in ("asha", "hyperband"):
+        epochs = max_epochs(tuple(searched), TrialConfig.from_mapping(fixed).epochs)
+        if experiment.grace_period > epochs:
+            problems.append(problem("experiment.grace_period", f"must be <= the epochs a trial runs ({epochs}) "
+                                                               f"for {experiment.scheduler}", experiment.grace_period))
+        if experiment.reproducible and experiment.grace_period % experiment.checkpoint_every:
+            problems.append(problem("experiment.checkpoint_every", f"must divide grace_period "
+                                    f"({experiment.grace_period}) for a reproducible {experiment.scheduler}: a trial "
+                                    "that waits at a rung resumes from that rung's checkpoint",
+                                    experiment.checkpoint_every))
+    if not problems and experiment.scheduler == "pbt":
+        problems += pbt_problems(experiment, tuple(searched), TrialConfig.from_mapping(fixed).epochs)
+        # every checkpoint kept: an exploit restores one the copied trial has moved past
+        experiment = experiment.model_copy(update={"num_to_keep": None})
+    problems += searcher_problems(experiment, searched, problems)
+    if not problems and not searched:
+        problems.append(problem("space", "must search at least one field (e.g. lr: {distribution: float, "
+                                         "low: 0.01, high: 0.3, log: true})", raw.get("space")))
+    if problems:
+        raise ConfigError(problems, source)
+    return Space(experiment, resources, data_root, fixed, tuple(searched), source)
+
+
+def when_problems(searched: list[Searched], fixed: Mapping[str, Any]) -> list[str]:
+    """Why a `when:` cannot hold as written: it names a key not searched, one searched later (or a
+    cycle), or a value the named key can never take. Naming only earlier keys is what lets a trial
+    draw its keys in the space section's order, each condition already decided (define-by-run)."""
+    problems = []
+    order = {d.name: i for i, d in enumerate(searched)}
+    for i, d in enumerate(searched):
+        path = f"space.{d.name}.when"
+        for key, allowed in d.when:
+            cycle = _cycle(d.name, key, searched, order)
+            if key not in order:
+                why = "is fixed: the same in every trial" if key in fixed else "is not searched"
+                problems.append(problem(path, f"must name a searched key of the space section ({key} {why})", key))
+            elif cycle:
+                problems.append(problem(path, f"must not make a cycle ({' -> '.join(cycle)})", key))
+            elif order[key] > i:
+                problems.append(problem(path, f"must name a key searched before {d.name} in the space section "
+                                              f"({key} comes after it)", key))
+            else:
+                for value in allowed:
+                    never = _never_taken(searched[order[key]], value)
+                    if never:
+                        problems.append(problem(f"{path}.{key}", f"must be a value {key} can take: {never}", value))
+    return problems
+
+
+def _cycle(start: str, key: str, searched: list[Searched], order: Mapping[str, int]) -> list[str] | None:
+    """[start, key, ..., start] if following the when keys from `key` comes back to `start`."""
+    seen: set[str] = set()
+
+    def walk(node: str, path: list[str]) -> list[str] | None:
+        if node == start:
+            return path
+        if node not in order or node in seen:
+            return None
+        seen.add(node)
+        return next(filter(None, (walk(k, [*path, k]) for k, _ in searched[order[node]].when)), None)
+
+    return walk(key, [start, key])
+
+
+def _never_taken(target: Searched, value: Any) -> str | None:
+    """Why `target` can never draw `value`, or None if it can."""
+    d = target.distribution
+    if target.is_choice:
+        return None if label(value) in d.choices else f"one of {plain(list(target.values))}"
+    if isinstance(d, FloatDistribution) and d.step is None:
+        return "a float key without a step takes any one value with probability 0; name a choice or an int key"
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or \
+            (isinstance(d, IntDistribution) and value != int(value)):
+        return f"a number in [{d.low}, {d.high}]"
+    steps = (value - d.low) / d.step
+    if not d.low <= value <= d.high or abs(steps - round(steps)) > 1e-8:
+        return f"a number in [{d.low}, {d.high}]" + (f" on steps of {d.step} from {d.low}" if d.step != 1 else "")
+    return None
+
+
+FUNCTION_SECTIONS = ("experiment", "resources", "training", "space")
+NOT_FOR_FUNCTIONS = "does not apply with a function trainable: the function loads its own model and data"
+
+
+def searcher_problems(experiment: Experiment, searched: list[Searched], problems: list[str],
+                      free_names: bool = False) -> list[str]:
+    """What the searcher is given besides the space (lag, enqueue), checked against the space; the
+    canonical loop's and a function trainable's (`free_names`) alike. `problems`: those found so far."""
+    found = []
+    if experiment.lag is not None and not experiment.reproducible:
+        found.append(problem("experiment.lag", "applies to the reproducible searcher only (experiment.reproducible: "
+                             "true); Tune's OptunaSearch tells each result as it arrives", experiment.lag))
+    if not problems and not found:  # experiment.enqueue's values, against the distributions just parsed
+        found += enqueue_problems(experiment.enqueue, searched, experiment.num_samples, free_names)
+    return found
+
+
+def _parse_function_space(raw: Mapping[str, Any], source: str) -> Space:
+    """A space file with `trainable: FILE.py:FUNCTION`: free names in training and space, checked as plain data."""
+    problems: list[str] = []
+    reference = raw[TRAINABLE_KEY]
+    if not isinstance(reference, str) or not is_reference(reference):
+        problems.append(problem(TRAINABLE_KEY, "must be FILE.py:FUNCTION or package.module:FUNCTION", reference))
+    else:
+        reference = absolute_reference(reference, _base_folder(source))
+    for key in raw:
+        if key in ("model", "data"):
+            problems.append(problem(key, NOT_FOR_FUNCTIONS, raw[key]))
+        elif key not in (*FUNCTION_SECTIONS, TRAINABLE_KEY, "run"):
+            problems.append(problem(str(key), f"unknown section (known with a function trainable: "
+                                              f"{', '.join(FUNCTION_SECTIONS)}, {TRAINABLE_KEY})", raw[key]))
+    settings = dict(_section(raw, "experiment", problems))
+    metric = settings.pop("metric", Experiment().metric)  # any name: checked on the function's first report
+    stop_when = settings.pop("stop_when", None)  # targets on any name the function reports
+    if not stop_when_valid(stop_when, None):
+        rule = STOP_WHEN_RULE.format(metrics="a metric the function reports")
+        bad = bad_targets(stop_when, any_name=True) if isinstance(stop_when, Mapping) else []
+        problems += entry_problems("experiment.stop_when", rule, stop_when, bad)
+        stop_when = None
+    experiment = validated(Experiment, "experiment", settings, problems).model_copy(
+        # numbers as floats, as the field's validation makes them for the canonical loop (model_copy skips it)
+        update={"metric": metric, "stop_when": {k: float(v) if isinstance(v, int) else v
+                                                for k, v in stop_when.items()} if stop_when else None})
+    if isinstance(metric, list):  # docs/multi-objective.md: the canonical loop's metrics only, for now
+        problems.append(problem("experiment.metric", "must name one metric the function reports: a list of "
+                                                     "objectives works with the canonical loop only", metric))
+    elif not isinstance(metric, str) or not metric:
+        problems.append(problem("experiment.metric", "must name a metric the function reports", metric))
+    if experiment.constraints:  # docs/multi-objective.md: on the canonical loop's metrics only, for now
+        problems.append(problem("experiment.constraints", "are not supported with a function trainable",
+                                list(experiment.constraints)))
+    resources = validated(Resources, "resources", _section(raw, "resources", problems), problems)
+    if resources.gpus == "auto":
+        problems.append(problem("resources.gpus", "auto measures the canonical loop's model; give a number with a "
+                                                  "function trainable", "auto"))
+    if experiment.scheduler == "pbt":
+        problems.append(problem("experiment.scheduler", "pbt changes the canonical loop's lr, momentum, weight_decay "
+                                "and clip_norm mid-run; it does not apply to a function trainable", "pbt"))
+    fixed, searched = {}, []
+    for sec in ("training", "space"):
+        for key, value in _section(raw, sec, problems).items():
+            path = f"{sec}.{key}"
+            if not isinstance(key, str) or not key.isidentifier() or key in RESERVED:
+                rule = "is set by the driver per trial" if key in RESERVED else "must be a Python identifier"
+                problems.append(problem(path, rule, value))
+            elif key in fixed or key in {d.name for d in searched}:
+                problems.append(problem(path, "is set twice; set it in one place", value))
+            elif sec == "space" and isinstance(value, dict) and "distribution" in value:
+                # a free name checks as a model keyword does (plain data, no type): parse it as one
+                before = len(problems)
+                found = parse_searched(model_key(key), value, problems)
+                problems[before:] = [p.replace(f"space.{model_key(key)}", path) for p in problems[before:]]
+                if found:
+                    searched.append(replace(found, name=key))
+            elif not is_plain_data(value):
+                problems.append(problem(path, "must be plain data (numbers, strings, lists, mappings)", value))
+            else:
+                fixed[key] = plain(value)
+    problems += when_problems(searched, fixed)
+    problems += searcher_problems(experiment, searched, problems, free_names=True)
+    if not problems and experiment.scheduler in ("asha", "hyperband"):
+        epochs = max_epochs(tuple(searched), FunctionConfig(reference, fixed).epochs or 0)
+        if not epochs:
+            problems.append(problem("experiment.scheduler", f"{experiment.scheduler} with a function trainable needs "
+                                    "`epochs` (training.epochs or space.epochs): the most reports a trial makes",
+                                    experiment.scheduler))
+        elif experiment.grace_period > epochs:
+            problems.append(problem("experiment.grace_period", f"must be <= epochs ({epochs}) for "
+                                                               f"{experiment.scheduler}", experiment.grace_period))
+    if not problems and not searched:
+        problems.append(problem("space", "must search at least one key (e.g. lr: {distribution: float, "
+                                         "low: 0.01, high: 0.3, log: true})", raw.get("space")))
+    if problems:
+        raise ConfigError(problems, source)
+    return Space(experiment, resources, None, fixed, tuple(searched), source, trainable=reference)
+
+
+def _function_to_raw(space: Space) -> dict[str, Any]:
+    return {TRAINABLE_KEY: space.trainable, "experiment": plain(space.experiment.model_dump()),
+            "resources": space.resources.model_dump(), "training": dict(space.fixed),
+            "space": {d.name: d.to_raw() for d in space.searched}}
+
+
+def to_raw(space: Space) -> dict[str, Any]:
+    """A space file that parses back to an equivalent space (the same trials), defaults written out.
+
+    The run folder's spec.yaml: what a resumed search runs, whatever the space file says now.
+    """
+    if space.trainable:
+        return _function_to_raw(space)
+    defaults = space.trial_defaults().to_dict()
+    model = defaults.pop(MODEL)
+    data_section = {"root": space.data_root}
+    for name in fields_in("data"):
+        data_section[{v: k for k, v in DATA_KEYS.items()}.get(name, name)] = defaults.pop(name)
+    searched = {d.name for d in space.searched}
+    training = {k: v for k, v in defaults.items() if k in fields_in("training") and k not in searched}
+    model = {k: v for k, v in model.items() if model_key(k) not in searched}
+    return {
+        "experiment": plain(space.experiment.model_dump()),
+        "resources": space.resources.model_dump(),
+        MODEL: model,
+        "data": data_section,
+        "training": training,
+        "space": {d.name: d.to_raw() for d in space.searched},
+    }
+
+
+ABSENT = "(absent)"  #: spec_differences' value of a key one side lacks
+
+
+def with_overrides(raw: dict[str, Any], pairs: list[tuple[str, Any]], source: str) -> Space:
+    """A space file's sections with a command's overrides (`--set` and flags, or search.run's `overrides`)
+    applied and validated; `asked` keeps their keys: a resume takes the budget keys among them."""
+    from search.spec.overrides import set_keys
+
+    return replace(parse_space(set_keys(raw, pairs), source=source), asked=tuple(key for key, _ in pairs))
+
+
+def spec_differences(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(section.key, value in a, value in b) wherever two space files (as to_raw writes them) differ.
+
+    A top-level value that is not a section (`trainable: train.py:train`) is compared whole, under its own name."""
+    out = []
+    for section in sorted(set(a) | set(b)):
+        left, right = a.get(section), b.get(section)
+        if not all(isinstance(side, dict) or side is None for side in (left, right)):
+            if left != right:
+                out.append((section, ABSENT if section not in a else left, ABSENT if section not in b else right))
+            continue
+        left, right = left or {}, right or {}
+        for key in sorted(set(left) | set(right)):
+            if left.get(key, ABSENT) != right.get(key, ABSENT):
+                out.append((f"{section}.{key}", left.get(key, ABSENT), right.get(key, ABSENT)))
+    return out
+
+
+def example_config(space: Space) -> TrialConfig | FunctionConfig:
+    """A trial config the search could produce: fixed fields plus each searched field's first value
+    (a range's low end, of the type the distribution draws), where its `when:` holds for those.
+
+    Used to try the model once before Ray starts.
+    """
+    drawn: dict[str, Any] = {}
+    for d in space.searched:
+        if d.holds(drawn):
+            drawn[d.name] = d.example()
+    values = {**space.fixed, **drawn}
+    return FunctionConfig(space.trainable, values) if space.trainable else TrialConfig.from_mapping(values)
