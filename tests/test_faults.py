@@ -19,7 +19,8 @@ import pytest
 import torch
 import yaml
 
-from search.run.results import COMPLETED, INTERRUPTED, ranked
+from search.run.results import COMPLETED, INTERRUPTED
+from search.spec.ranking import ranked
 from tests.helpers import SMALL, assert_kept_checkpoints, assert_outputs_agree
 from tests.test_resume import wait_for
 from tests.test_trainable_data import write_idx

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from search.run.results import results_schema
 from search.run.run_folder import RunFolder
-from search.outputs.runs import best_of, compare, list_runs, read_run
+from search.outputs.runs import best_text, compare, list_runs, read_run
 from search.run.storage import Storage
 from tests.helpers import small_space
 
@@ -37,7 +37,7 @@ def test_runs_says_each_runs_state(tmp_path, data_root, capsys):
     assert states == {"done": ("finished", 4, 4), "stopped": ("interrupted", 1, 4), "crashed": ("failed", 4, 4),
                       "budget": ("ended by budget", 2, 4), "live": ("running", 2, 4)}
     # no best.yaml while it runs: the best epoch of its trials that ended, outside ERROR (trial 1's 0.51 is not)
-    assert (running.best, best_of(running)) == (0.5, "val_acc 0.5000 (so far)")
+    assert (running.best, best_text(running)) == (0.5, "val_acc 0.5000 (so far)")
     assert read_run(live).state == "interrupted"  # its process ended with one of four trials
 
     from search.cli import main

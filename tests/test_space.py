@@ -104,7 +104,7 @@ def test_shipped_mnist_space_searches_the_four_fields():
     ({"space": {"lr": {"distribuion": "loguniform", "low": 0.01, "high": 0.1}}},
      "space.lr.distribuion: unknown key (known: distribution, high, log, low, step, values, when), got 'loguniform'"),
     ({"space": {"lr": {"low": 0.01, "high": 0.1}}}, "space.lr: needs a distribution key"),
-    ({"training": {"epochs": 2}}, "space: must search at least one field"),
+    ({"training": {"epochs": 2}}, "space: must search at least one key"),
     # the model section and searched model keywords
     ({"model": {"factory": "resnet"}},
      "model.factory: must be one of mlp, cnn or FILE.py:CALLABLE / package.module:CALLABLE, got 'resnet'"),

@@ -1,6 +1,7 @@
 """The Ray Tune adapter: one trial = one `train_and_evaluate` run, reported epoch by epoch.
 
-The only module of `trainable/` that imports Ray. It turns Tune's (flat) config into a
+One of the two modules of `trainable/` that import Ray (function.py, the adapter of a user's
+own function, is the other; it imports this one). It turns Tune's (flat) config into a
 TrialConfig, restores from Tune's checkpoint when the trial is restarted, and reports
 one result (report.epoch_report + a checkpoint in report's format) per epoch.
 

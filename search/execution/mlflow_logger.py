@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ray.air.integrations.mlflow import MLflowLoggerCallback
 
-from search.run.results import best_of
+from search.spec.ranking import best_value
 
 
 class TrialValueLogger(MLflowLoggerCallback):
@@ -25,7 +25,7 @@ class TrialValueLogger(MLflowLoggerCallback):
 
     def log_trial_end(self, trial, failed: bool = False):
         seen = self._seen.pop(trial.trial_id, [])
-        value = best_of([v for v, _ in seen], self.mode)
+        value = best_value([v for v, _ in seen], self.mode)
         if value is not None and value != seen[-1][0]:  # seen: the trial has a run (its results were logged)
             # through the callback's own public method, at the last step, so it is the run's latest value
             super().log_trial_result(seen[-1][1], trial, {self.metric: value, "training_iteration": seen[-1][1]})

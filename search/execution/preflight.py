@@ -26,7 +26,7 @@ from search.execution.capacity import CapacityError, trials_fit
 from search.execution.session import EarlyRay
 from search.outputs.phases import Phases
 from search.searching.budget import resume_changes
-from search.run.run_folder import RUN_SECTION, SPEC_FILE, RunFolder, run_folder_name, spec_hash
+from search.run.run_folder import SPEC_FILE, RunFolder, run_folder_name
 from search.spec.space import Space, example_config, spec_differences, to_raw
 from search.run.storage import Storage, check_storage, is_uri
 from search.searching.warm_start import read as read_warm_start
@@ -190,13 +190,9 @@ def spec_for_resume(space: Space, folder: RunFolder) -> tuple[Space, dict[str, A
 
 def record_changes(folder: RunFolder, stored: Space, run: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     """spec.yaml with a resume's changes: the new values, their history in the run section, a new hash."""
-    run = {**run, "spec_sha256": spec_hash(to_raw(stored)),
-           "resumed_with": [*run.get("resumed_with", []), {"at": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                                           **{f"experiment.{k}": v for k, v in changes.items()}}]}
-    header = (f"# The resolved spec of search {folder.name}: {stored.source} after defaults and flags, and the\n"
-              f"# changes of its resumes (run.resumed_with). --resume runs this file, not the space file. Do not edit.\n")
-    text = yaml.safe_dump({RUN_SECTION: run, **to_raw(stored)}, sort_keys=False)
-    folder.storage.write(f"{folder.name}/{SPEC_FILE}", (header + text).encode())
+    run = folder.write_spec(stored, run={**run, "resumed_with": [
+        *run.get("resumed_with", []), {"at": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                       **{f"experiment.{k}": v for k, v in changes.items()}}]})
     print(f"note: --resume changes {', '.join(f'experiment.{k} to {v}' for k, v in changes.items())} "
           f"(recorded in {folder.path}/{SPEC_FILE})", file=sys.stderr, flush=True)
     return run

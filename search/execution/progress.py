@@ -29,7 +29,8 @@ import pyarrow.fs as pafs
 from ray.tune import Callback
 
 from search.spec.objectives import first, mark_feasible, objectives_of
-from search.run.results import read_record, records, results_schema, score, trial_rows
+from search.run.results import read_record, records, results_schema, trial_rows
+from search.spec.ranking import is_better, score
 from search.run.run_folder import RunFolder
 from search.spec.space import Space
 from search.searching.study import RUNNING
@@ -50,10 +51,6 @@ def flush_all() -> None:
     """Wait until every part and journal entry handed to a writer thread is written."""
     while _writers:
         _writers.pop().shutdown(wait=True)
-
-
-def is_better(value: float, best: float | None, mode: str) -> bool:
-    return best is None or (value > best if mode == "max" else value < best)
 
 
 def clock(seconds: float) -> str:

@@ -22,7 +22,8 @@ from typing import Any
 
 import yaml
 
-from search.run.results import RECORD_FILE, RESULTS_FILE, rank
+from search.run.results import RECORD_FILE, RESULTS_FILE
+from search.spec.ranking import rank
 from search.run.run_folder import BEST_FILE, RunFolder, open_run
 from trainable.errors import ConfigError, problem
 from trainable.metrics import reports_accuracy

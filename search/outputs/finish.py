@@ -17,8 +17,9 @@ import pyarrow.fs as pafs
 import yaml
 
 from search.searching.budget import ended_note, read_ended
-from search.run.results import ERROR, INTERRUPTED, LOST, RECORD_FILE, config_from_row, ranked, read_record, results_schema, to_frame, trial_id_of, trial_rows
+from search.run.results import ERROR, INTERRUPTED, LOST, RECORD_FILE, config_from_row, read_record, results_schema, to_frame, trial_id_of, trial_rows
 from search.spec.objectives import feasible_only, first, mark_feasible, names, objectives_of
+from search.spec.ranking import ranked
 from search.outputs.pareto import checkpoints_by_epoch, write_pareto
 from search.run.retention import on_storage
 from search.run.run_folder import RunFolder

@@ -4,7 +4,7 @@ Each phase ends where the next begins, on the driver's main thread, so the phase
 the wall time; the wall time runs from the process's start (the CLI: Python's own start and
 the imports count) or from run_search's call (the Python API) to the summary, which comes
 after Ray's shutdown. The summary prints them and the run folder keeps them in timing.yaml.
-Ray starts on a thread beside the imports and the data (search/execution/local_ray.py), so "Ray start"
+Ray starts on a thread beside the imports and the data (search/execution/session.py EarlyRay), so "Ray start"
 is only what the search still had to wait for; likewise Ray's shutdown begins when the trials are
 over and runs beside the results and the report (search/execution/session.py RaySession.release), so
 "Ray's shutdown" is only what was left of it.

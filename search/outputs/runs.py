@@ -29,6 +29,7 @@ from search.run.results import ERROR, INTERRUPTED, RESULTS_FILE
 from search.run.run_folder import BEST_FILE, LOCK_FILE, SPEC_FILE, RunFolder
 from search.spec.space import spec_differences
 from search.run.storage import Storage, is_uri
+from search.spec.ranking import ranked
 from trainable.errors import ConfigError, problem
 from trainable.yaml_file import Loader
 
@@ -133,17 +134,9 @@ def read_run(folder: RunFolder) -> Run | None:
 
 
 def best_so_far(frame: pd.DataFrame, metric: str, mode: str) -> float | None:
-    """The best finite `metric` of the rows outside ERROR that met the constraints (None if none)."""
-    if metric not in frame.columns:
-        return None
-    rows = frame[frame["status"] != ERROR]
-    if "feasible" in rows.columns:
-        rows = rows[rows["feasible"].fillna(True).astype(bool)]
-    values = pd.to_numeric(rows[metric], errors="coerce")
-    values = values[values.map(math.isfinite)]
-    if not len(values):
-        return None
-    return float(values.min() if mode == "min" else values.max())
+    """The best scoring `metric` of the rows outside ERROR that met the constraints (None if none)."""
+    best = ranked(frame, metric, mode, feasible=True, without=(ERROR,))
+    return None if best.empty else float(best[metric].iloc[0])
 
 
 def list_runs(storage: Storage) -> list[Run]:
@@ -155,12 +148,13 @@ def list_runs(storage: Storage) -> list[Run]:
 def format_runs(runs: list[Run], where: str) -> str:
     if not runs:
         return f"No runs under {where}"
-    table = pd.DataFrame([{"name": r.name, "state": r.state, "trials": f"{r.done}/{r.total}", "best": best_of(r),
+    table = pd.DataFrame([{"name": r.name, "state": r.state, "trials": f"{r.done}/{r.total}", "best": best_text(r),
                            "when": r.when} for r in runs])
     return f"Runs under {where}:\n" + table.to_string(index=False)
 
 
-def best_of(run: Run) -> str:
+def best_text(run: Run) -> str:
+    """The `best` column of `runs` and `compare`: the best value, or the front's size."""
     if run.several:
         return "-" if run.front is None else f"{run.front} on the Pareto front ({run.metric})"
     if run.best is None or not math.isfinite(run.best):
@@ -186,7 +180,7 @@ def compare(a: RunFolder, b: RunFolder) -> str:
         result = entry.pop("result", None)
         result = result if isinstance(result, dict) else {}
         shown = ("trial_number", "epoch", run.metric, "test_acc") if not run.several else ()  # no best.yaml
-        best[folder.name] = {"state": run.state, "trials": f"{run.done}/{run.total}", "best": best_of(run),
+        best[folder.name] = {"state": run.state, "trials": f"{run.done}/{run.total}", "best": best_text(run),
                              **{f"result.{k}": result.get(k) for k in shown},
                              **{k: v for k, v in sorted(flat(entry).items())}}
     table = pd.DataFrame(best)

@@ -8,7 +8,8 @@ from typing import Any
 import pandas as pd
 
 from search.spec.objectives import FEASIBLE
-from search.run.results import ranked
+from search.spec.objectives import Objectives
+from search.spec.ranking import points
 from search.run.storage import is_uri
 from search.searching.study import JOURNAL_FILE
 from trainable.config import SCHEDULE_KEY
@@ -41,12 +42,6 @@ def journal_note(run_path: str) -> str:
         local = local_journal_path(run_path)
         return f"Study: {run_path}/{JOURNAL_FILE}, copied from this machine's {local} (optuna-dashboard {local})"
     return f"Study: {run_path}/{JOURNAL_FILE} (optuna-dashboard {run_path}/{JOURNAL_FILE})"
-
-
-def best_row(frame: pd.DataFrame, metric: str, mode: str) -> pd.Series | None:
-    """The (trial, epoch) row with the best metric; ties go to the earlier row."""
-    scored = ranked(frame, metric, mode)  # NaN/inf: no score
-    return None if scored.empty else scored.iloc[0]
 
 
 def max_trials_per_gpu(frame: pd.DataFrame) -> int:
@@ -131,16 +126,14 @@ def time_breakdown(frame: pd.DataFrame) -> str | None:
 
 def format_table(frame: pd.DataFrame, metric: str, mode: str, searched: list[str], top: int = 5,
                  also: tuple[str, ...] = ()) -> str:
-    """The top trials by their best epoch, one line each; `also`: more metrics shown (the other objectives)."""
-    per_trial = []
-    for trial_id, rows in frame.groupby("trial_id"):
-        row = best_row(rows, metric, mode)
-        if row is None:
-            row = rows.iloc[-1]
-        per_trial.append(row)
-    if not per_trial:
+    """The top trials, each at the epoch that stands for it (search/spec/ranking.py `points`: its best
+    epoch, or with several objectives its point, as pareto.yaml has it), one line each; `also`: the
+    other objectives, shown too."""
+    # a point's epoch depends on which objectives are finite, not on their modes
+    objectives = Objectives((metric, *also), (mode,) * (1 + len(also)))
+    table = points(frame.sort_values(["trial_id"], kind="stable"), objectives)
+    if table.empty:
         return "(no trials)"
-    table = pd.DataFrame(per_trial)
     table = table.sort_values(metric, ascending=(mode == "min"), na_position="last")
     # a trial that breaks experiment.constraints is never best: listed after the feasible ones, and marked
     infeasible = FEASIBLE in table and table[FEASIBLE].eq(False).any()  # null: not judged

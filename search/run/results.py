@@ -28,7 +28,6 @@ from search.spec.space import Space
 from optuna.distributions import IntDistribution
 
 from trainable.config import FACTORY_KEY, FIELDS, TrialConfig, field_of, json_text, keyword_of, kind
-from trainable.metrics import score  # noqa: F401  (search's modules read it from here)
 from trainable.function import (DRIVER_KEYS, FUNCTION_REPORT_COLUMNS, METRIC_NAMES, TRAINABLE_KEY, FunctionConfig,
                                 is_function, trial_config)
 from trainable.metrics import epoch_metrics
@@ -138,30 +137,6 @@ WHEN = b"when"  #: schema metadata: JSON of [[key, [[earlier key, [values]], ...
 def conditions_of(schema: pa.Schema) -> list:
     """results_schema's record of the space's conditional keys (not_drawn's input); [] without any."""
     return json.loads((schema.metadata or {}).get(WHEN, b"[]"))
-
-
-def best_of(values: Iterable[Any], mode: str) -> float | None:
-    """The best score among `values` (a trial's value: its best epoch), None if none is finite."""
-    scores = [s for s in map(score, values) if s is not None]
-    return (max(scores) if mode == "max" else min(scores)) if scores else None
-
-
-Rank = tuple[bool, float, int]
-
-
-def rank(value: Any, mode: str | None, order: int) -> Rank:
-    """A report's place among a trial's, higher is better: scored over unscored (score()), the better
-    score, then the later `order` (epoch, checkpoint): how checkpoints are kept and chosen."""
-    value = score(value) if mode else None
-    return value is not None, 0.0 if value is None else value if mode == "max" else -value, order
-
-
-def ranked(frame: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame:
-    """Rows with a finite metric, best first; ties keep the frame's order (trial number, epoch)."""
-    # astype(bool): on a frame with no rows (no trial started) an empty object Series would
-    # select columns, not rows
-    scored = frame[frame[metric].map(lambda v: score(v) is not None).astype(bool)]
-    return scored.sort_values(metric, ascending=(mode == "min"), kind="stable")
 
 
 def trial_status(config: TrialConfig | FunctionConfig, reports: list[Mapping[str, Any]], *, done: bool, error: bool) -> str:

@@ -36,7 +36,8 @@ import sys
 import pyarrow.fs as pafs
 from ray import tune
 
-from search.run.results import Rank, rank, read_record
+from search.run.results import read_record
+from search.spec.ranking import Rank, rank
 
 
 def on_storage(checkpoint: tune.Checkpoint) -> bool:

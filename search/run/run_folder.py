@@ -160,15 +160,22 @@ class RunFolder:
         finally:
             os.close(fd)  # the lock goes with the descriptor
 
-    def write_spec(self, space: Space, data: dict[str, Any] | None = None) -> None:
-        """spec.yaml: the space as resolved, and how the run started (where, with what versions, the
-        data's fingerprint, and a hash of the space that a resume checks: an edited spec is refused)."""
-        run = {"name": self.name, "path": self.path, "source": space.source, "versions": versions(),
-               "data": data, "spec_sha256": spec_hash(to_raw(space))}
-        header = (f"# The resolved spec of search {self.name}: {space.source} after defaults and flags.\n"
-                  f"# --resume runs this file, not the space file. Do not edit: a resume refuses an edited spec.\n")
-        text = yaml.safe_dump({RUN_SECTION: run, **to_raw(space)}, sort_keys=False)
+    def write_spec(self, space: Space, data: dict[str, Any] | None = None, run: dict[str, Any] | None = None
+                   ) -> dict[str, Any]:
+        """spec.yaml, its one writer: the space as resolved, and how the run started (where, with what
+        versions, the data's fingerprint, and a hash of the space that a resume checks: an edited spec
+        is refused). `run`: the run section a resume read, kept with its changes (run.resumed_with);
+        None: a new run's. Returns the run section written."""
+        raw = to_raw(space)
+        if run is None:
+            run = {"name": self.name, "path": self.path, "source": space.source, "versions": versions(), "data": data}
+        run = {**run, "spec_sha256": spec_hash(raw)}
+        changed = ", and the\n# changes of its resumes (run.resumed_with)." if run.get("resumed_with") else ".\n#"
+        header = (f"# The resolved spec of search {self.name}: {space.source} after defaults and flags{changed} "
+                  f"--resume runs this file, not the space file. Do not edit: a resume refuses an edited spec.\n")
+        text = yaml.safe_dump({RUN_SECTION: run, **raw}, sort_keys=False)
         self.storage.write(f"{self.name}/{SPEC_FILE}", (header + text).encode())
+        return run
 
     def read_spec(self, key: str = "--resume") -> tuple[Space, dict[str, Any]]:
         """The stored spec and its run section; ConfigError if missing or unreadable.

@@ -41,7 +41,7 @@ import numpy as np
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-from search.run.results import score
+from search.spec.ranking import signed
 from search.run.storage import Storage
 
 RECORD_FILE = "halving.json"  # in the run folder
@@ -158,9 +158,8 @@ class OrderedHalving(FIFOScheduler):
         return n % len(self.rungs)
 
     def signed(self, value: Any) -> float | None:
-        """A score to maximise: the metric, negated for mode min; None if it is not finite."""
-        finite = score(value)
-        return None if finite is None else (finite if self.mode == "max" else -finite)
+        """A score to maximise: the metric, negated for mode min; None if it does not score (search/spec/ranking.py)."""
+        return signed(value, self.mode)
 
     def _peers(self, n: int) -> range:
         """The lower-numbered trials of n's bracket."""

@@ -61,7 +61,7 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 from ray.tune.search import Searcher
 
 from search.spec.objectives import Objectives, first
-from search.run.results import best_of, score
+from search.spec.ranking import best_value, score
 from search.run.searcher_record import RECORD, RECORD_FILE, by_number, record_from_json, record_to_json  # noqa: F401  (its record's format)
 from trainable.seed import derive_seed
 # Pinned: Optuna 5 changed TPE's defaults, which silently changes every seeded search.
@@ -273,7 +273,7 @@ class OrderedSearch(Searcher):
         if self.multifidelity == "final" or last is None or self.objectives.several:
             return TrialState.COMPLETE, value, {}
         if self._fidelity is not None and last >= self._fidelity:  # "rung": its value at the model's fidelity
-            return TrialState.COMPLETE, best_of((v for e, v in curve.items() if e <= self._fidelity), self.mode), {}
+            return TrialState.COMPLETE, best_value((v for e, v in curve.items() if e <= self._fidelity), self.mode), {}
         if last < self.planned.get(k, last):
             return TrialState.PRUNED, curve[last], dict(sorted(curve.items()))
         return TrialState.COMPLETE, value, {}
@@ -334,7 +334,7 @@ class OrderedSearch(Searcher):
 
     def _finish(self, n: int, error: bool = False) -> None:
         """Trial n's value, as Optuna is told it: its best epoch's metric, None for an error."""
-        self.finished[n] = None if error else best_of(self.curves.get(n, {}).values(), self.mode)
+        self.finished[n] = None if error else best_value(self.curves.get(n, {}).values(), self.mode)
         if self.objectives.several and not error:  # the point's values: its last epoch's (objectives.py)
             point = self._point(n)
             self.finished[n] = None if point is None else self.objectives.values(point)

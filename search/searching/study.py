@@ -17,7 +17,8 @@ import pandas as pd
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from search.spec.objectives import objectives_of, point_row
-from search.run.results import INTERRUPTED, best_of, is_json, results_schema, score
+from search.run.results import INTERRUPTED, is_json, results_schema
+from search.spec.ranking import best_value, score
 from search.spec.schema import conditions, not_drawn
 from search.spec.space import Space
 
@@ -46,7 +47,7 @@ def frozen_trial(rows: Sequence[Mapping[str, Any]], space: Space, schema=None, *
     json_columns = {f.name for f in (schema or results_schema(space)) if is_json(f)}
     curve = {int(r["epoch"]): score(r[metric]) for r in rows
              if not pd.isna(r["epoch"]) and score(r[metric]) is not None}
-    value = best_of(curve.values(), mode)
+    value = best_value(curve.values(), mode)
     # several objectives, constraints: the trial's point (search/spec/objectives.py) gives its values and constraints
     point = point_row(rows, objectives) if objectives.several or objectives.constraints else None
     values = (None if point is None else objectives.values(point)) if objectives.several else \

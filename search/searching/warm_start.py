@@ -61,7 +61,8 @@ def select(frame, earlier_space, space) -> tuple[list[dict[str, Any]], dict[str,
     import pandas as pd
 
     from search.spec.objectives import objectives_of, point_row
-    from search.run.results import INTERRUPTED, LOST, is_json, results_schema, score
+    from search.run.results import INTERRUPTED, LOST, is_json, results_schema
+    from search.spec.ranking import score
     from search.searching.study import frozen_trial
 
     objectives = objectives_of(space.experiment)

@@ -1,6 +1,6 @@
 """The space file: what to tune, validated at the edge into frozen, typed objects.
 
-A space file has six sections, all optional (defaults below):
+A space file has five optional sections and a required `space` (defaults below):
 
     experiment: name, metric, mode, num_samples, max_concurrent, seed, scheduler, ...
     resources:  cpus, gpus, spread     (per trial; gpus may be fractional, e.g. 0.25, or auto)
@@ -16,7 +16,7 @@ free names passed to it, and `model` and `data` do not apply.
 
 Every problem is collected and reported at once as `path.to.key: rule, got value`.
 Nothing here touches Ray, data or user code, so a bad file fails in a second, not after
-start-up (search/driver.check_search then imports the references and tries the model once).
+start-up (search/execution/preflight.py check_search then imports the references and tries the model once).
 `to_raw` writes a Space back as a space file: the run folder's spec.yaml.
 """
 
@@ -159,24 +159,100 @@ def pbt_problems(experiment: Experiment, searched: tuple[Searched, ...], epochs:
 
 
 def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
-    """Validate a whole space mapping; raise one ConfigError listing every problem."""
+    """Validate a whole space mapping; raise one ConfigError listing every problem.
+
+    One path for both kinds of trial: the canonical loop (model, data, training fields) and a
+    function trainable (`trainable: FILE.py:FUNCTION`, free names). Each kind reads its own keys
+    (_canonical_keys, _function_keys); every check on the experiment, the schedule and the
+    searcher is made once, for both (schedule_problems, searcher_problems)."""
     problems: list[str] = []
     if not isinstance(raw, Mapping):
         raise ConfigError([problem("(top level)", "must be a mapping of sections", raw)], source)
-    if raw.get(TRAINABLE_KEY) is not None:
-        return _parse_function_space(raw, source)
+    function = raw.get(TRAINABLE_KEY) is not None
+    base = _base_folder(source)
+    reference = _function_reference(raw[TRAINABLE_KEY], base, problems) if function else None
+    problems += _section_problems(raw, function)
+    experiment = (_function_experiment if function else _canonical_experiment)(raw, problems)
+    resources = validated(Resources, "resources", _section(raw, "resources", problems), problems)
+    if function and resources.gpus == "auto":
+        problems.append(problem("resources.gpus", "auto measures the canonical loop's model; give a number with a "
+                                                  "function trainable", "auto"))
+    if function:
+        fixed, searched, data_root = *_function_keys(raw, problems), None
+    else:
+        fixed, searched, data_root = _canonical_keys(raw, base, problems)
+    problems += when_problems(searched, fixed)
+    if not function:
+        experiment, metric_problems = training_metric_problems(experiment, fixed)  # experiment.metric vs the columns
+        problems += metric_problems
+        if not problems:
+            problems += cross_field_problems(fixed, "data.")
+    if not problems or (function and experiment.scheduler == "pbt"):  # that refusal needs no valid config
+        epochs = None if problems else (FunctionConfig(reference, fixed) if function else
+                                        TrialConfig.from_mapping(fixed)).epochs
+        experiment, schedule = schedule_problems(experiment, tuple(searched), epochs, function)
+        problems += schedule
+    problems += searcher_problems(experiment, searched, problems, free_names=function)
+    if not problems and not searched:
+        problems.append(problem("space", "must search at least one key (e.g. lr: {distribution: float, "
+                                         "low: 0.01, high: 0.3, log: true})", raw.get("space")))
+    if problems:
+        raise ConfigError(problems, source)
+    return Space(experiment, resources, data_root, fixed, tuple(searched), source, trainable=reference)
+
+
+def _section_problems(raw: Mapping[str, Any], function: bool) -> list[str]:
+    """Sections this kind of trial does not know (a function trainable: model and data do not apply)."""
+    problems = []
     for key in raw:
         if key in ("run", TRAINABLE_KEY):  # run: spec.yaml's record of where the run lives: not part of the space
             continue
-        if key not in SECTIONS:
+        if function and key in ("model", "data"):
+            problems.append(problem(key, NOT_FOR_FUNCTIONS, raw[key]))
+        elif function and key not in FUNCTION_SECTIONS:
+            problems.append(problem(str(key), f"unknown section (known with a function trainable: "
+                                              f"{', '.join(FUNCTION_SECTIONS)}, {TRAINABLE_KEY})", raw[key]))
+        elif not function and key not in SECTIONS:
             problems.append(problem(str(key), f"unknown section (known: {', '.join(SECTIONS)}; and "
                                               f"{TRAINABLE_KEY}: FILE.py:FUNCTION, your own training function)",
                                     raw[key]))
-    base = _base_folder(source)
-    experiment = validated(Experiment, "experiment", _section(raw, "experiment", problems), problems)
-    resources = validated(Resources, "resources", _section(raw, "resources", problems), problems)
-    problems += objective_problems(experiment)
+    return problems
 
+
+def _canonical_experiment(raw: Mapping[str, Any], problems: list[str]) -> Experiment:
+    experiment = validated(Experiment, "experiment", _section(raw, "experiment", problems), problems)
+    problems += objective_problems(experiment)
+    return experiment
+
+
+def _function_experiment(raw: Mapping[str, Any], problems: list[str]) -> Experiment:
+    """experiment.metric and stop_when name what the function reports: any name, checked on its first report."""
+    settings = dict(_section(raw, "experiment", problems))
+    metric = settings.pop("metric", Experiment().metric)
+    stop_when = settings.pop("stop_when", None)  # targets on any name the function reports
+    if not stop_when_valid(stop_when, None):
+        rule = STOP_WHEN_RULE.format(metrics="a metric the function reports")
+        bad = bad_targets(stop_when, any_name=True) if isinstance(stop_when, Mapping) else []
+        problems += entry_problems("experiment.stop_when", rule, stop_when, bad)
+        stop_when = None
+    experiment = validated(Experiment, "experiment", settings, problems).model_copy(
+        # numbers as floats, as the field's validation makes them for the canonical loop (model_copy skips it)
+        update={"metric": metric, "stop_when": {k: float(v) if isinstance(v, int) else v
+                                                for k, v in stop_when.items()} if stop_when else None})
+    if isinstance(metric, list):  # docs/multi-objective.md: the canonical loop's metrics only, for now
+        problems.append(problem("experiment.metric", "must name one metric the function reports: a list of "
+                                                     "objectives works with the canonical loop only", metric))
+    elif not isinstance(metric, str) or not metric:
+        problems.append(problem("experiment.metric", "must name a metric the function reports", metric))
+    if experiment.constraints:  # docs/multi-objective.md: on the canonical loop's metrics only, for now
+        problems.append(problem("experiment.constraints", "are not supported with a function trainable",
+                                list(experiment.constraints)))
+    return experiment
+
+
+def _canonical_keys(raw: Mapping[str, Any], base: Path, problems: list[str]
+                    ) -> tuple[dict[str, Any], list[Searched], str | None]:
+    """The canonical loop's trial config: model, data and training fields fixed, space fields searched."""
     fixed: dict[str, Any] = {}
     for key, value in _section(raw, MODEL, problems).items():
         name = model_key(key)
@@ -205,32 +281,36 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
                 searched.append(found)
         else:
             fixed[key] = field_value(f"space.{key}", key, value, problems)
-    problems += when_problems(searched, fixed)
-    experiment, metric_problems = training_metric_problems(experiment, fixed)  # experiment.metric vs the columns
-    problems += metric_problems
-    if not problems:
-        problems += cross_field_problems(fixed, "data.")
-    if not problems and experiment.scheduler in ("asha", "hyperband"):
-        epochs = max_epochs(tuple(searched), TrialConfig.from_mapping(fixed).epochs)
-        if experiment.grace_period > epochs:
-            problems.append(problem("experiment.grace_period", f"must be <= the epochs a trial runs ({epochs}) "
+    return fixed, searched, data_root
+
+
+def schedule_problems(experiment: Experiment, searched: tuple[Searched, ...], epochs: int | None,
+                      function: bool) -> tuple[Experiment, list[str]]:
+    """What experiment.scheduler needs of the space, for both kinds of trial (`epochs`: the trial
+    defaults'; None for a function without `epochs`). Returns the experiment as pbt runs it."""
+    problems = []
+    if experiment.scheduler in ("asha", "hyperband"):
+        most = max_epochs(searched, epochs or 0)
+        if not most:  # only a function trainable can leave epochs unsaid
+            problems.append(problem("experiment.scheduler", f"{experiment.scheduler} with a function trainable needs "
+                                    "`epochs` (training.epochs or space.epochs): the most reports a trial makes",
+                                    experiment.scheduler))
+        elif experiment.grace_period > most:
+            problems.append(problem("experiment.grace_period", f"must be <= the epochs a trial runs ({most}) "
                                                                f"for {experiment.scheduler}", experiment.grace_period))
         if experiment.reproducible and experiment.grace_period % experiment.checkpoint_every:
             problems.append(problem("experiment.checkpoint_every", f"must divide grace_period "
                                     f"({experiment.grace_period}) for a reproducible {experiment.scheduler}: a trial "
                                     "that waits at a rung resumes from that rung's checkpoint",
                                     experiment.checkpoint_every))
-    if not problems and experiment.scheduler == "pbt":
-        problems += pbt_problems(experiment, tuple(searched), TrialConfig.from_mapping(fixed).epochs)
+    elif experiment.scheduler == "pbt" and function:
+        problems.append(problem("experiment.scheduler", "pbt changes the canonical loop's lr, momentum, weight_decay "
+                                "and clip_norm mid-run; it does not apply to a function trainable", "pbt"))
+    elif experiment.scheduler == "pbt":
+        problems += pbt_problems(experiment, searched, epochs)
         # every checkpoint kept: an exploit restores one the copied trial has moved past
         experiment = experiment.model_copy(update={"num_to_keep": None})
-    problems += searcher_problems(experiment, searched, problems)
-    if not problems and not searched:
-        problems.append(problem("space", "must search at least one field (e.g. lr: {distribution: float, "
-                                         "low: 0.01, high: 0.3, log: true})", raw.get("space")))
-    if problems:
-        raise ConfigError(problems, source)
-    return Space(experiment, resources, data_root, fixed, tuple(searched), source)
+    return experiment, problems
 
 
 def when_problems(searched: list[Searched], fixed: Mapping[str, Any]) -> list[str]:
@@ -307,48 +387,18 @@ def searcher_problems(experiment: Experiment, searched: list[Searched], problems
     return found
 
 
-def _parse_function_space(raw: Mapping[str, Any], source: str) -> Space:
-    """A space file with `trainable: FILE.py:FUNCTION`: free names in training and space, checked as plain data."""
-    problems: list[str] = []
-    reference = raw[TRAINABLE_KEY]
+def _function_reference(reference: Any, base: Path, problems: list[str]) -> str | None:
+    """`trainable: FILE.py:FUNCTION` (or package.module:FUNCTION), made absolute from the space file's folder."""
     if not isinstance(reference, str) or not is_reference(reference):
         problems.append(problem(TRAINABLE_KEY, "must be FILE.py:FUNCTION or package.module:FUNCTION", reference))
-    else:
-        reference = absolute_reference(reference, _base_folder(source))
-    for key in raw:
-        if key in ("model", "data"):
-            problems.append(problem(key, NOT_FOR_FUNCTIONS, raw[key]))
-        elif key not in (*FUNCTION_SECTIONS, TRAINABLE_KEY, "run"):
-            problems.append(problem(str(key), f"unknown section (known with a function trainable: "
-                                              f"{', '.join(FUNCTION_SECTIONS)}, {TRAINABLE_KEY})", raw[key]))
-    settings = dict(_section(raw, "experiment", problems))
-    metric = settings.pop("metric", Experiment().metric)  # any name: checked on the function's first report
-    stop_when = settings.pop("stop_when", None)  # targets on any name the function reports
-    if not stop_when_valid(stop_when, None):
-        rule = STOP_WHEN_RULE.format(metrics="a metric the function reports")
-        bad = bad_targets(stop_when, any_name=True) if isinstance(stop_when, Mapping) else []
-        problems += entry_problems("experiment.stop_when", rule, stop_when, bad)
-        stop_when = None
-    experiment = validated(Experiment, "experiment", settings, problems).model_copy(
-        # numbers as floats, as the field's validation makes them for the canonical loop (model_copy skips it)
-        update={"metric": metric, "stop_when": {k: float(v) if isinstance(v, int) else v
-                                                for k, v in stop_when.items()} if stop_when else None})
-    if isinstance(metric, list):  # docs/multi-objective.md: the canonical loop's metrics only, for now
-        problems.append(problem("experiment.metric", "must name one metric the function reports: a list of "
-                                                     "objectives works with the canonical loop only", metric))
-    elif not isinstance(metric, str) or not metric:
-        problems.append(problem("experiment.metric", "must name a metric the function reports", metric))
-    if experiment.constraints:  # docs/multi-objective.md: on the canonical loop's metrics only, for now
-        problems.append(problem("experiment.constraints", "are not supported with a function trainable",
-                                list(experiment.constraints)))
-    resources = validated(Resources, "resources", _section(raw, "resources", problems), problems)
-    if resources.gpus == "auto":
-        problems.append(problem("resources.gpus", "auto measures the canonical loop's model; give a number with a "
-                                                  "function trainable", "auto"))
-    if experiment.scheduler == "pbt":
-        problems.append(problem("experiment.scheduler", "pbt changes the canonical loop's lr, momentum, weight_decay "
-                                "and clip_norm mid-run; it does not apply to a function trainable", "pbt"))
-    fixed, searched = {}, []
+        return reference
+    return absolute_reference(reference, base)
+
+
+def _function_keys(raw: Mapping[str, Any], problems: list[str]) -> tuple[dict[str, Any], list[Searched]]:
+    """A function trainable's free names in training (fixed) and space (searched), checked as plain data."""
+    fixed: dict[str, Any] = {}
+    searched: list[Searched] = []
     for sec in ("training", "space"):
         for key, value in _section(raw, sec, problems).items():
             path = f"{sec}.{key}"
@@ -368,23 +418,7 @@ def _parse_function_space(raw: Mapping[str, Any], source: str) -> Space:
                 problems.append(problem(path, "must be plain data (numbers, strings, lists, mappings)", value))
             else:
                 fixed[key] = plain(value)
-    problems += when_problems(searched, fixed)
-    problems += searcher_problems(experiment, searched, problems, free_names=True)
-    if not problems and experiment.scheduler in ("asha", "hyperband"):
-        epochs = max_epochs(tuple(searched), FunctionConfig(reference, fixed).epochs or 0)
-        if not epochs:
-            problems.append(problem("experiment.scheduler", f"{experiment.scheduler} with a function trainable needs "
-                                    "`epochs` (training.epochs or space.epochs): the most reports a trial makes",
-                                    experiment.scheduler))
-        elif experiment.grace_period > epochs:
-            problems.append(problem("experiment.grace_period", f"must be <= epochs ({epochs}) for "
-                                                               f"{experiment.scheduler}", experiment.grace_period))
-    if not problems and not searched:
-        problems.append(problem("space", "must search at least one key (e.g. lr: {distribution: float, "
-                                         "low: 0.01, high: 0.3, log: true})", raw.get("space")))
-    if problems:
-        raise ConfigError(problems, source)
-    return Space(experiment, resources, None, fixed, tuple(searched), source, trainable=reference)
+    return fixed, searched
 
 
 def _function_to_raw(space: Space) -> dict[str, Any]:

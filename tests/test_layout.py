@@ -1,0 +1,191 @@
+"""The layout of search/ and trainable/, read from the source: layers that import one way, no cycles,
+one home for "best", and a run folder made by release 0.1.0's flat layout resuming after the move."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import assert_outputs_agree
+
+REPO = Path(__file__).resolve().parents[1]
+# search/'s layers, lowest first: a module may import only its own layer and those before it
+LAYERS = ["spec", "run", "searching", "outputs", "execution"]
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for package in ("search", "trainable"):
+        for path in (REPO / package).rglob("*.py"):
+            name = ".".join(path.relative_to(REPO).with_suffix("").parts)
+            out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def imported(path: Path, name: str, known: dict[str, Path]) -> list[tuple[str, int]]:
+    """(module of search/ or trainable/, line) for every import in the file, at any depth (in a function too)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.append((target, node.lineno))
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: {target for target, _ in imported(path, name, known)} for name, path in known.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Each cycle of the graph once, as a path that comes back to its start (depth-first search)."""
+    found, state = [], {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == "open":
+                found.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = "done"
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [node])
+    return found
+
+
+def layer(name: str) -> int | None:
+    parts = name.split(".")
+    if parts[0] != "search":
+        return None
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else len(LAYERS)
+
+
+def test_the_graph_finds_a_cycle_where_there_is_one():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_search_and_trainable_have_no_import_cycle():
+    assert cycles(graph()) == []
+
+
+def test_layers_import_only_downward_and_trainable_never_imports_search():
+    wrong = []
+    for name, targets in graph().items():
+        for target in targets:
+            if name.startswith("trainable") and target.startswith("search"):
+                wrong.append(f"{name} -> {target}")
+            elif layer(name) is not None and layer(target) is not None and layer(target) > layer(name):
+                wrong.append(f"{name} -> {target}")
+    assert wrong == []
+
+
+def test_search_has_at_most_six_top_level_modules_and_each_layer_says_what_it_holds():
+    top = sorted(p.name for p in (REPO / "search").glob("*.py"))
+    assert len(top) <= 6, top
+    packages = sorted(p.parent.name for p in (REPO / "search").glob("*/__init__.py"))
+    assert packages == sorted(LAYERS)
+    for package in packages:
+        doc = ast.get_docstring(ast.parse((REPO / "search" / package / "__init__.py").read_text()))
+        assert doc and "May import" in doc, package
+
+
+def test_best_is_defined_once():
+    pattern = re.compile(r"^\s*def (best_of|ranked|best_row)\(", re.M)
+    found = [(p.relative_to(REPO), m.group(1)) for p in (REPO / "search").rglob("*.py")
+             for m in pattern.finditer(p.read_text())]
+    assert found == [(Path("search/spec/ranking.py"), "ranked")]
+
+
+def test_old_module_paths_are_the_new_modules():
+    """Tune unpickles a run's searcher, scheduler and callbacks by 0.1.0's module paths."""
+    import importlib
+
+    import search
+
+    for old, new in search.MOVED.items():
+        assert importlib.import_module(f"search.{old}") is importlib.import_module(f"search.{new}"), old
+    from search.outputs import Outcome
+    from search.outputs.finish import Outcome as moved
+
+    assert Outcome is moved
+
+
+TOY = '''
+import torch
+
+
+def train(config, report, checkpoint=None):
+    start = checkpoint["epoch"] if checkpoint else 0
+    x = checkpoint["x"] if checkpoint else torch.zeros(())
+    for epoch in range(start, config["epochs"]):
+        noise = torch.randn((), generator=torch.Generator().manual_seed(config["seed"] + epoch))
+        x = x + config["lr"] * (1 - x) + 0.01 * noise
+        report(score=float(x), checkpoint={"x": x, "epoch": epoch + 1})
+'''
+
+
+@pytest.mark.slow
+def test_a_run_folder_made_by_the_flat_layout_resumes_after_the_move(tmp_path):
+    """Release 0.1.0's search/ (tests/fixtures/search-0.1.0.tar.xz, its flat modules) makes a run: its
+    tuner.pkl names search.ordered, search.halving, search.budget, search.progress... Today's code resumes
+    it with two more trials, through Tune's unpickling of those paths, and the outputs agree."""
+    old = tmp_path / "old"
+    with tarfile.open(REPO / "tests" / "fixtures" / "search-0.1.0.tar.xz") as archive:
+        archive.extractall(old, filter="data")
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "old_layout_toy.py").write_text(TOY)
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({
+        "trainable": "old_layout_toy:train",  # a module on PYTHONPATH: the same reference for both releases
+        "experiment": {"name": "old", "metric": "score", "mode": "max", "num_samples": 2, "max_concurrent": 2,
+                       "seed": 3, "scheduler": "asha", "grace_period": 1, "time_budget": 3600,
+                       "storage_path": str(tmp_path / "runs")},
+        "training": {"epochs": 3},
+        "space": {"lr": {"distribution": "float", "low": 0.05, "high": 0.9, "log": True}}}))
+
+    def search(pythonpath: list[Path], *args: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, pythonpath))}
+        # run from tmp_path: the working directory comes first on sys.path, and the repo's search/ must not
+        return subprocess.run([sys.executable, "-m", "search", "--space", str(space), "--name", "run", *args],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+    made = search([old, mods])
+    assert made.returncode == 0, made.stderr[-3000:]
+    run = tmp_path / "runs" / "run"
+    pickled = (run / "tuner.pkl").read_bytes()
+    assert b"search.ordered" in pickled and b"search.searching" not in pickled, "made by the flat layout"
+
+    resumed = search([mods], "--resume", "--more-trials", "2")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Traceback" not in resumed.stderr
+    import pandas as pd
+
+    frame = pd.read_parquet(run / "results.parquet")
+    assert sorted(frame["trial_number"].unique()) == [0, 1, 2, 3]
+    assert_outputs_agree(run)

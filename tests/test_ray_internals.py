@@ -1,0 +1,61 @@
+"""What search/execution/ray_internals.py (and the quiet mode's logger filters) rely on in Ray, pinned:
+each test fails when a Ray upgrade moves it, naming what to look at. No Ray is started."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+
+import pytest
+
+from search.execution import ray_internals
+
+
+def test_tune_still_logs_the_stop_and_the_save_that_the_quick_stop_reads():
+    import ray.tune.tune as tune_module
+
+    source = inspect.getsource(tune_module)
+    assert ray_internals._QuickStop.STOP in source, "Tune's stop line moved: the quick stop would only wait"
+    assert ray_internals._QuickStop.SAVED in source, "Tune's save line moved: the quick stop would only wait"
+    assert tune_module.logger.name == "ray.tune.tune", "the quick stop's filter sits on this logger"
+
+
+def test_the_quick_stop_cuts_after_the_save_and_only_then():
+    with ray_internals.quick_stop() as cut:
+        logger = logging.getLogger("ray.tune.tune")
+        logger.info("Wrote the latest version of all result files and experiment state to x")  # no stop yet
+        assert not cut.cut
+        logger.info(ray_internals._QuickStop.STOP + " (e.g. via SIGINT/Ctrl+C), ending Ray Tune run.")
+        with pytest.raises(KeyboardInterrupt):
+            logger.info(ray_internals._QuickStop.SAVED + " to /tmp/x")
+        assert cut.cut and cut.stopping
+
+
+def test_the_autoscaler_records_are_still_where_ray_status_reads_them():
+    from ray._private import ray_constants
+    from ray.autoscaler.v2.sdk import get_cluster_status  # noqa: F401
+    from ray.experimental import internal_kv
+
+    assert isinstance(ray_constants.DEBUG_AUTOSCALING_STATUS, str)
+    assert callable(internal_kv._internal_kv_get)
+
+
+def test_autoscaler_records_that_do_not_read_are_no_evidence_of_none(ray_local, monkeypatch, capsys):
+    """A failure to read Ray's records (moved in an upgrade, no access) must not refuse a search that an
+    autoscaler could serve: has_autoscaler says it cannot tell, and assumes one may add nodes."""
+    from search.execution import capacity
+
+    monkeypatch.delenv(capacity.AUTOSCALER_SETTING, raising=False)
+    monkeypatch.setenv("HOME", "/nonexistent")  # no ~/ray_bootstrap_config.yaml
+    assert capacity.has_autoscaler() is False, "the local Ray's records read: none"
+    monkeypatch.setattr(capacity, "autoscaler_status", lambda: (None, None))  # what an unreadable record returns
+    assert capacity.has_autoscaler() is True
+    assert "cannot tell whether an autoscaler" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["ray._private.worker", "ray.tune.analysis.experiment_analysis", "ray.tune.logger.logger",
+                                  "ray.tune.utils.util", "ray.tune.execution.tune_controller",
+                                  "ray._private.authentication.authentication_token_setup"])
+def test_the_loggers_quiet_filters_are_still_ray_modules(name):
+    importlib.import_module(name)  # a renamed module would let its hint through again
