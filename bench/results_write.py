@@ -45,10 +45,10 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
-from search.run.results import RESULTS_FILE, part_bytes, results_schema, trial_rows  # noqa: E402
-from search.run.run_folder import RunFolder  # noqa: E402
+from search.store.results import RESULTS_FILE, part_bytes, results_schema, trial_rows  # noqa: E402
+from search.store.run_folder import RunFolder  # noqa: E402
 from search.spec.space import Space, parse_space  # noqa: E402
-from search.run.storage import Storage  # noqa: E402
+from search.store.storage import Storage  # noqa: E402
 from trainable.report import REPORT_COLUMNS  # noqa: E402
 from trainable.yaml_file import read_yaml_mapping  # noqa: E402
 

@@ -7,7 +7,8 @@ importing this package loads neither Ray nor torch.
 The layers, each allowed to import only those listed before it (tests/test_layout.py checks it):
 
     spec/        the space file -> Space: schema, space, overrides, objectives, ranking ("best")
-    run/         the run folder: storage, spec.yaml, results.parquet's rows, checkpoints kept
+    store/       the run folder on a disk or an object store: spec.yaml, results.parquet's rows, checkpoints
+                 (not `run/`: a subpackage of that name would replace `search.run`, the API, once imported)
     searching/   what to try next: the searcher, reproducible order, halving, PBT, budgets, warm start
     outputs/     what a search leaves: finish, summary, report, pareto.yaml, export, runs, the journal
     execution/   running on Ray: session, tuner, capacity, GPU probe, preflight, callbacks, Ray internals
@@ -32,7 +33,7 @@ __all__ = ["load_best", "restore", "run"]
 # its __init__ answers the old module's names.
 MOVED = {
     "schema": "spec.schema", "space": "spec.space", "overrides": "spec.overrides", "objectives": "spec.objectives",
-    "storage": "run.storage", "run_folder": "run.run_folder", "results": "run.results", "retention": "run.retention",
+    "storage": "store.storage", "run_folder": "store.run_folder", "results": "store.results", "retention": "store.retention",
     "searcher": "searching.searcher", "ordered": "searching.ordered", "halving": "searching.halving",
     "pbt": "searching.pbt", "budget": "searching.budget", "study": "searching.study",
     "warm_start": "searching.warm_start", "summary": "outputs.summary", "report": "outputs.report",

@@ -17,6 +17,9 @@ import copy
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from trainable.errors import ConfigError, problem
+from trainable.yaml_file import read_yaml_mapping
+
 
 def run(space: str | Path | Mapping[str, Any], *, overrides: Mapping[str, Any] | None = None,
         name: str | None = None, resume: bool = False, address: str | None = None, verbose: bool = False):
@@ -26,11 +29,10 @@ def run(space: str | Path | Mapping[str, Any], *, overrides: Mapping[str, Any] |
     reference is then relative to the current folder). `overrides`: `{"section.key": value}`,
     as `--set`. `name`, `resume`, `address`, `verbose`: as the CLI's flags.
     """
+    # torch, Ray and pandas: only on a call; `import search` must not load them
     from search.driver import run_search
     from search.execution.session import quiet
     from search.spec.space import with_overrides
-    from trainable.errors import ConfigError, problem
-    from trainable.yaml_file import read_yaml_mapping
 
     if overrides is not None and not isinstance(overrides, Mapping):
         raise ConfigError([problem("overrides", 'must be a mapping of "section.key" to a value, as --set',
@@ -56,13 +58,11 @@ def restore(path: str, *, trainable: Callable | None = None):
     continue a search with `search.run(..., name=NAME, resume=True)` (`--resume`) instead.
     `trainable`: the trial function given to driver.run_search, if it was not the default.
     """
-    from search.run.run_folder import open_run
+    # torch and Ray: only on a call; `import search` must not load them
     from search.execution.preflight import check_search
     from search.execution.tuner import build_tuner
+    from search.store.run_folder import NotARunFolder, open_run
     from trainable.adapter import tune_trial
-
-    from search.run.run_folder import NotARunFolder
-    from trainable.errors import ConfigError, problem
 
     try:
         folder = open_run(str(path))
@@ -81,7 +81,8 @@ def load_best(run: str | Path, *, trial: int | None = None):
     Raises ConfigError (no best.yaml, no such trial, no readable checkpoint) or
     search.outputs.export.NotARunFolder.
     """
+    # torch and Ray: only on a call; `import search` must not load them
     from search.outputs.export import chosen_checkpoint, model_of
-    from search.run.run_folder import open_run
+    from search.store.run_folder import open_run
 
     return model_of(chosen_checkpoint(open_run(str(run)), trial))

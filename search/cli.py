@@ -21,7 +21,9 @@ import threading
 import traceback
 from typing import Any, Sequence
 
+from search.outputs.phases import command_start
 from search.spec.overrides import set_keys
+from search.spec.schema import run_name_problem
 from search.spec.space import Space, with_overrides
 from trainable.errors import ConfigError, DataError, DiskFull, problem
 from trainable.yaml_file import flag_value, parse_value, read_yaml_mapping
@@ -104,13 +106,14 @@ def report_main(argv: Sequence[str]) -> int:
                                      description="Write report.html and report/*.png of a search's run folder.")
     parser.add_argument("run", help="the run folder, e.g. runs/mnist-20261130-101500")
     args = parser.parse_args(argv)
+    # pandas, matplotlib, torch and Ray: only for `report`; the CLI's other commands must not load them
     import pandas as pd
 
-    from search.run.run_folder import NotARunFolder, open_run
     from search.outputs.report import kept_summary, redrawn_summary, write_report
-    from search.run.results import RESULTS_FILE
     from search.outputs.runs import best_result
-    from search.run.storage import LinkError
+    from search.store.results import RESULTS_FILE
+    from search.store.run_folder import NotARunFolder, open_run
+    from search.store.storage import LinkError
 
     try:
         folder = open_run(args.run)
@@ -135,7 +138,7 @@ def report_main(argv: Sequence[str]) -> int:
 
 def export_main(argv: Sequence[str]) -> int:
     """`python -m search export RUN_FOLDER`: the best (or a chosen) trial's model, ready for inference."""
-    from search.outputs.export import FORMATS
+    from search.outputs.export import FORMATS  # torch and Ray: only for `export`
 
     parser = argparse.ArgumentParser(prog="python -m search export",
                                      description="Write the model of best.yaml's checkpoint (or of --trial N's best "
@@ -148,8 +151,9 @@ def export_main(argv: Sequence[str]) -> int:
     parser.add_argument("-o", "--output", metavar="FILE",
                         help="where to write it (default: <run name>-best<ending> in the current folder)")
     args = parser.parse_args(argv)
+    # torch and Ray: only for `export`, once its flags parsed
     from search.outputs.export import describe, export
-    from search.run.run_folder import NotARunFolder
+    from search.store.run_folder import NotARunFolder
 
     try:
         path, chosen = export(args.run, trial=args.trial, fmt=args.fmt, output=args.output)
@@ -172,6 +176,7 @@ def check_main(argv: Sequence[str]) -> int:
     except ConfigError as error:  # in a second: neither torch nor Ray is imported yet
         print(f"error: {error}", file=sys.stderr)
         return 2
+    # torch and Ray's modules: only once the space file passed (a bad file fails in a second)
     from search.execution.capacity import CapacityError
     from search.execution.preflight import check_space
 
@@ -185,8 +190,6 @@ def check_main(argv: Sequence[str]) -> int:
 
 def check_name(args: argparse.Namespace) -> None:
     """--name must be a run folder's name (search/spec/schema.py run_name_problem); ConfigError if not."""
-    from search.spec.schema import run_name_problem
-
     if args.name is not None and (wrong := run_name_problem(args.name)):
         raise ConfigError([wrong])
 
@@ -201,6 +204,7 @@ def resume_assignments(args: argparse.Namespace) -> list[tuple[str, Any]]:
             raise ConfigError([problem("--more-trials", "needs --resume (a new run sets experiment.num_samples)",
                                        args.more_trials)])
         return pairs
+    # Ray and torch: only for a --resume, once the space file passed
     from search.searching.budget import LOCATION_KEYS, RESUME_KEYS, more_trials_base
 
     refused = [problem(f"--set {key}", f"a --resume runs the run's spec.yaml and may change only "
@@ -224,8 +228,9 @@ def runs_main(argv: Sequence[str]) -> int:
                                                  "value, when its last trial ended (docs/runs.md).")
     parser.add_argument("--storage-path", default="./runs", help="the storage (default: ./runs)")
     args = parser.parse_args(argv)
+    # torch, Ray and pyarrow: only for `runs`
     from search.outputs.runs import format_runs, list_runs
-    from search.run.storage import Storage, is_uri
+    from search.store.storage import Storage, is_uri
 
     storage = Storage.at(args.storage_path)
     if not is_uri(storage.uri) and os.path.exists(storage.uri) and not os.path.isdir(storage.uri):
@@ -249,8 +254,9 @@ def compare_main(argv: Sequence[str]) -> int:
                                                  "(docs/runs.md).")
     parser.add_argument("runs", nargs=2, metavar="RUN", help="run folders, e.g. runs/mnist-20261130-101500")
     args = parser.parse_args(argv)
-    from search.run.run_folder import NotARunFolder, open_run
+    # torch and Ray: only for `compare`
     from search.outputs.runs import compare
+    from search.store.run_folder import NotARunFolder, open_run
 
     try:
         print(compare(*(open_run(run) for run in args.runs)))
@@ -269,7 +275,8 @@ def main(argv: Sequence[str] | None = None, started: float | None = None) -> int
     args = parse_args(argv)
     try:
         space = load_space(args.space, resume_assignments(args))
-        from search.run.storage import Storage, check_storage
+        # pyarrow: only once the space file passed (a bad one fails in a second)
+        from search.store.storage import Storage, check_storage
 
         check_name(args)
 
@@ -295,6 +302,7 @@ def main(argv: Sequence[str] | None = None, started: float | None = None) -> int
         else:  # built-ins only: Ray comes up while the driver imports torch and loads the data
             early_ray.begin()
     try:
+        # torch, Ray and pandas: the driver, only once the checks before Ray passed
         from search.driver import run_search
         from search.outputs.finish import NO_SUCCESS_EXIT
 
@@ -325,8 +333,6 @@ def run() -> None:
     state, after everything is written; a stopped search must end in seconds. So the exit
     handlers run and the process ends here.
     """
-    from search.outputs.phases import command_start
-
     started = command_start()  # the summary's wall time is the command's, from the process's start
     try:
         code = main(started=started)

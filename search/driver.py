@@ -16,14 +16,14 @@ from typing import Callable
 from search.execution.capacity import check_capacity, plan_gpus
 from search.execution.disk_guard import stop_reason
 from search.execution.gpu_probe import resolve_auto
-from search.outputs.finish import Outcome, finish, resume_command, with_time
-from search.outputs.phases import Phases
 from search.execution.preflight import finished_run, prepare, released_on_failure
 from search.execution.session import EarlyRay, ray_session
-from search.spec.space import Space
-from search.run.storage import Storage, check_storage
-from search.outputs.summary import slot_count
 from search.execution.tuner import build_tuner, fit
+from search.outputs.finish import Outcome, finish, resume_command, with_time
+from search.outputs.phases import Phases
+from search.outputs.summary import slot_count
+from search.spec.space import Space
+from search.store.storage import Storage, check_storage
 from trainable.adapter import tune_trial
 from trainable.errors import DiskFull
 from trainable.function import function_trial

@@ -30,7 +30,7 @@ import yaml
 from ray.autoscaler._private.fake_multi_node.node_provider import FakeMultiNodeProvider
 
 from search.execution.capacity import AUTOSCALER_SETTING, has_autoscaler
-from search.run.results import COMPLETED
+from search.store.results import COMPLETED
 from tests.helpers import SMALL
 from tests.test_session import free_port
 

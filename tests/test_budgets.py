@@ -98,8 +98,8 @@ def test_a_function_trainables_own_metric_may_be_a_target(tmp_path):
 
 def test_a_target_no_report_holds_is_said_once(tmp_path, capsys):
     from search.searching.budget import Budget
-    from search.run.run_folder import RunFolder
-    from search.run.storage import Storage
+    from search.store.run_folder import RunFolder
+    from search.store.storage import Storage
 
     raw = {"trainable": "train.py:train", "experiment": {"metric": "mae", "mode": "min", "stop_when": {"maee": 0.05}},
            "space": {"lr": {"distribution": "float", "low": 0.1, "high": 1.0}}}
@@ -142,8 +142,8 @@ def offline_configs(space, frame, count: int) -> list[dict]:
 def test_time_budget_ends_the_search_with_a_prefix_of_its_trials(tmp_path, data_root, ray_local):
     from search.searching.budget import read_ended
     from search.driver import run_search
-    from search.run.run_folder import RunFolder
-    from search.run.storage import Storage
+    from search.store.run_folder import RunFolder
+    from search.store.storage import Storage
 
     space = small_space(tmp_path, data_root, experiment={"num_samples": 1000, "time_budget": "4s"},
                         data={"train_size": 300, "val_size": 100}, training={"epochs": 3})
@@ -220,8 +220,8 @@ def test_a_resume_may_change_only_the_budget_keys(tmp_path):
 
 def test_more_trials_adds_to_the_stored_num_samples_or_to_the_trials_a_budget_let_run(tmp_path, data_root):
     from search.cli import parse_args, resume_assignments
-    from search.run.run_folder import RunFolder
-    from search.run.storage import Storage
+    from search.store.run_folder import RunFolder
+    from search.store.storage import Storage
 
     folder = RunFolder(Storage.at(str(tmp_path)), "seven")
     folder.claim()
@@ -246,19 +246,19 @@ def test_a_target_or_a_spent_budget_ends_the_search_and_stops_running_trials(tmp
     from ray.tune.search import Searcher
 
     from search.searching.budget import budgeted, read_ended
-    from search.run.run_folder import RunFolder
+    from search.store.run_folder import RunFolder
     from search.searching.searcher import make_searcher
-    from search.run.storage import Storage
+    from search.store.storage import Storage
 
     space = small_space(tmp_path, data_root, experiment={"stop_when": {"val_loss": 0.2}, "time_budget": "1h"})
     folder = RunFolder(Storage.at(str(tmp_path)), "target")
     folder.claim()
     search, stop = budgeted(make_searcher(space), folder, space)
-    assert search.searching.searcher.suggest("t0")["trial_number"] == 0  # the first ask starts the clock
+    assert search.searcher.suggest("t0")["trial_number"] == 0  # the first ask starts the clock
     assert not stop("t0", {"val_loss": 0.25, "epoch": 1, "config": {"trial_number": 0}})
     assert stop("t1", {"val_loss": 0.19, "epoch": 2, "config": {"trial_number": 1}})
     assert stop("t0", {"val_loss": 0.3, "epoch": 2, "config": {"trial_number": 0}})  # at its next epoch end
-    assert search.is_finished() and search.searching.searcher.suggest("t2") == Searcher.FINISHED
+    assert search.is_finished() and search.searcher.suggest("t2") == Searcher.FINISHED
     ended = read_ended(folder)
     assert (ended["ended_by"], ended["trial_number"], ended["epoch"], ended["value"]) == ("stop_when", 1, 2, 0.19)
     assert ended["op"] == "<=" and "val_loss: <= 0.2 (trial #1 reached 0.1900" in ended_note(ended, 2)
@@ -266,7 +266,7 @@ def test_a_target_or_a_spent_budget_ends_the_search_and_stops_running_trials(tmp
     spent = RunFolder(Storage.at(str(tmp_path)), "spent")
     spent.claim()
     search, stop = budgeted(make_searcher(space), spent, space)
-    search.searching.searcher.suggest("t0")
+    search.searcher.suggest("t0")
     stop.budget.started -= 3601  # an hour and a second ago
     assert stop("t0", {"val_loss": 0.5, "epoch": 1}) and read_ended(spent)["ended_by"] == "time_budget"
     assert search.is_finished() and stop.stop_all() is False  # running trials end at their epoch end, not at once
@@ -280,9 +280,9 @@ def test_a_resume_gets_spec_yamls_budget_and_more_trials_and_its_stopper_copy_fo
     from ray.tune.search import Searcher
 
     from search.searching.budget import budgeted, read_ended, read_record
-    from search.run.run_folder import RunFolder
+    from search.store.run_folder import RunFolder
     from search.searching.searcher import make_searcher
-    from search.run.storage import Storage
+    from search.store.storage import Storage
 
     space = small_space(tmp_path, data_root, experiment={"num_samples": 2, "stop_when": {"val_acc": 0.9}})
     folder = RunFolder(Storage.at(str(tmp_path)), "resumed")
@@ -290,9 +290,9 @@ def test_a_resume_gets_spec_yamls_budget_and_more_trials_and_its_stopper_copy_fo
     folder.write_spec(space)
     search, stop = budgeted(make_searcher(space), folder, space)
     for t in range(2):
-        assert search.searching.searcher.suggest(f"t{t}")["trial_number"] == t
-    assert search.searching.searcher.suggest("t2") == Searcher.FINISHED and search.is_finished() and read_ended(folder) is None
-    saved = search.searching.searcher.get_state()
+        assert search.searcher.suggest(f"t{t}")["trial_number"] == t
+    assert search.searcher.suggest("t2") == Searcher.FINISHED and search.is_finished() and read_ended(folder) is None
+    saved = search.searcher.get_state()
 
     # the resume: num_samples 3, a 30 s budget, a target on val_loss instead
     folder.write_spec(small_space(tmp_path, data_root, experiment={"num_samples": 3, "time_budget": 30,

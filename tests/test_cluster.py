@@ -22,7 +22,7 @@ import pytest
 import yaml
 from ray.cluster_utils import Cluster
 
-from search.run.results import COMPLETED
+from search.store.results import COMPLETED
 from tests.helpers import SMALL
 from tests.test_resume import wait_for
 

@@ -20,10 +20,10 @@ import yaml
 from search.driver import run_search
 from search.outputs.finish import kept_rows
 from search.execution.preflight import check_same_data, data_fingerprint
-from search.run.results import RESULTS_FILE, results_schema, table, trial_rows
-from search.run.run_folder import RunFolder, spec_hash
+from search.store.results import RESULTS_FILE, results_schema, table, trial_rows
+from search.store.run_folder import RunFolder, spec_hash
 from search.spec.space import parse_space
-from search.run.storage import Storage
+from search.store.storage import Storage
 from search.searching.study import JOURNAL_FILE, journal
 from tests.helpers import assert_outputs_agree, small_space
 from trainable.data import load_data
@@ -156,7 +156,7 @@ def test_a_second_resume_of_a_run_being_searched_is_refused(tmp_path, data_root)
 def test_a_killed_holder_does_not_block_a_resume(tmp_path, data_root):
     folder = spec_folder(tmp_path, data_root)
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time\nfrom search.run.run_folder import RunFolder\nfrom search.run.storage import Storage\n"
+        "import sys, time\nfrom search.store.run_folder import RunFolder\nfrom search.store.storage import Storage\n"
         f"with RunFolder(Storage.at({str(tmp_path / 'runs')!r}), 'held').held('--name'):\n"
         "    print('held', flush=True)\n    time.sleep(600)\n")], stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:

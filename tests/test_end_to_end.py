@@ -17,13 +17,13 @@ import pytest
 import yaml
 
 from search.driver import run_search
-from search.run.results import COMPLETED, ERROR
-from search.run.storage import Storage
+from search.store.results import COMPLETED, ERROR
+from search.store.storage import Storage
 from search.searching.study import JOURNAL_FILE, journal
 from tests.helpers import small_space
 from trainable.errors import ConfigError
 
-from search.run.run_folder import run_folder_name
+from search.store.run_folder import run_folder_name
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"data": {"train_size": 1000, "val_size": 300}, "training": {"epochs": 1}}

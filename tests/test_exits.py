@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from search.execution.preflight import check_storage_outlives_ray
-from search.run.storage import Storage
+from search.store.storage import Storage
 from tests.helpers import assert_outputs_agree
 from tests.test_user_code import blob_space, run_search_cli, write
 from trainable.errors import ConfigError
@@ -147,7 +147,7 @@ def test_a_bug_of_ours_is_said_and_the_command_still_ends_despite_a_user_thread(
     # a search whose checks raised unexpectedly (a traceback) then hung on a dataset's thread
     script = ("import threading\nimport search.cli as cli\n"
               "threading.Thread(target=threading.Event().wait, name='users-thread').start()\n"
-              "cli.main = lambda: 1 / 0\ncli.run()\n")
+              "cli.main = lambda **command: 1 / 0\ncli.run()\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == 1 and "ZeroDivisionError" in done.stderr, done.stderr[-2000:]
     assert "user code left 1 thread(s) running (users-thread)" in done.stderr
@@ -168,9 +168,9 @@ def test_the_summary_of_an_interrupted_search_without_a_success_promises_no_exit
 
 def test_the_resume_command_goes_back_to_the_cluster_the_search_joined(tmp_path):
     from search.outputs.finish import resume_command
-    from search.run.run_folder import RunFolder
+    from search.store.run_folder import RunFolder
     from search.spec.space import parse_space
-    from search.run.storage import Storage
+    from search.store.storage import Storage
 
     raw = {"experiment": {"name": "x"}, "space": {"lr": {"distribution": "float", "low": 0.01, "high": 0.3}}}
     space = parse_space(raw, source=str(tmp_path / "space.yaml"))

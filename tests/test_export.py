@@ -15,7 +15,7 @@ import search
 from search.cli import main
 from search.driver import run_search
 from search.outputs.export import META_FILE
-from search.run.run_folder import open_run
+from search.store.run_folder import open_run
 from search.spec.space import to_raw
 from trainable.data import load_data, prepare_inputs
 from tests.helpers import assert_kept_checkpoints, small_space

@@ -19,7 +19,7 @@ import pytest
 import torch
 import yaml
 
-from search.run.results import COMPLETED, INTERRUPTED
+from search.store.results import COMPLETED, INTERRUPTED
 from search.spec.ranking import ranked
 from tests.helpers import SMALL, assert_kept_checkpoints, assert_outputs_agree
 from tests.test_resume import wait_for
@@ -185,7 +185,7 @@ def test_two_searches_with_one_name_give_one_search_and_one_refusal(tmp_path, da
     assert "already holds a search" in refused and "Traceback" not in refused
     # two trials checkpoint at once: Tune's advice on CheckpointConfig(num_to_keep), which hpsearch
     # sets and the user cannot, stays out of the search's output (on local storage Tune no longer
-    # forces the snapshots it is about, search/run/retention.py; session.quiet hides it where it does)
+    # forces the snapshots it is about, search/store/retention.py; session.quiet hides it where it does)
     ran = next(out + err for (out, err), p in zip(outputs, (first, second)) if p.returncode == 0)
     assert "Experiment state snapshotting" not in ran, ran[-3000:]
     frame = pd.read_parquet(tmp_path / "runs" / "same" / "results.parquet")
@@ -388,8 +388,8 @@ def test_a_corrupt_gz_is_named_not_blamed_on_a_download(tmp_path, data_root):
 
 def test_automatic_names_taken_in_the_same_second_get_a_suffix_given_names_do_not(tmp_path):
     from search.execution.preflight import claim
-    from search.run.run_folder import RunFolder
-    from search.run.storage import Storage
+    from search.store.run_folder import RunFolder
+    from search.store.storage import Storage
     from trainable.errors import ConfigError
 
     folder = RunFolder(Storage.at(str(tmp_path)), "mnist-20261130-101500")

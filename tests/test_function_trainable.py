@@ -152,7 +152,7 @@ def test_a_toy_function_searches_restarts_from_its_checkpoint_and_reproduces(ray
     assert (run / "report.html").exists() and (run / "optuna.journal").exists()
     # export has no model to rebuild: it says so (not a checkpoint "format" mismatch)
     from search.outputs.export import chosen_checkpoint
-    from search.run.run_folder import open_run
+    from search.store.run_folder import open_run
 
     with pytest.raises(ConfigError, match=r"RUN: is a search of your own training function .*toy.py:train"):
         chosen_checkpoint(open_run(str(run)))
@@ -172,9 +172,9 @@ def test_a_toy_function_searches_restarts_from_its_checkpoint_and_reproduces(ray
     pd.testing.assert_frame_equal(table(resumed.results), table(frame))
     assert "differs from the stored spec of this run in experiment.max_concurrent;" in capsys.readouterr().err
     # and `compare` lists the two runs' differences
-    from search.run.run_folder import RunFolder
+    from search.store.run_folder import RunFolder
     from search.outputs.runs import compare
-    from search.run.storage import Storage
+    from search.store.storage import Storage
 
     storage = Storage.at(str(tmp_path / "runs"))
     text = compare(RunFolder(storage, "one"), RunFolder(storage, "three"))

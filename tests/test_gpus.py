@@ -25,7 +25,7 @@ from ray.cluster_utils import Cluster
 from search.execution.capacity import spread_gpus
 from search.driver import run_search
 from search.execution.gpu_probe import Round, choose_trials_per_gpu, largest_config, probe, rounds_to_try
-from search.run.results import COMPLETED
+from search.store.results import COMPLETED
 from search.spec.schema import Resources
 from search.spec.space import parse_space
 from tests.helpers import SMALL, small_space

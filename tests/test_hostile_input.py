@@ -15,8 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
-import search.run.storage
-from search.run.storage import Storage
+import search.store.storage
+from search.store.storage import Storage
 from trainable.errors import ConfigError, problem
 from trainable.yaml_file import (MAX_ALIAS_NODES, MAX_ALIASES, MAX_DEPTH, MAX_FILE_BYTES, parse_value,
                                  read_yaml_mapping)
@@ -227,7 +227,7 @@ def test_write_does_not_follow_a_planted_symlink(tmp_path, monkeypatch, target_e
     (root / "x").mkdir(parents=True)
     # the temporary name's random part, made known so the link sits where the bytes would go
     known = uuid.UUID(int=0x5EED)
-    monkeypatch.setattr(search.run.storage, "uuid", SimpleNamespace(uuid4=lambda: known))
+    monkeypatch.setattr(search.store.storage, "uuid", SimpleNamespace(uuid4=lambda: known))
     link = root / "x" / f".results.bin.{known.hex}.tmp"
     link.symlink_to(outside)
     with pytest.raises(OSError):

@@ -16,9 +16,9 @@ import pytest
 
 from search.outputs.journal import Journal, local_journal_path
 from search.execution.progress import Progress
-from search.run.run_folder import RunFolder
+from search.store.run_folder import RunFolder
 from search.spec.space import parse_space
-from search.run.storage import Storage
+from search.store.storage import Storage
 from search.searching.study import JOURNAL_FILE
 from tests.helpers import small_space
 

@@ -18,7 +18,7 @@ from tests.helpers import assert_outputs_agree
 
 REPO = Path(__file__).resolve().parents[1]
 # search/'s layers, lowest first: a module may import only its own layer and those before it
-LAYERS = ["spec", "run", "searching", "outputs", "execution"]
+LAYERS = ["spec", "store", "searching", "outputs", "execution"]
 
 
 def modules() -> dict[str, Path]:
@@ -119,6 +119,20 @@ def test_best_is_defined_once():
     found = [(p.relative_to(REPO), m.group(1)) for p in (REPO / "search").rglob("*.py")
              for m in pattern.finditer(p.read_text())]
     assert found == [(Path("search/spec/ranking.py"), "ranked")]
+
+
+def test_search_run_stays_the_api_after_every_module_is_imported():
+    """A subpackage is set as an attribute of its parent when imported: none may be named like the API."""
+    import importlib
+    import pkgutil
+
+    import search
+    from search.api import run
+
+    for found in pkgutil.walk_packages(search.__path__, "search."):
+        if not found.name.endswith("__main__"):  # that one runs the CLI
+            importlib.import_module(found.name)
+    assert search.run is run and search.load_best and search.restore
 
 
 def test_old_module_paths_are_the_new_modules():

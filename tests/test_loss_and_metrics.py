@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from search.run.results import columns
+from search.store.results import columns
 from search.spec.space import parse_space
 from tests.helpers import SMALL
 from trainable.config import TrialConfig

@@ -84,8 +84,8 @@ def test_an_empty_front_says_why_and_offers_no_replay(tmp_path):
     import yaml
 
     from search.outputs.pareto import write_pareto
-    from search.run.run_folder import RunFolder
-    from search.run.storage import Storage
+    from search.store.run_folder import RunFolder
+    from search.store.storage import Storage
 
     space = parse_space({"experiment": {"metric": ["val_acc", "params"], "mode": ["max", "min"],
                                         "constraints": ["params <= 100"]}, "space": LR})
@@ -100,8 +100,8 @@ def test_an_empty_front_says_why_and_offers_no_replay(tmp_path):
 
 def test_export_of_a_run_where_no_trial_met_the_constraints_says_so(tmp_path, capsys):
     from search.cli import main
-    from search.run.run_folder import RunFolder
-    from search.run.storage import Storage
+    from search.store.run_folder import RunFolder
+    from search.store.storage import Storage
 
     space = parse_space({"experiment": {"constraints": ["params <= 100"]}, "space": LR})
     folder = RunFolder(Storage.at(str(tmp_path)), "none")

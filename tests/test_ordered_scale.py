@@ -17,7 +17,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState, create_trial
 
-from search.run.searcher_record import RECORD, RECORD_FILE
+from search.store.searcher_record import RECORD, RECORD_FILE
 from search.searching.ordered import OrderedSearch, make_sampler
 from search.searching.searcher import suggest
 from search.spec.schema import SAMPLERS

@@ -12,13 +12,13 @@ import pytest
 from ray import tune
 from ray.tune.search import ConcurrencyLimiter
 
-from search.run.searcher_record import RECORD, RECORD_FILE, record_from_json
+from search.store.searcher_record import RECORD, RECORD_FILE, record_from_json
 from search.searching.ordered import OrderedSearch
-from search.run.results import RESULTS_FILE
-from search.run.run_folder import PROBE_FILE, SPEC_FILE, RunFolder
+from search.store.results import RESULTS_FILE
+from search.store.run_folder import PROBE_FILE, SPEC_FILE, RunFolder
 from search.searching.searcher import suggest
 from search.spec.space import parse_space
-from search.run.storage import Storage
+from search.store.storage import Storage
 from trainable.errors import ConfigError
 
 SPACE = parse_space({"space": {"lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3},

@@ -11,7 +11,7 @@ from ray import tune
 from ray.tune.logger import JsonLoggerCallback
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-from search.run.results import RECORD_FILE
+from search.store.results import RECORD_FILE
 from search.execution.tuner import KeepingJsonLogger
 
 EPOCHS = 4

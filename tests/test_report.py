@@ -110,7 +110,7 @@ def test_mlflow_records_one_run_per_trial(searched):
 
 
 def test_the_report_command_writes_it_again_and_keeps_the_searchs_summary(searched, tmp_path):
-    from search.run.run_folder import open_run
+    from search.store.run_folder import open_run
     from search.outputs.report import kept_summary
 
     _, outcome = searched

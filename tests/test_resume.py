@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from search.run.results import COMPLETED
+from search.store.results import COMPLETED
 from tests.helpers import SMALL, assert_kept_checkpoints, assert_outputs_agree
 
 pytestmark = pytest.mark.slow

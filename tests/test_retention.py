@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from ray import tune
 
-from search.run.retention import KeepCheckpoints
+from search.store.retention import KeepCheckpoints
 
 
 class Trial:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from search.run.results import results_schema
-from search.run.run_folder import RunFolder
+from search.store.results import results_schema
+from search.store.run_folder import RunFolder
 from search.outputs.runs import best_text, compare, list_runs, read_run
-from search.run.storage import Storage
+from search.store.storage import Storage
 from tests.helpers import small_space
 
 

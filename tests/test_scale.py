@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from search.driver import run_search
-from search.run.results import COMPLETED
+from search.store.results import COMPLETED
 from search.outputs.summary import PHASES, TRAINING_PHASES, slot_time
 from tests.helpers import small_space
 

@@ -9,7 +9,7 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from search.run.results import results_schema
+from search.store.results import results_schema
 from search.spec.schema import label
 from search.searching.searcher import suggest
 from search.spec.space import example_config, parse_space, to_raw

@@ -10,8 +10,8 @@ import yaml
 
 from search.execution.capacity import CapacityError
 from search.driver import run_search
-from search.run.searcher_record import RECORD_FILE, record_from_json
-from search.run.results import COMPLETED, DIVERGED, STOPPED, columns, config_from_row, results_schema
+from search.store.searcher_record import RECORD_FILE, record_from_json
+from search.store.results import COMPLETED, DIVERGED, STOPPED, columns, config_from_row, results_schema
 from tests.helpers import assert_outputs_agree, small_space
 from trainable.config import TrialConfig
 from trainable.data import load_data

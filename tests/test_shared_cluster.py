@@ -21,7 +21,7 @@ import ray
 import yaml
 
 from search.execution.capacity import check_capacity
-from search.run.results import COMPLETED
+from search.store.results import COMPLETED
 from search.spec.schema import Resources
 from tests.helpers import SMALL
 from tests.test_autoscaler import own_head

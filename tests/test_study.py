@@ -11,9 +11,9 @@ import pandas as pd
 
 from search.outputs.journal import Journal
 from search.execution.progress import Progress
-from search.run.run_folder import RunFolder
+from search.store.run_folder import RunFolder
 from search.spec.space import parse_space
-from search.run.storage import Storage
+from search.store.storage import Storage
 from search.searching.study import JOURNAL_FILE, frozen_trial, journal, make_study
 
 

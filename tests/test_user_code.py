@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import search
-from search.run.results import COMPLETED
+from search.store.results import COMPLETED
 from trainable.config import TrialConfig
 from trainable.data import load_data
 from trainable.device import get_default_device

@@ -15,10 +15,10 @@ import yaml
 from optuna.storages.journal import JournalFileBackend
 
 from search.outputs.journal import WARM_STUDY, Journal
-from search.run.run_folder import RunFolder
+from search.store.run_folder import RunFolder
 from search.searching.searcher import make_searcher
 from search.spec.space import parse_space
-from search.run.storage import Storage
+from search.store.storage import Storage
 from search.searching.warm_start import NUMBER, UNFINISHED, WARM_START_FILE, WarmStart, read, select, told
 from tests.helpers import small_space
 from trainable.errors import ConfigError

@@ -33,9 +33,9 @@ import ray
 import torch
 
 from search.execution.capacity import alive_nodes, fraction, has_autoscaler
-from search.run.run_folder import PROBE_FILE, RunFolder
 from search.spec.schema import AUTO, Resources
 from search.spec.space import Space, example_config
+from search.store.run_folder import PROBE_FILE, RunFolder
 from trainable.config import TrialConfig, keyword_of
 from trainable.data import Data
 from trainable.device import get_default_device

@@ -19,23 +19,30 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-
+import pandas as pd
+import torch
 import yaml
 
 from search.execution.capacity import CapacityError, trials_fit
 from search.execution.session import EarlyRay
+from search.outputs.export import read_checkpoint
+from search.outputs.finish import Outcome
 from search.outputs.phases import Phases
+from search.outputs.summary import Timing, status_counts
 from search.searching.budget import resume_changes
-from search.run.run_folder import SPEC_FILE, RunFolder, run_folder_name
-from search.spec.space import Space, example_config, spec_differences, to_raw
-from search.run.storage import Storage, check_storage, is_uri
+from search.searching.study import JOURNAL_FILE
 from search.searching.warm_start import read as read_warm_start
+from search.spec.space import Space, example_config, spec_differences, to_raw
+from search.store.results import RESULTS_FILE
+from search.store.run_folder import BEST_FILE, SPEC_FILE, RunFolder, run_folder_name
+from search.store.storage import Storage, check_storage, is_uri
 from trainable.config import keyword_of, schedule_note
 from trainable.data import Data, load_data
 from trainable.errors import ConfigError, problem
 from trainable.factories import check_model, width_problems
-from trainable.measures import check_measures
 from trainable.function import resolve_function
+from trainable.measures import check_measures
+from trainable.report import CheckpointError
 
 # tracker -> (module it needs, the pip extra that installs it)
 TRACKER_PACKAGES = {"mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}
@@ -234,8 +241,6 @@ def check_local_capacity(space: Space) -> None:
     resources = space.resources
     if resources.gpus == "auto":  # measured when the search starts (search/execution/gpu_probe.py)
         return
-    import torch
-
     machine = {"CPU": float(len(os.sched_getaffinity(0))), "GPU": float(torch.cuda.device_count())}
     if trials_fit(machine, resources) == 0:
         raise CapacityError(f"resources: each trial asks for {resources.cpus:g} CPU and {resources.gpus:g} GPU, "
@@ -279,20 +284,12 @@ def released_on_failure(folder: RunFolder, *, resume: bool):
 def finished(space: Space, folder: RunFolder) -> bool:
     """Nothing for a resume to run or repair: every trial TERMINATED in Tune's record (an errored one is
     retried), each with its record, and results.parquet, best.yaml's checkpoint and the journal read."""
-    from search.outputs.export import read_checkpoint
-    from search.run.results import RESULTS_FILE
-    from search.run.run_folder import BEST_FILE
-    from search.searching.study import JOURNAL_FILE
-    from trainable.report import CheckpointError
-
     saved = folder.saved_trials()
     if len(saved) < space.experiment.num_samples or any(s != "TERMINATED" for s, _ in saved.values()):
         return False
     if any(folder.storage.read(f"{folder.name}/trial_{t}/result.json") is None for t in saved):
         return False  # a trial folder is gone: the resume rebuilds its rows and says so
     try:
-        import pandas as pd
-
         if pd.read_parquet(f"{folder.path}/{RESULTS_FILE}")["trial_id"].nunique() != len(saved):
             return False
         best = yaml.safe_load(folder.storage.read(f"{folder.name}/{BEST_FILE}") or b"null")
@@ -308,13 +305,6 @@ def finished(space: Space, folder: RunFolder) -> bool:
 def finished_run(space: Space, folder: RunFolder, phases: Phases):
     """The Outcome of a --resume with nothing left to run, read from the run folder without starting Ray;
     None unless `finished`."""
-    import pandas as pd
-
-    from search.outputs.finish import Outcome
-    from search.run.results import RESULTS_FILE
-    from search.run.run_folder import BEST_FILE
-    from search.outputs.summary import Timing, status_counts
-
     if not finished(space, folder):
         return None
     frame = pd.read_parquet(f"{folder.path}/{RESULTS_FILE}")

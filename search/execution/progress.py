@@ -23,22 +23,19 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import pyarrow.fs as pafs
 from ray.tune import Callback
 
-from search.spec.objectives import first, mark_feasible, objectives_of
-from search.run.results import read_record, records, results_schema, trial_rows
-from search.spec.ranking import is_better, score
-from search.run.run_folder import RunFolder
-from search.spec.space import Space
+from search.outputs.journal import Journal
 from search.searching.study import RUNNING
+from search.spec.objectives import first, mark_feasible, objectives_of
+from search.spec.ranking import is_better, score
+from search.spec.space import Space
+from search.store.results import read_record, records, results_schema, trial_rows
+from search.store.run_folder import RunFolder
 from trainable.errors import ConfigError
-
-if TYPE_CHECKING:
-    from search.outputs.journal import Journal
-
 
 # Every writer thread started here, so the driver can wait for them after Tune returns even
 # when Tune ended without on_experiment_end (a second Ctrl-C) or restored its own Progress.
@@ -221,8 +218,6 @@ class Progress(Callback):
     @property
     def journal(self) -> Journal:
         if self._journal is None:
-            from search.outputs.journal import Journal
-
             self._journal = Journal(self.folder, self.space, self.schema)
         return self._journal
 

@@ -83,6 +83,7 @@ def autoscaler_status() -> tuple[set[str] | None, str | None]:
     """
     types: set[str] | None = None
     try:
+        # Ray's private modules: imported in the try, so a Ray that moved them gives "unknown", not a crash
         from ray._private import ray_constants
         from ray.experimental import internal_kv
 
@@ -93,7 +94,7 @@ def autoscaler_status() -> tuple[set[str] | None, str | None]:
     except Exception:  # Ray's private record moved or is out of reach: unknown, not "none"
         types = None
     try:
-        from ray.autoscaler.v2.sdk import get_cluster_status
+        from ray.autoscaler.v2.sdk import get_cluster_status  # in the try: an older Ray lacks autoscaler v2
 
         version = get_cluster_status(ray.get_runtime_context().gcs_address).stats.autoscaler_version
     except Exception:

@@ -17,21 +17,22 @@ from ray import tune
 from ray.tune.logger import JsonLoggerCallback, TBXLoggerCallback
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
-from search.searching.budget import budgeted
 from search.execution.disk_guard import DiskGuard
-from search.searching.halving import RECORD_FILE as HALVING_RECORD, OrderedHalving, bracket_count
-from search.searching.pbt import make_pbt, population_space
-from search.outputs.phases import first_trial_started
-from search.spec.objectives import first, several
 from search.execution.progress import Progress, flush_all
-from search.run.results import RECORD_FILE
-from search.run.retention import KeepCheckpoints
-from search.run.run_folder import RunFolder
-from search.searching.searcher import make_searcher
 from search.execution.ray_internals import quick_stop
 from search.execution.session import sigterm_as_sigint
+from search.outputs.phases import first_trial_started
+from search.searching.budget import budgeted
+from search.searching.halving import RECORD_FILE as HALVING_RECORD
+from search.searching.halving import OrderedHalving, bracket_count
+from search.searching.pbt import make_pbt, population_space
+from search.searching.searcher import make_searcher
+from search.spec.objectives import first, several
 from search.spec.space import Space, max_epochs
-from search.run.storage import is_uri
+from search.store.results import RECORD_FILE
+from search.store.retention import KeepCheckpoints
+from search.store.run_folder import RunFolder
+from search.store.storage import is_uri
 from trainable.adapter import DataHandle, run_trial
 from trainable.data import Data
 
@@ -78,12 +79,12 @@ def tracker_callbacks(space: Space, folder: RunFolder) -> list:
     if "mlflow" in space.experiment.loggers:
         # a SQLite file in the run folder: MLflow 3 has put its ./mlruns file store in maintenance mode
         uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{folder.path}/{MLFLOW_DB}"
-        from search.execution.mlflow_logger import TrialValueLogger
+        from search.execution.mlflow_logger import TrialValueLogger  # mlflow: an optional extra, only when asked for
 
         callbacks.append(TrialValueLogger(first(space.experiment.metric), first(space.experiment.mode), tracking_uri=uri,
                                           experiment_name=folder.name, save_artifact=False))
     if "wandb" in space.experiment.loggers:
-        from ray.air.integrations.wandb import WandbLoggerCallback
+        from ray.air.integrations.wandb import WandbLoggerCallback  # wandb: an optional extra, only when asked for
 
         callbacks.append(WandbLoggerCallback(project=folder.name, mode="offline", dir=folder.path))
     return callbacks
@@ -166,12 +167,12 @@ def disk_guard(space: Space, folder: RunFolder) -> list[DiskGuard]:
 
 def driver_keeps(space: Space, folder: RunFolder) -> bool:
     """Whether the driver deletes the checkpoints num_to_keep does not keep (local storage), not Tune
-    (an object store, whose state uploads can lag: search/run/retention.py)."""
+    (an object store, whose state uploads can lag: search/store/retention.py)."""
     return space.experiment.num_to_keep is not None and not is_uri(folder.path)
 
 
 def keep_checkpoints(space: Space, folder: RunFolder) -> list[KeepCheckpoints]:
-    """experiment.num_to_keep, kept by the driver (search/run/retention.py) where it can be."""
+    """experiment.num_to_keep, kept by the driver (search/store/retention.py) where it can be."""
     experiment = space.experiment
     if not driver_keeps(space, folder):
         return []
@@ -205,7 +206,7 @@ def build_tuner(space: Space, folder: RunFolder, data: Data | None, trial_functi
             # On local storage Tune keeps every checkpoint: KeepCheckpoints deletes those beyond
             # num_to_keep, but none that Tune's last saves name as a trial's latest (Tune's num_to_keep
             # also saves its whole state after every num_to_keep-th checkpoint of a trial;
-            # search/run/retention.py). On an object store Tune's num_to_keep does it.
+            # search/store/retention.py). On an object store Tune's num_to_keep does it.
             checkpoint_config=tune.CheckpointConfig(num_to_keep=None if driver_keeps(space, folder)
                                                     else experiment.num_to_keep,
                                                     # several objectives: a trial's point is its last epoch

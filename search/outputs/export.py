@@ -14,19 +14,26 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import json
 import os
 import tempfile
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
+import pandas as pd
+import torch
 import yaml
 
-from search.run.results import RECORD_FILE, RESULTS_FILE
+from search.spec.objectives import FEASIBLE, first, objectives_of
 from search.spec.ranking import rank
-from search.run.run_folder import BEST_FILE, RunFolder, open_run
+from search.store.results import RECORD_FILE, RESULTS_FILE
+from search.store.run_folder import BEST_FILE, RunFolder, open_run
+from trainable.data import TORCHVISION_SETS
 from trainable.errors import ConfigError, problem
-from trainable.metrics import reports_accuracy
+from trainable.factories import build_model
+from trainable.metrics import METRICS, reports_accuracy
+from trainable.report import CHECKPOINT_FILE, CheckpointError, load_checkpoint
 
 #: --format -> the ending of the default output file
 FORMATS = {"state_dict": ".pt", "torchscript": ".torchscript.pt", "onnx": ".onnx"}
@@ -49,8 +56,6 @@ class Chosen:
 
 def read_checkpoint(folder: RunFolder, relative: str):
     """A checkpoint of the run by its relative folder, through the run's storage (local or URI)."""
-    from trainable.report import CHECKPOINT_FILE, CheckpointError, load_checkpoint
-
     data = folder.storage.read(f"{folder.name}/{relative}/{CHECKPOINT_FILE}")
     if data is None:
         raise CheckpointError(f"{folder.storage.join(folder.name, relative)}: no {CHECKPOINT_FILE} there")
@@ -62,8 +67,6 @@ def read_checkpoint(folder: RunFolder, relative: str):
 
 def trial_reports(folder: RunFolder, trial_id: str) -> list[dict[str, Any]]:
     """Tune's record of a trial (result.json): one report per epoch, with its checkpoint folder if it saved one."""
-    import json
-
     data = folder.storage.read(f"{folder.name}/trial_{trial_id}/{RECORD_FILE}") or b""
     reports = []
     for line in data.decode(errors="replace").splitlines():
@@ -76,11 +79,6 @@ def trial_reports(folder: RunFolder, trial_id: str) -> list[dict[str, Any]]:
 
 def none_feasible(folder: RunFolder) -> bool:
     """Whether the run's results hold trials with a point and none of them met experiment.constraints."""
-    import pandas as pd
-
-    from search.spec.objectives import FEASIBLE
-    from search.run.results import RESULTS_FILE
-
     try:
         marked = pd.read_parquet(f"{folder.path}/{RESULTS_FILE}", columns=[FEASIBLE])[FEASIBLE].dropna()
     except (OSError, ValueError, KeyError):
@@ -89,8 +87,6 @@ def none_feasible(folder: RunFolder) -> bool:
 
 
 def trial_id_of_number(folder: RunFolder, number: int) -> str:
-    import pandas as pd
-
     try:
         frame = pd.read_parquet(f"{folder.path}/{RESULTS_FILE}", columns=["trial_id", "trial_number"])
     except (OSError, ValueError) as error:
@@ -110,10 +106,6 @@ def chosen_checkpoint(folder: RunFolder, trial: int | None = None) -> Chosen:
 
     Among equal scores the later epoch comes first: num_to_keep keeps the newest of equals.
     """
-    from search.spec.objectives import first, objectives_of
-    from trainable.metrics import METRICS
-    from trainable.report import CheckpointError
-
     space, _ = folder.read_spec("RUN")
     if space.trainable:
         raise ConfigError([problem("RUN", f"is a search of your own training function ({space.trainable}): its "
@@ -162,8 +154,6 @@ def chosen_checkpoint(folder: RunFolder, trial: int | None = None) -> Chosen:
 
 def model_of(chosen: Chosen):
     """The checkpoint's model on the CPU in eval mode."""
-    from trainable.factories import build_model
-
     saved = chosen.saved
     model = build_model(saved.config, saved.input_shape, saved.num_classes)
     model.load_state_dict(saved.state["model"])
@@ -172,8 +162,6 @@ def model_of(chosen: Chosen):
 
 def input_preparation(dataset: str) -> dict[str, Any]:
     """How raw inputs become what the model takes (trainable.data.prepare_inputs), as plain data."""
-    from trainable.data import TORCHVISION_SETS
-
     if dataset in TORCHVISION_SETS:
         _, mean, std = TORCHVISION_SETS[dataset]
         return {"from": "uint8 images (N, H, W) or (N, H, W, C)", "to": "float32 (N, C, H, W)",
@@ -190,10 +178,6 @@ def outputs_of(loss: str, width: int) -> str:
 
 def metadata(chosen: Chosen) -> dict[str, Any]:
     """What a user needs beside the weights: where they came from, what goes in, what comes out."""
-    import torch
-
-    import json
-
     saved = chosen.saved
     return json.loads(json.dumps({  # plain lists, strings and numbers: YAML, torch.load(weights_only) read them
         "run": chosen.folder.path, "checkpoint": chosen.checkpoint, "trial_number": chosen.trial_number,
@@ -215,8 +199,6 @@ def check_format(fmt: str) -> None:
 
 
 def write(model, meta: dict[str, Any], fmt: str, output: str) -> None:
-    import torch
-
     # frozen weights: a traced model with grad-requiring weights fails under torch.inference_mode
     model.requires_grad_(False)
     example = torch.zeros(2, *meta["input_shape"])
@@ -237,7 +219,7 @@ def write(model, meta: dict[str, Any], fmt: str, output: str) -> None:
                                            fmt)]) from None
             torch.jit.save(traced, output, _extra_files={META_FILE: text})
         return
-    import onnx
+    import onnx  # onnx: an optional extra (pip install -e '.[export]'), only for --format onnx
 
     buffer = io.BytesIO()
     torch.onnx.export(model, (example,), buffer, input_names=["inputs"], output_names=["logits"],

@@ -16,28 +16,30 @@ import pandas as pd
 import pyarrow.fs as pafs
 import yaml
 
-from search.searching.budget import ended_note, read_ended
-from search.run.results import ERROR, INTERRUPTED, LOST, RECORD_FILE, config_from_row, read_record, results_schema, to_frame, trial_id_of, trial_rows
-from search.spec.objectives import feasible_only, first, mark_feasible, names, objectives_of
-from search.spec.ranking import ranked
-from search.outputs.pareto import checkpoints_by_epoch, write_pareto
-from search.run.retention import on_storage
-from search.run.run_folder import RunFolder
-from search.spec.space import Space
-from search.run.storage import is_uri
-from search.searching.halving import RECORD_FILE as HALVING_RECORD, read_record as read_halving
 from search.outputs.journal import Journal, local_journal_path
-from search.searching.pbt import replay_config
-from search.searching.study import JOURNAL_FILE
+from search.outputs.pareto import checkpoints_by_epoch, write_pareto
 from search.outputs.phases import TIMING_FILE, Phases
 from search.outputs.summary import Timing, format_summary, journal_note, status_counts, wall_line
+from search.searching.budget import ended_note, read_ended
+from search.searching.halving import RECORD_FILE as HALVING_RECORD
+from search.searching.halving import read_record as read_halving
+from search.searching.pbt import replay_config
+from search.searching.study import JOURNAL_FILE
+from search.searching.warm_start import summary_line as warm_start_line
+from search.spec.objectives import feasible_only, first, mark_feasible, names, objectives_of
+from search.spec.ranking import ranked
+from search.spec.space import Space
+from search.store.results import (ERROR, INTERRUPTED, LOST, RECORD_FILE, config_from_row, read_record, results_schema,
+                                  to_frame, trial_id_of, trial_rows)
+from search.store.retention import on_storage
+from search.store.run_folder import RunFolder
+from search.store.storage import is_uri
 from trainable.data import Data
 from trainable.device import get_default_device
+from trainable.function import load_state
 from trainable.loop import metrics_on
 from trainable.metrics import METRICS, epoch_metrics
-from trainable.function import load_state
 from trainable.report import CheckpointError, load_checkpoint
-
 
 NO_SUCCESS_EXIT = 3  #: the CLI's exit code for a search that ran but where every trial failed or diverged
 
@@ -336,8 +338,6 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
     if ended:
         summary += f"\nEnded: {ended_note(ended, frame['trial_id'].nunique())}"
     summary += "\n" + search_notes(space, folder, timing)
-    from search.searching.warm_start import summary_line as warm_start_line
-
     summary += warm_start_line(folder)  # which trials the study was told before trial 0, and from where
     if interrupted:  # a stop must end in seconds (SIGTERM, then SIGKILL); the figures take seconds more
         summary += (f"\nReport: not remade for a stopped search (the search's end makes it); "

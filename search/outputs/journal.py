@@ -39,13 +39,13 @@ import optuna
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
-from search.spec.objectives import objectives_of
-from search.run.results import results_schema
-from search.run.run_folder import RunFolder
-from search.spec.space import Space
-from search.run.storage import is_uri
 from search.searching.study import JOURNAL_FILE, PENDING, frozen_trial, journal, trial_records
 from search.searching.warm_start import load, told
+from search.spec.objectives import objectives_of
+from search.spec.space import Space
+from search.store.results import results_schema
+from search.store.run_folder import RunFolder
+from search.store.storage import is_uri
 
 WARM_STUDY = "{run}.warm_start"  #: the warm start's study in optuna.journal
 

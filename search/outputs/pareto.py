@@ -25,10 +25,10 @@ import yaml
 from ray.tune import Checkpoint
 
 from search.spec.objectives import Objectives, pareto_front
-from search.run.results import config_from_row, results_schema, trial_id_of
-from search.run.retention import on_storage
-from search.run.run_folder import RunFolder
 from search.spec.space import Space
+from search.store.results import config_from_row, results_schema, trial_id_of
+from search.store.retention import on_storage
+from search.store.run_folder import RunFolder
 from trainable.metrics import OBJECTIVES, score
 
 PARETO_FILE = "pareto.yaml"

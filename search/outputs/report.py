@@ -25,11 +25,11 @@ import matplotlib.ticker  # noqa: E402
 import optuna  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from search.run.run_folder import RunFolder  # noqa: E402
-from search.spec.space import Space  # noqa: E402
+from search.outputs.summary import PHASES, journal_note, slot_time, status_counts  # noqa: E402
 from search.searching.study import make_study  # noqa: E402
 from search.spec.objectives import objectives_of  # noqa: E402
-from search.outputs.summary import PHASES, journal_note, slot_time, status_counts  # noqa: E402
+from search.spec.space import Space  # noqa: E402
+from search.store.run_folder import RunFolder  # noqa: E402
 
 HANDOVER = 0.05  # seconds; see most_at_once
 REPORT_FILE = "report.html"

@@ -2,7 +2,7 @@
 
 Each run is read from its own folder, never from Tune's state (that takes seconds a run): spec.yaml
 (what it searches), results.parquet (its trials), best.yaml, ended.yaml (search/searching/budget.py) and
-its lock (search/run/run_folder.py: held while a process searches it). A run's state:
+its lock (search/store/run_folder.py: held while a process searches it). A run's state:
 
 - running: its lock is held;
 - finished: every one of experiment.num_samples trials ended;
@@ -23,13 +23,13 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from search.searching.budget import read_ended
 from search.outputs.pareto import PARETO_FILE
-from search.run.results import ERROR, INTERRUPTED, RESULTS_FILE
-from search.run.run_folder import BEST_FILE, LOCK_FILE, SPEC_FILE, RunFolder
-from search.spec.space import spec_differences
-from search.run.storage import Storage, is_uri
+from search.searching.budget import read_ended
 from search.spec.ranking import ranked
+from search.spec.space import spec_differences
+from search.store.results import ERROR, INTERRUPTED, RESULTS_FILE
+from search.store.run_folder import BEST_FILE, LOCK_FILE, SPEC_FILE, RunFolder
+from search.store.storage import Storage, is_uri
 from trainable.errors import ConfigError, problem
 from trainable.yaml_file import Loader
 

@@ -7,11 +7,11 @@ from typing import Any
 
 import pandas as pd
 
-from search.spec.objectives import FEASIBLE
-from search.spec.objectives import Objectives
-from search.spec.ranking import points
-from search.run.storage import is_uri
+from search.outputs.journal import local_journal_path
 from search.searching.study import JOURNAL_FILE
+from search.spec.objectives import FEASIBLE, Objectives
+from search.spec.ranking import points
+from search.store.storage import is_uri
 from trainable.config import SCHEDULE_KEY
 from trainable.function import trial_config
 
@@ -37,8 +37,6 @@ class Timing:
 def journal_note(run_path: str) -> str:
     """Where the run's Optuna study is, in one line; on URI storage, also where this machine writes it."""
     if is_uri(run_path):
-        from search.outputs.journal import local_journal_path
-
         local = local_journal_path(run_path)
         return f"Study: {run_path}/{JOURNAL_FILE}, copied from this machine's {local} (optuna-dashboard {local})"
     return f"Study: {run_path}/{JOURNAL_FILE} (optuna-dashboard {run_path}/{JOURNAL_FILE})"

@@ -34,14 +34,18 @@ import sys
 import time
 from typing import Any
 
+import pandas as pd
 import yaml
 from ray import tune
-from ray.tune.search import SearchGenerator, Searcher
+from ray.tune.search import Searcher, SearchGenerator
 
 from search.spec.objectives import Bound, names
-from search.run.run_folder import RunFolder, run_folder_name
 from search.spec.schema import budget_seconds, stop_target
 from search.spec.space import Space
+from search.store.results import RESULTS_FILE
+from search.store.run_folder import RunFolder, run_folder_name
+from search.store.storage import Storage
+from trainable.yaml_file import read_yaml_mapping
 
 # not .json: a resume copies the run folder's .json and .pkl files into Tune's staging folder, and
 # Tune's later uploads of that folder would bring an old copy back over a newer one
@@ -286,11 +290,6 @@ def more_trials_base(space: Space, name: str | None) -> int:
     """What --more-trials N adds N to, for the run a --resume continues: its stored experiment.num_samples;
     where a budget or a target ended its last search first, the trials it holds (num_samples was then a
     ceiling, and N more than it would run every trial up to it first)."""
-    import pandas as pd
-
-    from search.run.results import RESULTS_FILE
-    from search.run.storage import Storage
-
     storage = Storage.at(space.experiment.storage_path)
     folder = RunFolder(storage, run_folder_name(space, storage, name, resume=True))
     stored = folder.read_spec()[0].experiment.num_samples
@@ -309,8 +308,6 @@ def resume_changes(space: Space, stored: Space) -> dict[str, Any]:
     Asked for by a flag or --set (space.asked), that is: a key whose value only the space file changed
     since the run started is not (spec.yaml decides; the resume notes the difference).
     """
-    from trainable.yaml_file import read_yaml_mapping
-
     now, then = space.experiment.model_dump(), stored.experiment.model_dump()
     in_file = None
     if space.source.endswith((".yaml", ".yml")):

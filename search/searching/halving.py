@@ -42,7 +42,7 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from search.spec.ranking import signed
-from search.run.storage import Storage
+from search.store.storage import Storage
 
 RECORD_FILE = "halving.json"  # in the run folder
 

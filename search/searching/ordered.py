@@ -62,8 +62,10 @@ from ray.tune.search import Searcher
 
 from search.spec.objectives import Objectives, first
 from search.spec.ranking import best_value, score
-from search.run.searcher_record import RECORD, RECORD_FILE, by_number, record_from_json, record_to_json  # noqa: F401  (its record's format)
+from search.store.searcher_record import (RECORD, RECORD_FILE, by_number,  # noqa: F401  (its record's format)
+                                          record_from_json, record_to_json)
 from trainable.seed import derive_seed
+
 # Pinned: Optuna 5 changed TPE's defaults, which silently changes every seeded search.
 TPE_SETTINGS = {"multivariate": True, "constant_liar": True, "n_startup_trials": 10, "n_ei_candidates": 24}
 SAMPLER_STREAM = 1  # derive_seed stream of sampler seeds (stream 0 seeds the trials)

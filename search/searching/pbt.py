@@ -38,8 +38,8 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import PopulationBasedTraining, TrialScheduler
 
 from search.searching.ordered import OrderedSearch
-from search.spec.schema import Searched
 from search.searching.searcher import suggest
+from search.spec.schema import Searched
 from search.spec.space import Space
 from trainable.config import MUTABLE, SCHEDULE_KEY
 

@@ -21,12 +21,12 @@ from ray.tune.search import ConcurrencyLimiter, Searcher
 from ray.tune.search.optuna import OptunaSearch
 
 from search.searching import warm_start
+from search.searching.ordered import OrderedSearch, make_sampler
 from search.spec.enqueue import enqueued_params
 from search.spec.objectives import objectives_of
-from search.searching.ordered import OrderedSearch, make_sampler
-from search.run.run_folder import RunFolder
 from search.spec.schema import Searched
 from search.spec.space import Space
+from search.store.run_folder import RunFolder
 from trainable.seed import derive_seed
 
 

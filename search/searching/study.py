@@ -14,13 +14,14 @@ from typing import Any, Mapping, Sequence
 
 import optuna
 import pandas as pd
+from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from search.spec.objectives import objectives_of, point_row
-from search.run.results import INTERRUPTED, is_json, results_schema
 from search.spec.ranking import best_value, score
 from search.spec.schema import conditions, not_drawn
 from search.spec.space import Space
+from search.store.results import INTERRUPTED, is_json, results_schema
 
 JOURNAL_FILE = "optuna.journal"
 RUNNING, PENDING = "RUNNING", "PENDING"  # the status user attribute of a trial running, or not yet started
@@ -96,6 +97,4 @@ def trial_records(frame: pd.DataFrame, *, by_id: bool = False) -> list[list[dict
 
 
 def journal(path: str) -> optuna.storages.JournalStorage:
-    from optuna.storages.journal import JournalFileBackend
-
     return optuna.storages.JournalStorage(JournalFileBackend(path))

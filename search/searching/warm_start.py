@@ -24,10 +24,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 import optuna
+import pandas as pd
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
+from search.searching.study import frozen_trial
 from search.spec.enqueue import outside
+from search.spec.objectives import objectives_of, point_row
+from search.spec.ranking import score
 from search.spec.schema import Searched
+from search.store.results import INTERRUPTED, LOST, RESULTS_FILE, is_json, results_schema
+from search.store.run_folder import NotARunFolder, open_run
 from trainable.errors import ConfigError, problem
 
 WARM_START_FILE = "warm_start.json"  #: in the new run folder: the trials told, and what was left out
@@ -58,13 +64,6 @@ class WarmStart:
 def select(frame, earlier_space, space) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """The earlier run's finished trials that fit today's space (by trial_number), each with today's
     experiment.constraints measured on it where there are any, and why others did not fit."""
-    import pandas as pd
-
-    from search.spec.objectives import objectives_of, point_row
-    from search.run.results import INTERRUPTED, LOST, is_json, results_schema
-    from search.spec.ranking import score
-    from search.searching.study import frozen_trial
-
     objectives = objectives_of(space.experiment)
     schema = results_schema(earlier_space)
     json_columns = {f.name for f in schema if is_json(f)}
@@ -127,11 +126,6 @@ def read(space) -> WarmStart | None:
     source = space.experiment.warm_start
     if source is None:
         return None
-    import pandas as pd
-
-    from search.run.run_folder import NotARunFolder, open_run
-    from search.run.results import RESULTS_FILE
-
     key = "experiment.warm_start"
     try:
         folder = open_run(source)

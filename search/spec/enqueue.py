@@ -16,6 +16,7 @@ from search.spec.schema import Searched, field_value, holds
 from trainable.config import model_key
 from trainable.errors import problem
 
+
 def outside(d: Searched, param: Any) -> str | None:
     """Why Optuna's `param` is not a value `d` can draw (today's rule for it), or None."""
     dist = d.distribution

@@ -35,10 +35,9 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError
 
-from trainable.config import check_value, coerce, is_integer_field, plain
-from trainable.errors import problem
 from search.spec.objectives import names, parse_constraint
-from trainable.config import LOSSES
+from trainable.config import LOSSES, check_value, coerce, is_integer_field, plain
+from trainable.errors import problem
 from trainable.metrics import (MEASURED, METRICS, OBJECTIVES, epoch_metrics, metric_name, metric_problems,
                                reports_accuracy)
 

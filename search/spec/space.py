@@ -30,8 +30,10 @@ from optuna.distributions import FloatDistribution, IntDistribution
 
 from search.spec.enqueue import enqueue_problems
 from search.spec.objectives import problems as objective_problems
-from search.spec.schema import (STOP_WHEN_RULE, DataRoot, Experiment, Resources, Searched, field_value, label, parse_searched,
-                           bad_targets, entry_problems, stop_when_valid, training_metric_problems, validated)
+from search.spec.overrides import set_keys
+from search.spec.schema import (STOP_WHEN_RULE, DataRoot, Experiment, Resources, Searched, bad_targets, entry_problems,
+                                field_value, label, parse_searched, stop_when_valid, training_metric_problems,
+                                validated)
 from trainable.config import (FACTORY_KEY, FIELDS, MODEL, MOVED, MUTABLE, TrialConfig, absolute_reference,
                               cross_field_problems, fields_in, is_plain_data, is_reference, keyword_of, model_key,
                               plain, searchable, section)
@@ -458,8 +460,6 @@ ABSENT = "(absent)"  #: spec_differences' value of a key one side lacks
 def with_overrides(raw: dict[str, Any], pairs: list[tuple[str, Any]], source: str) -> Space:
     """A space file's sections with a command's overrides (`--set` and flags, or search.run's `overrides`)
     applied and validated; `asked` keeps their keys: a resume takes the budget keys among them."""
-    from search.spec.overrides import set_keys
-
     return replace(parse_space(set_keys(raw, pairs), source=source), asked=tuple(key for key, _ in pairs))
 
 

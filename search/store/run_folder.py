@@ -24,8 +24,8 @@ import logging
 import os
 import re
 import socket
-import time
 import sys
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -37,11 +37,11 @@ import pyarrow.parquet as pq
 import yaml
 from ray import tune
 
-from search.run.results import RESULTS_FILE, is_json, part_bytes, results_schema
-from search.spec.space import Space, parse_space, to_raw
-from search.run.searcher_record import RECORD_FILE, record_from_json
-from search.run.storage import Storage, is_uri
 from search.spec.schema import run_name_problem
+from search.spec.space import Space, parse_space, to_raw
+from search.store.results import RESULTS_FILE, is_json, part_bytes, results_schema
+from search.store.searcher_record import RECORD_FILE, record_from_json
+from search.store.storage import Storage, is_uri
 from trainable.errors import ConfigError, problem
 from trainable.yaml_file import Loader
 

@@ -21,12 +21,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+from optuna.distributions import IntDistribution
 
 from search.spec.objectives import FEASIBLE
 from search.spec.schema import conditions, not_drawn
 from search.spec.space import Space
-from optuna.distributions import IntDistribution
-
 from trainable.config import FACTORY_KEY, FIELDS, TrialConfig, field_of, json_text, keyword_of, kind
 from trainable.function import (DRIVER_KEYS, FUNCTION_REPORT_COLUMNS, METRIC_NAMES, TRAINABLE_KEY, FunctionConfig,
                                 is_function, trial_config)

@@ -33,11 +33,12 @@ first and a checkpoint without the metric at the best end.
 from __future__ import annotations
 
 import sys
+
 import pyarrow.fs as pafs
 from ray import tune
 
-from search.run.results import read_record
 from search.spec.ranking import Rank, rank
+from search.store.results import read_record
 
 
 def on_storage(checkpoint: tune.Checkpoint) -> bool:
