@@ -59,9 +59,10 @@ browser:
 	  echo "could not install chromium (apt-get); the report's browser test will fail"
 
 # Two test files at a time (pytest-xdist, whole files per worker so module fixtures are made
-# once): most of a test's time is Ray and processes starting, so two cores overlap it.
+# once): most of a test's time is Ray and processes starting, so two cores overlap it. The 20 slowest
+# tests are printed at the end (docs/testing.md keeps them), so where the time goes shows in every run.
 test: $(VENV)/.installed-test browser
-	$(PY) -m pytest -n 2 --dist loadfile
+	$(PY) -m pytest -n 2 --dist loadfile --durations=20
 
 bench: install data
 	$(PY) bench/epoch.py

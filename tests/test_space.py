@@ -304,3 +304,27 @@ def test_numbers_in_scientific_notation_are_numbers(tmp_path):
     assert space.fixed["weight_decay"] == 0.0005
     args = parse_args(["--space", "x", "--set", "space.lr.high=5e-1"])
     assert apply_overrides({}, args)["space"]["lr"]["high"] == 0.5
+
+
+def test_the_canonical_loop_and_a_function_get_the_same_answer_from_one_parse_path(tmp_path):
+    """One parse path: a rule on the experiment and its schedule holds for both kinds of trial. A
+    reproducible asha whose checkpoint_every does not divide grace_period is refused for both, in
+    the same words (a function trainable's space used to pass it and ignore checkpoint_every)."""
+    from search.spec.space import parse_space
+    from trainable.errors import ConfigError
+
+    experiment = {"scheduler": "asha", "grace_period": 3, "checkpoint_every": 2, "reproducible": True}
+    searched = {"lr": {"distribution": "float", "low": 0.01, "high": 0.1}}
+    canonical = {"experiment": experiment, "training": {"epochs": 4}, "space": searched}
+    function = {"trainable": "train.py:train", **canonical}
+    said = []
+    for raw in (canonical, function):
+        with pytest.raises(ConfigError) as caught:
+            parse_space(raw, source=str(tmp_path / "space.yaml"))
+        said.append(str(caught.value).splitlines()[1:])
+    rule = ("  experiment.checkpoint_every: must divide grace_period (3) for a reproducible asha: a trial that "
+            "waits at a rung resumes from that rung's checkpoint, got 2")
+    assert said[0] == said[1] == [rule]
+    for raw in (canonical, function):  # and both pass once it divides
+        raw["experiment"] = {**experiment, "checkpoint_every": 1}
+        assert parse_space(raw, source=str(tmp_path / "space.yaml")).experiment.checkpoint_every == 1
