@@ -3,17 +3,18 @@
 No physical GPU is needed for Ray to schedule GPU resources: it hands trials GPU ids and
 sets CUDA_VISIBLE_DEVICES; torch then finds no CUDA device and the trial trains on the CPU.
 The driver joins the cluster with --address, as it would on a cluster made with `ray up`.
+The trials are a toy training function (`trainable: toy.py:train`, docs/own-training-function.md):
+Ray places, restarts and restores a function's trials as it does the canonical loop's, and the
+toy can hold its trials where a test needs them (started together, or mid-way while a worker dies).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -54,12 +55,47 @@ def cluster():
     cluster.shutdown()
 
 
-def space_file(tmp_path: Path, data_root: Path, **experiment) -> Path:
-    raw = copy.deepcopy(SMALL)
-    raw["experiment"].update({"num_samples": 8, "max_concurrent": 4, "storage_path": str(tmp_path / "runs"),
-                              **experiment})
-    raw["data"].update(root=str(data_root), train_size=1000, val_size=200)
-    raw["training"].update(epochs=2)
+# A training function as a user would write it; each report checkpoints (state.pt in the trial's folder).
+# Two holds, each a wait on a file (polled: the synchronisation itself), bounded so nothing hangs:
+# `started` (a folder): each trial leaves a file there and waits until `together` trials have started,
+#   so the first `together` trials provably hold their resources at the same time;
+# `gate` (a file): after its first report a trial waits until the file exists, so the test can lose a
+#   worker while trials are mid-way.
+TOY = '''
+import os
+import random
+import time
+
+
+def wait_until(ready):
+    deadline = time.monotonic() + 300
+    while not ready() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def train(config, report, checkpoint=None):
+    start = checkpoint["epoch"] if checkpoint else 0
+    acc = checkpoint["acc"] if checkpoint else 0.0
+    if config.get("started") and not checkpoint:
+        os.makedirs(config["started"], exist_ok=True)
+        open(os.path.join(config["started"], str(config["trial_number"])), "w").close()
+        wait_until(lambda: len(os.listdir(config["started"])) >= config["together"])
+    for epoch in range(start, config["epochs"]):
+        if epoch == 1 and config.get("gate"):
+            wait_until(lambda: os.path.exists(config["gate"]))
+        acc += config["lr"] * (1 - acc) + random.Random(config["seed"] + epoch).gauss(0, 0.01)
+        report(val_acc=acc, checkpoint={"acc": acc, "epoch": epoch + 1})
+'''
+
+
+def space_file(tmp_path: Path, *, resources: dict | None = None, training: dict | None = None, **experiment) -> Path:
+    (tmp_path / "toy.py").write_text(TOY)
+    raw = {"trainable": "toy.py:train",
+           "experiment": {**SMALL["experiment"], "metric": "val_acc", "mode": "max", "num_samples": 8,
+                          "max_concurrent": 4, "storage_path": str(tmp_path / "runs"), **experiment},
+           "resources": resources or SMALL["resources"],
+           "training": {"epochs": 2, **(training or {})},
+           "space": SMALL["space"]}
     path = tmp_path / "space.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
@@ -97,14 +133,12 @@ def check_landed(run: Path, num_samples: int) -> pd.DataFrame:
     return frame
 
 
-def test_fractional_gpus_pack_two_trials_per_gpu_across_workers(cluster, tmp_path, data_root):
-    space = space_file(tmp_path, data_root, num_samples=4)
-    raw = yaml.safe_load(space.read_text())
-    raw["resources"] = {"gpus": 0.5, "cpus": 0.5, "spread": False}  # packed as asked: 4 trials could spread over 4 GPUs
-    space.write_text(yaml.safe_dump(raw))
+def test_fractional_gpus_pack_two_trials_per_gpu_across_workers(cluster, tmp_path):
+    # packed as asked: 4 trials could spread over 4 GPUs;
     # the first 4 trials wait for each other: 4 at once need both workers (2 trials each)
-    done = subprocess.run([sys.executable, str(REPO / "tests" / "barrier_driver.py"), str(space), cluster.address,
-                           "packed", str(tmp_path / "started"), "4"],
+    space = space_file(tmp_path, num_samples=4, resources={"gpus": 0.5, "cpus": 0.5, "spread": False},
+                       training={"started": str(tmp_path / "started"), "together": 4})
+    done = subprocess.run(search_command(space, cluster.address, "packed"),
                           cwd=REPO, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
     frame = check_landed(tmp_path / "runs" / "packed", 4)
@@ -115,9 +149,9 @@ def test_fractional_gpus_pack_two_trials_per_gpu_across_workers(cluster, tmp_pat
     assert "GPUs: 0.5 per trial; at most" in done.stdout
 
 
-def test_search_runs_as_a_ray_job(cluster, tmp_path, data_root):
+def test_search_runs_as_a_ray_job(cluster, tmp_path):
     dashboard = "http://" + cluster.head_node.address_info["webui_url"]
-    command = search_command(space_file(tmp_path, data_root, num_samples=2), "auto", "job")
+    command = search_command(space_file(tmp_path, num_samples=1), "auto", "job")
     for _ in range(30):  # the head's job agent comes up after the node; Ray answers "try again later" till then
         done = subprocess.run([RAY, "job", "submit", "--address", dashboard, "--", *command],
                               cwd=REPO, capture_output=True, text=True, timeout=400)
@@ -126,21 +160,22 @@ def test_search_runs_as_a_ray_job(cluster, tmp_path, data_root):
         time.sleep(2)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert "succeeded" in done.stdout
-    check_landed(tmp_path / "runs" / "job", 2)
+    check_landed(tmp_path / "runs" / "job", 1)
 
 
-def test_losing_a_worker_restarts_its_trials_from_checkpoints(cluster, tmp_path, data_root):
-    space = space_file(tmp_path, data_root, num_samples=6, max_failures=3)
+def test_losing_a_worker_restarts_its_trials_from_checkpoints(cluster, tmp_path):
+    # after its first epoch (checkpointed) each trial waits at `gate`, opened once the worker is lost
+    gate = tmp_path / "worker-lost"
+    # two at once: the lost worker holds one or both, and the other worker takes them on
+    space = space_file(tmp_path, num_samples=6, max_concurrent=2, max_failures=3, training={"gate": str(gate)})
     run = tmp_path / "runs" / "lossy"
-    command = search_command(space, cluster.address, "lossy", "--epochs", "4",
-                             "--set", "data.train_size=10000")
+    command = search_command(space, cluster.address, "lossy", "--epochs", "4")
     # Tune copies result.json into the run folder with its snapshots (by default at most every
     # 10 s); every second here, so the test sees a trial mid-way before it ends
-    driver = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "1"})
-    output = {}
-    reader = threading.Thread(target=lambda: output.update(zip(("out", "err"), driver.communicate())))
-    reader.start()
+    out, err = tmp_path / "driver.out", tmp_path / "driver.err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        driver = subprocess.Popen(command, cwd=REPO, stdout=stdout, stderr=stderr, text=True,
+                                  env={**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "1"})
     workers = {w.node_id[:12]: w for w in cluster.workers}
 
     def unfinished_trial_with_a_checkpoint():
@@ -155,10 +190,22 @@ def test_losing_a_worker_restarts_its_trials_from_checkpoints(cluster, tmp_path,
                 return lines[-1]["trial_id"], lines[-1]["node"]
         return None
 
-    victim, node = wait_for(unfinished_trial_with_a_checkpoint, 300, "a running trial with a checkpoint")
-    cluster.remove_node(workers[node], allow_graceful=False)  # kills its raylet and trial processes
-    reader.join(timeout=400)
-    assert driver.returncode == 0, output.get("err", "")[-3000:]
+    def search_saw_the_victim_fail():  # the driver's line for it (search/execution/progress.py)
+        said = out.read_text().splitlines()
+        return True if any(line.startswith(f"trial {victim} (#") and " failed and " in line for line in said) else None
+
+    try:
+        victim, node = wait_for(unfinished_trial_with_a_checkpoint, 300, "a running trial with a checkpoint")
+        cluster.remove_node(workers[node], allow_graceful=False)  # kills its raylet and trial processes
+        # the gate opens once the search has seen the victim fail: its process on the lost worker, held at
+        # the gate till then, can no longer report (a trial there must not finish on a worker that is gone)
+        wait_for(search_saw_the_victim_fail, 300, f"the driver to say trial {victim} failed")
+        gate.touch()
+        driver.wait(timeout=400)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 0, err.read_text()[-3000:]
     frame = check_landed(run, 6)
     rows = frame[frame["trial_id"] == victim].sort_values("epoch")
     epochs = list(rows["epoch"])

@@ -1,16 +1,54 @@
-"""Early stopping that reproduces: the same trials stop at the same epochs, whatever runs at once."""
+"""Early stopping that reproduces: the same trials stop at the same epochs, whatever runs at once.
+
+The searches run a toy training function (`trainable: toy.py:train`, docs/own-training-function.md):
+the halving decisions are the scheduler's, made on the reported metric, whichever loop reports it.
+"""
 
 from __future__ import annotations
+
+import copy
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from search.driver import run_search
-from tests.helpers import small_space
+from search.spec.space import parse_space
+from tests.helpers import SMALL, small_space
 from trainable.errors import ConfigError
 
 pytestmark = pytest.mark.slow
 TABLE = ["trial_number", "epoch", "status", "seed", "lr", "batch_size", "t_max", "clip_norm", "val_acc"]
+
+# A training function as a user would write it: val_acc climbs at a rate set by the searched keys, with
+# noise seeded by the trial's seed and the epoch; each report checkpoints, so a trial paused at a rung
+# resumes where it was. Milliseconds per report: the scheduler's decisions are what the tests time.
+TOY = '''
+import random
+
+
+def train(config, report, checkpoint=None):
+    start = checkpoint["epoch"] if checkpoint else 0
+    acc = checkpoint["acc"] if checkpoint else 0.0
+    rate = config["lr"] * config["clip_norm"] * (1 + config["t_max"] / 10) * 64 / config["batch_size"]
+    for epoch in range(start, config["epochs"]):
+        acc += min(rate, 1.0) * (1 - acc) + random.Random(config["seed"] * 1000 + epoch).gauss(0, 0.02)
+        report(val_acc=acc, checkpoint={"acc": acc, "epoch": epoch + 1})
+'''
+
+
+def toy_space(folder: Path, scheduler: str, cpus: float, num_samples: int = 12):
+    """`num_samples` trials x 4 epochs of the toy, 4 at once at most, searching SMALL's keys."""
+    (folder / "toy.py").write_text(TOY)
+    (folder / "space.yaml").write_text("")  # a reference is relative to the space file
+    raw = {"trainable": "toy.py:train",
+           "experiment": {"name": "test", "metric": "val_acc", "mode": "max", "num_samples": num_samples,
+                          "max_concurrent": 4, "seed": 7, "max_failures": 1, "scheduler": scheduler,
+                          "storage_path": str(folder)},
+           "resources": {"cpus": cpus},
+           "training": {"epochs": 4},
+           "space": copy.deepcopy(SMALL["space"])}
+    return parse_space(raw, source=str(folder / "space.yaml"))
 
 
 def table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -23,20 +61,14 @@ def stopped_early(frame: pd.DataFrame, epochs: int) -> dict[int, int]:
     return {int(n): int(e) for n, e in last.items() if e < epochs}
 
 
-def two_runs(tmp_path, data_root, scheduler: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+def two_runs(tmp_path, scheduler: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """The same 12 trials x 4 epochs at 4 trials at once (0.5 CPU each) and at 2 (1 CPU each, on the 2 CPUs of ray_local)."""
-    runs = []
-    for cpus in (0.5, 1):
-        space = small_space(tmp_path, data_root, experiment={"num_samples": 12, "max_concurrent": 4,
-                                                             "scheduler": scheduler},
-                            resources={"cpus": cpus}, training={"epochs": 4}, model={"hidden_sizes": [16]},
-                            data={"train_size": 300, "val_size": 200})
-        runs.append(run_search(space, name=f"{scheduler}-{cpus}"))
+    runs = [run_search(toy_space(tmp_path, scheduler, cpus), name=f"{scheduler}-{cpus}") for cpus in (0.5, 1)]
     return runs[0].results, runs[1].results, runs[1].summary
 
 
-def test_reproducible_asha_stops_the_same_trials_at_the_same_epochs(ray_local, tmp_path, data_root):
-    first, second, summary = two_runs(tmp_path, data_root, "asha")
+def test_reproducible_asha_stops_the_same_trials_at_the_same_epochs(ray_local, tmp_path):
+    first, second, summary = two_runs(tmp_path, "asha")
     assert stopped_early(first, 4), "some trials stopped early"
     assert stopped_early(first, 4) == stopped_early(second, 4)
     pd.testing.assert_frame_equal(table(first), table(second))
@@ -53,16 +85,13 @@ def test_reproducible_asha_stops_the_same_trials_at_the_same_epochs(ray_local, t
         if trial["config"]["trial_number"] in stopped_early(second, 4):
             entry[0] = json.dumps({**trial, "status": "PAUSED"})
     state.write_text(json.dumps(record))
-    space = small_space(tmp_path, data_root, experiment={"num_samples": 13, "max_concurrent": 4, "scheduler": "asha"},
-                        resources={"cpus": 1}, training={"epochs": 4}, model={"hidden_sizes": [16]},
-                        data={"train_size": 300, "val_size": 200})
-    resumed = run_search(space, name="asha-1", resume=True).results
+    resumed = run_search(toy_space(tmp_path, "asha", 1, num_samples=13), name="asha-1", resume=True).results
     assert sorted(resumed["trial_number"].unique()) == list(range(13))
     pd.testing.assert_frame_equal(table(resumed[resumed["trial_number"] < 12]), table(second))
 
 
-def test_reproducible_hyperband_stops_the_same_trials_at_the_same_epochs(ray_local, tmp_path, data_root):
-    first, second, summary = two_runs(tmp_path, data_root, "hyperband")
+def test_reproducible_hyperband_stops_the_same_trials_at_the_same_epochs(ray_local, tmp_path):
+    first, second, summary = two_runs(tmp_path, "hyperband")
     assert stopped_early(first, 4), "some trials stopped early"
     assert stopped_early(first, 4) == stopped_early(second, 4)
     pd.testing.assert_frame_equal(table(first), table(second))
