@@ -114,7 +114,10 @@ def test_a_part_whose_epochs_read_but_not_its_other_columns_leaves_the_record_as
     assert kept_rows(folder, "t", record, schema, record_gone=False, notes=notes) == record and notes == []
 
 
-def test_outputs_never_follow_a_link_out_of_the_run_folder(finished, tmp_path):
+def test_outputs_never_follow_a_link_out_of_the_run_folder(finished, tmp_path, capsys):
+    # `python -m search report RUN`, in-process: its refusal needs no Ray
+    from search.cli import main
+
     space, first = finished
     run = Path(first.path)
     elsewhere = tmp_path / "elsewhere"
@@ -122,11 +125,12 @@ def test_outputs_never_follow_a_link_out_of_the_run_folder(finished, tmp_path):
     shutil.rmtree(run / "report")
     (run / "report").symlink_to(elsewhere)
     try:
-        done = subprocess.run([sys.executable, "-m", "search", "report", str(run)], capture_output=True, text=True,
-                              cwd=REPO, timeout=300)
-        assert done.returncode == 2, done.stderr[-2000:]
+        capsys.readouterr()
+        code = main(["report", str(run)])
+        stderr = capsys.readouterr().err
+        assert code == 2, stderr[-2000:]
         assert f"{run}/report is a symbolic link (to {elsewhere}); hpsearch writes nothing outside the run folder" \
-            in done.stderr
+            in stderr
         assert list(elsewhere.iterdir()) == []
         with pytest.raises(ConfigError, match="report is a symbolic link"):
             run_search(space, name="damaged", resume=True)

@@ -71,13 +71,16 @@ def test_a_search_where_every_trial_fails_exits_3_says_why_and_ends_despite_a_us
 
 
 @pytest.mark.parametrize("where", ["/", "empty"])
-def test_report_of_a_folder_that_is_no_run_says_so(tmp_path, where):
+def test_report_of_a_folder_that_is_no_run_says_so(tmp_path, where, capsys):
+    # the command's own entry, in-process: the refusal needs no Ray
+    from search.cli import main
+
     folder = "/" if where == "/" else str(tmp_path)
-    done = subprocess.run([sys.executable, "-m", "search", "report", folder], capture_output=True, text=True,
-                          cwd=REPO, timeout=120)
-    assert done.returncode == 2
-    assert f"error: {folder}: not a run folder of hpsearch (it has no spec.yaml)" in done.stderr
-    assert "--resume" not in done.stderr and "Traceback" not in done.stderr
+    code = main(["report", folder])
+    stderr = capsys.readouterr().err
+    assert code == 2
+    assert f"error: {folder}: not a run folder of hpsearch (it has no spec.yaml)" in stderr
+    assert "--resume" not in stderr and "Traceback" not in stderr
 
 
 def test_a_run_folder_inside_rays_runtime_folder_is_refused(tmp_path):

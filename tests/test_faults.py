@@ -41,6 +41,40 @@ def space_file(tmp_path: Path, data_root: Path, **sections) -> Path:
     return path
 
 
+# A training function as a user would write it (`trainable: FILE.py:FUNCTION`, docs/own-training-function.md),
+# for a test about the driver rather than the MNIST loop: it reports val_acc and val_loss and checkpoints each
+# epoch, in milliseconds, and its search checks no MNIST before the run folder is claimed.
+TOY = """
+import torch
+
+
+def train(config, report, checkpoint=None):
+    start = checkpoint["epoch"] if checkpoint else 0
+    x = checkpoint["x"] if checkpoint else torch.zeros(())
+    for epoch in range(start, config["epochs"]):
+        noise = torch.randn((), generator=torch.Generator().manual_seed(config["seed"] + epoch))
+        x = x + config["lr"] * (1 - x) + 0.01 * noise
+        report(val_acc=x, val_loss=1 - x, checkpoint={"x": x, "epoch": epoch + 1})
+"""
+
+
+def toy_space_file(tmp_path: Path, **sections) -> Path:
+    """SMALL's experiment and searched keys on TOY (tmp_path/toy.py) instead of the MNIST loop, with
+    `sections` merged in (section -> keys to set), written to tmp_path/space.yaml."""
+    (tmp_path / "toy.py").write_text(TOY)
+    raw = {"trainable": "toy.py:train",
+           "experiment": {**copy.deepcopy(SMALL["experiment"]), "metric": "val_acc", "mode": "max",
+                          "storage_path": str(tmp_path / "runs")},
+           "resources": copy.deepcopy(SMALL["resources"]),
+           "training": {"epochs": SMALL["training"]["epochs"]},
+           "space": copy.deepcopy(SMALL["space"])}
+    for section, values in sections.items():
+        raw.setdefault(section, {}).update(values)
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
 def search_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "search", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout)
@@ -51,13 +85,35 @@ def no_traceback(done: subprocess.CompletedProcess) -> bool:
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory, data_root):
-    """One finished search (4 trials x 2 epochs) whose run folder tests copy and damage."""
+def finished(ray_local, tmp_path_factory, data_root):
+    """One finished search (4 trials x 2 epochs) whose run folder tests copy and damage.
+
+    Run in-process (on the session's Ray), from its space file as the command reads it: what the
+    tests check is the run folder it leaves, not the command that made it."""
+    from search.cli import load_space
+    from search.driver import run_search
+
     base = tmp_path_factory.mktemp("finished")
     space = space_file(base, data_root)
-    done = search_cli("--space", str(space), "--name", "done")
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_search(load_space(str(space), []), name="done")
+    assert done.succeeded and not done.interrupted, done.summary
     return space, base / "runs" / "done"
+
+
+def resume_in_process(space: Path, capsys) -> tuple[str, str]:
+    """`--resume --name done` of a copied run, in this process (on the session's Ray): the tests
+    using it are about what a resume derives from a damaged folder, not the command. The search
+    must return as one the command exits 0 for; (stdout with its summary, stderr) it printed."""
+    from search.cli import load_space
+    from search.driver import run_search
+
+    capsys.readouterr()  # only what the resume prints
+    outcome = run_search(load_space(str(space), []), name="done", resume=True)
+    printed = capsys.readouterr()
+    assert outcome.succeeded and not outcome.interrupted, outcome.summary  # the command's exit 0
+    out, err = printed.out + "\n" + outcome.summary, printed.err  # the command prints the summary
+    assert "Traceback" not in out and "Traceback" not in err, err[-2000:]
+    return out, err
 
 
 def copy_run(finished, tmp_path: Path, name: str = "done") -> tuple[Path, Path]:
@@ -103,7 +159,7 @@ def test_a_copied_run_folder_is_refused_not_resumed_into_the_original(finished, 
 
 
 @pytest.mark.slow
-def test_a_corrupt_best_checkpoint_falls_back_to_the_next_best(finished, tmp_path):
+def test_a_corrupt_best_checkpoint_falls_back_to_the_next_best(finished, tmp_path, capsys):
     space, run = copy_run(finished, tmp_path)
     best = yaml.safe_load((run / "best.yaml").read_text())["result"]
     frame = pd.read_parquet(run / "results.parquet")
@@ -111,15 +167,14 @@ def test_a_corrupt_best_checkpoint_falls_back_to_the_next_best(finished, tmp_pat
     [checkpoint] = [p for p in (run / f"trial_{best['trial_id']}").glob("checkpoint_*")
                     if int(p.name.split("_")[1]) == best["epoch"] - 1]
     (checkpoint / "state.pt").write_bytes(b"\x00" * 100)
-    done = search_cli("--space", str(space), "--name", "done", "--resume")  # derives the outputs again
-    assert done.returncode == 0 and no_traceback(done), done.stderr[-2000:]
+    resume_in_process(space, capsys)  # derives the outputs again
     again = yaml.safe_load((run / "best.yaml").read_text())["result"]
     assert "skipped" in again["note"] and str(checkpoint / "state.pt") in again["note"]
     assert (again["trial_id"], again["epoch"]) != (best["trial_id"], best["epoch"])
     assert again["val_acc"] <= row["val_acc"].iloc[0] and again["test_acc"] is not None
 
 
-def test_a_best_yaml_older_than_the_last_trials_is_derived_again_on_resume(finished, tmp_path):
+def test_a_best_yaml_older_than_the_last_trials_is_derived_again_on_resume(finished, tmp_path, capsys):
     # a stop between results.parquet and best.yaml at a resume's end: every trial has its rows, but
     # best.yaml is the one of before the resume, the best of fewer trials
     space, run = copy_run(finished, tmp_path)
@@ -128,22 +183,20 @@ def test_a_best_yaml_older_than_the_last_trials_is_derived_again_on_resume(finis
     assert trials == pd.read_parquet(run / "results.parquet")["trial_id"].nunique()
     stale = {**best, "result": {**best["result"], "trials": trials - 1, "val_acc": 0.1}}
     (run / "best.yaml").write_text(yaml.safe_dump(stale))
-    done = search_cli("--space", str(space), "--name", "done", "--resume")
-    assert done.returncode == 0 and no_traceback(done), done.stderr[-2000:]
-    assert "is finished" not in done.stdout, "not taken for finished: derived again"
+    out, _ = resume_in_process(space, capsys)
+    assert "is finished" not in out, "not taken for finished: derived again"
     again = yaml.safe_load((run / "best.yaml").read_text())["result"]
     assert again["trials"] == trials and again["val_acc"] == best["result"]["val_acc"]
 
 
 @pytest.mark.slow
-def test_a_corrupt_results_part_is_rebuilt_from_tunes_records_and_said(finished, tmp_path):
+def test_a_corrupt_results_part_is_rebuilt_from_tunes_records_and_said(finished, tmp_path, capsys):
     space, run = copy_run(finished, tmp_path)
     before = pd.read_parquet(run / "results.parquet")
     part = sorted((run / "results.parquet").glob("*.parquet"))[0]
     part.write_bytes(b"garbage")
-    done = search_cli("--space", str(space), "--name", "done", "--resume")
-    assert done.returncode == 0 and no_traceback(done), done.stderr[-2000:]
-    assert f"{part} is unreadable" in done.stderr and "rebuilt from Tune's records" in done.stderr
+    _, err = resume_in_process(space, capsys)
+    assert f"{part} is unreadable" in err and "rebuilt from Tune's records" in err
     after = pd.read_parquet(run / "results.parquet")
     columns = ["trial_id", "epoch", "seed", "lr", "val_acc"]
     pd.testing.assert_frame_equal(after.sort_values(["trial_id", "epoch"])[columns].reset_index(drop=True),
@@ -173,8 +226,9 @@ def test_an_unreadable_latest_checkpoint_falls_back_to_the_previous_one(tmp_path
 
 
 @pytest.mark.slow
-def test_two_searches_with_one_name_give_one_search_and_one_refusal(tmp_path, data_root):
-    space = space_file(tmp_path, data_root, experiment={"num_samples": 2}, training={"epochs": 1})
+def test_two_searches_with_one_name_give_one_search_and_one_refusal(tmp_path):
+    # the user's training function (TOY): the race for the name is the driver's, not the training loop's
+    space = toy_space_file(tmp_path, experiment={"num_samples": 2}, training={"epochs": 1})
     command = [sys.executable, "-m", "search", "--space", str(space), "--name", "same"]
     first, second = (subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                      for _ in range(2))
