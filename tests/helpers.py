@@ -23,6 +23,23 @@ SMALL: dict[str, Any] = {
 }
 
 
+# A training function as a user would write it (`trainable: FILE.py:FUNCTION`, docs/own-training-function.md),
+# for tests about the driver rather than the MNIST loop: a number that learns toward 1, reported as score,
+# val_acc and val_loss, checkpointed each epoch, in milliseconds.
+TOY_FUNCTION = """
+import torch
+
+
+def train(config, report, checkpoint=None):
+    start = checkpoint["epoch"] if checkpoint else 0
+    x = checkpoint["x"] if checkpoint else torch.zeros(())
+    for epoch in range(start, config["epochs"]):
+        noise = torch.randn((), generator=torch.Generator().manual_seed(config["seed"] + epoch))
+        x = x + config["lr"] * (1 - x) + 0.01 * noise
+        report(score=float(x), val_acc=float(x), val_loss=float(1 - x), checkpoint={"x": x, "epoch": epoch + 1})
+"""
+
+
 def small_space(storage: Path, data_root: Path, **sections: dict[str, Any]) -> Space:
     """SMALL with `sections` merged in (section -> keys to set)."""
     raw = copy.deepcopy(SMALL)

@@ -21,7 +21,7 @@ import yaml
 
 from search.store.results import COMPLETED, INTERRUPTED
 from search.spec.ranking import ranked
-from tests.helpers import SMALL, assert_kept_checkpoints, assert_outputs_agree
+from tests.helpers import SMALL, TOY_FUNCTION, assert_kept_checkpoints, assert_outputs_agree
 from tests.test_resume import wait_for
 from tests.test_trainable_data import write_idx
 from trainable.data import RAW_FILES, load_dataset
@@ -44,18 +44,7 @@ def space_file(tmp_path: Path, data_root: Path, **sections) -> Path:
 # A training function as a user would write it (`trainable: FILE.py:FUNCTION`, docs/own-training-function.md),
 # for a test about the driver rather than the MNIST loop: it reports val_acc and val_loss and checkpoints each
 # epoch, in milliseconds, and its search checks no MNIST before the run folder is claimed.
-TOY = """
-import torch
-
-
-def train(config, report, checkpoint=None):
-    start = checkpoint["epoch"] if checkpoint else 0
-    x = checkpoint["x"] if checkpoint else torch.zeros(())
-    for epoch in range(start, config["epochs"]):
-        noise = torch.randn((), generator=torch.Generator().manual_seed(config["seed"] + epoch))
-        x = x + config["lr"] * (1 - x) + 0.01 * noise
-        report(val_acc=x, val_loss=1 - x, checkpoint={"x": x, "epoch": epoch + 1})
-"""
+TOY = TOY_FUNCTION
 
 
 def toy_space_file(tmp_path: Path, **sections) -> Path:

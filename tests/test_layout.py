@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import assert_outputs_agree
+from tests.helpers import TOY_FUNCTION, assert_outputs_agree
 
 REPO = Path(__file__).resolve().parents[1]
 # search/'s layers, lowest first: a module may import only its own layer and those before it
@@ -149,18 +149,7 @@ def test_old_module_paths_are_the_new_modules():
     assert Outcome is moved
 
 
-TOY = '''
-import torch
-
-
-def train(config, report, checkpoint=None):
-    start = checkpoint["epoch"] if checkpoint else 0
-    x = checkpoint["x"] if checkpoint else torch.zeros(())
-    for epoch in range(start, config["epochs"]):
-        noise = torch.randn((), generator=torch.Generator().manual_seed(config["seed"] + epoch))
-        x = x + config["lr"] * (1 - x) + 0.01 * noise
-        report(score=float(x), checkpoint={"x": x, "epoch": epoch + 1})
-'''
+TOY = TOY_FUNCTION
 
 
 @pytest.mark.slow
