@@ -22,7 +22,9 @@ from search.execution.tuner import build_tuner, fit
 from search.outputs.finish import Outcome, finish, resume_command, with_time
 from search.outputs.phases import Phases
 from search.outputs.summary import slot_count
+from search.spec.objectives import objectives_of
 from search.spec.space import Space
+from search.store.results import reserved_names
 from search.store.storage import Storage, check_storage
 from trainable.adapter import tune_trial
 from trainable.errors import DiskFull
@@ -47,7 +49,8 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
             return done  # every trial ended and the outputs read: said without starting Ray
         experiment = space.experiment
         if space.trainable:  # the user's function instead of the canonical loop (trainable/function.py)
-            trainable = function_trial(experiment.metric)
+            objectives = objectives_of(experiment)
+            trainable = function_trial(objectives.measured, len(objectives.metrics), reserved_names(space))
         phases.mark("checks")
         held.callback(phases.mark, "shutdown")  # after Ray's shutdown, before the run folder's release
         with released_on_failure(folder, resume=resume):  # an unreachable cluster, Ctrl-C: nothing ran

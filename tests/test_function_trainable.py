@@ -13,7 +13,7 @@ import yaml
 
 from search.spec.space import parse_space
 from trainable.errors import ConfigError
-from trainable.function import (MetricNotReported, Reporter, _Diverged, load_state, replay, resolve_function,
+from trainable.function import (MetricNotReported, Reporter, ReservedName, _Diverged, load_state, replay, resolve_function,
                                 save_state)
 
 # A toy training function as a user would write it: no Ray, milliseconds per report. Trial 1 fails once
@@ -79,16 +79,80 @@ def test_reserved_names_and_bad_references_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="toy.py defines no nope"):
         resolve_function(f"{tmp_path / 'toy.py'}:nope")
     several = toy_space(tmp_path)
-    several["experiment"].update(metric=["score", "loss"], mode=["max", "min"])
-    assert ("experiment.metric: must name one metric the function reports: a list of objectives works with the "
-            "canonical loop only, got ['score', 'loss']") in problems(several, tmp_path)
+    several["experiment"].update(metric=["score", "score"], mode=["max", "min"], constraints=["2 <= x"])
+    said = problems(several, tmp_path)
+    assert ("experiment.metric: must name a metric the function reports (a Python identifier), or a list of "
+            "distinct ones, got ['score', 'score']") in said
+    assert ("experiment.constraints[0]: must read 'METRIC <= NUMBER' or 'METRIC >= NUMBER' with a METRIC the "
+            "function reports, got '2 <= x'") in said
+
+
+def test_a_metric_named_like_a_config_key_is_refused_in_the_space_file(tmp_path):
+    raw = toy_space(tmp_path)
+    raw["experiment"].update(metric="lr", stop_when={"status": 1})
+    said = problems(raw, tmp_path)
+    assert "experiment.metric: must name a metric of the function, not a config key or a column of " \
+           "hpsearch's own" in said and "got 'lr'" in said
+    assert "experiment.stop_when: must name a metric of the function" in said and "got 'status'" in said
+
+
+def test_a_function_gets_several_objectives_and_constraints(tmp_path):
+    raw = toy_space(tmp_path)
+    raw["experiment"].update(metric=["score", "loss"], mode=["max", "min"], constraints=["size <= 3"],
+                             reproducible=True)
+    experiment = parse_space(raw, source=str(tmp_path / "space.yaml")).experiment
+    assert (list(experiment.metric), list(experiment.mode), list(experiment.constraints)) == (
+        ["score", "loss"], ["max", "min"], ["size <= 3"])
 
 
 def test_a_first_report_without_the_metric_names_what_was_reported():
     report = Reporter("val_acc", send=lambda *a: None)
-    with pytest.raises(MetricNotReported, match=r"experiment.metric: must be one of the metrics the function "
-                                                r"reports \(loss, acc\), got val_acc"):
+    with pytest.raises(MetricNotReported, match=r"experiment.metric: every metric the search needs \(val_acc\) "
+                                                r"must be among those the function reports \(loss, acc\); "
+                                                r"missing: val_acc"):
         report(loss=1.0, acc=0.5)
+    constrained = Reporter(["score", "size"], send=lambda *a: None, objectives=1)
+    with pytest.raises(MetricNotReported, match="missing: size"):
+        constrained(score=1.0)
+
+
+def test_a_metric_named_like_a_column_of_the_run_folder_is_refused():
+    """Issue 37 item 1: a metric named like a config key rewrote that trial's config in results.parquet and
+    best.yaml; `status` broke the end of the search; `done` ended the trial after one report."""
+    rows = []
+    config = {"x": 0.5, "seed": 3, "trial_number": 0, "trainable": "t.py:train"}
+    report = Reporter("score", send=lambda row, *a: rows.append(row), config=config,
+                      reserved={"status", "trial_id", "done", "epoch"})
+    for name in ("x", "seed"):
+        with pytest.raises(ReservedName, match=f"a metric cannot be named {name}: {name} is a config key of "
+                                               "this trial"):
+            report(score=1.0, **{name: 123.0})
+    for name in ("status", "done", "trial_id", "epoch_seconds", "diverged"):
+        with pytest.raises(ReservedName, match=f"cannot be named {name}: names the run folder"):
+            report(score=1.0, **{name: 1.0})
+    assert rows == [], "nothing refused reaches the results"
+    # epoch: accepted as the count of reports (1, 2, ...), as Tune's and Optuna's examples report it
+    report(score=1.0, epoch=1)
+    report(score=1.0, epoch=torch.tensor(2))
+    with pytest.raises(ReservedName, match=r"report\(epoch=0\): epoch must count the reports \(1 on the first, "
+                                           r"then 2, 3, ...; this is report 3\)"):
+        report(score=1.0, epoch=0)
+    assert [r["epoch"] for r in rows] == [1, 2] and all(r["metric_names"] == ["score"] for r in rows)
+
+
+def test_a_function_that_catches_the_divergence_still_ends_diverged():
+    """Issue 37 hostile 7: `except Exception` around the loop kept reporting after the NaN."""
+    rows = []
+    report = Reporter("loss", send=lambda row, epoch, checkpoint: rows.append(row))
+    for value in (1.0, float("nan"), 0.5, 0.4):
+        try:
+            report(loss=value)
+        except Exception:  # a function's own catch-all: the divergence is not an Exception
+            pass
+        except BaseException:
+            continue
+    assert [r["diverged"] for r in rows] == [False, True], "nothing after the NaN is reported"
+    assert report.diverged
 
 
 def test_a_nan_metric_ends_the_trial_with_its_row_marked_diverged():
@@ -147,7 +211,7 @@ def test_a_toy_function_searches_restarts_from_its_checkpoint_and_reproduces(ray
     assert list(restarted["epoch"]) == [1, 2, 3] and list(restarted["resumed_from"]) == [0, 0, 2]
     run = Path(first.path)
     best = yaml.safe_load((run / "best.yaml").read_text())
-    assert best["result"]["score"] == frame["score"].max() and best["result"]["test_acc"] is None
+    assert best["result"]["score"] == frame["score"].max() and "test_acc" not in best["result"]
     assert best["trainable"].endswith("toy.py:train") and "lr" in best
     assert (run / "report.html").exists() and (run / "optuna.journal").exists()
     # export has no model to rebuild: it says so (not a checkpoint "format" mismatch)
@@ -199,7 +263,7 @@ def test_a_function_that_returns_without_a_report_fails_its_trial_not_the_search
     outcome = run_search(parse_space(raw, source=str(tmp_path / "space.yaml")), name="silent")
     status = outcome.results.drop_duplicates("trial_number", keep="last").set_index("trial_number")["status"]
     assert status.to_dict() == {0: "ERROR", 1: "COMPLETED"}
-    assert ("experiment.metric: must be one of the metrics the function reports (none: it returned without "
+    assert ("experiment.metric: must be among the metrics the function reports (none: it returned without "
             "calling report), got score") in outcome.summary
     said = capsys.readouterr().out  # its one restart, then its end
     assert "(#0) failed and restarts from its start (no checkpoint yet) (experiment.max_failures)" in said

@@ -140,6 +140,18 @@ def test_every_problem_is_reported_at_once():
                     "space.lr.low", "space.batch_size.values[0]"}
 
 
+def test_a_pbt_file_with_two_errors_hears_of_both():
+    """Issue 37: a bad quantile_fraction hid that perturbation_interval is past the last epoch."""
+    raw = {"experiment": {"scheduler": "pbt", "quantile_fraction": 0.9, "perturbation_interval": 5},
+           "training": {"epochs": 4}, **lr_space(low=0.01, high=0.1)}
+    said = problems_of(raw)
+    assert {p.split(":")[0] for p in said} == {"experiment.quantile_fraction", "experiment.perturbation_interval"}
+    assert any("must be < the epochs a trial runs (4) for pbt" in p for p in said)
+    # a key said wrong once is not said again through the default that stands in for it
+    raw["experiment"]["perturbation_interval"] = 0
+    assert [p.split(":")[0] for p in problems_of(raw)].count("experiment.perturbation_interval") == 1
+
+
 def test_plain_values_in_space_are_fixed_and_lists_can_be_chosen():
     space = parse_space({"space": {"momentum": 0.5, "model.hidden_sizes": {"distribution": "choice",
                                                                             "values": [[64], [128, 64]]}}})

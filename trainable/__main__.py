@@ -119,6 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError([problem("--config", "must be a trial config, and this is a space file (it has an "
                                                    "experiment section); re-run a trial with its run's best.yaml "
                                                    "(or pareto.yaml --pick N)", args.config)])
+        if args.pick is not None and is_function(entry := picked(raw, args.pick)):  # a function's pareto.yaml
+            objectives = raw.get("objectives") if isinstance(raw.get("objectives"), dict) else {}
+            return replay({k: v for k, v in entry.items() if k not in INFORMATIONAL_KEYS}, list(objectives) or None)
         if is_function(raw):  # a function trainable's best.yaml: its function, called with that config
             result = raw.get("result") if isinstance(raw.get("result"), dict) else {}
             return replay({k: v for k, v in raw.items() if k not in INFORMATIONAL_KEYS}, result.get("metric"))

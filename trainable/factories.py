@@ -48,6 +48,11 @@ def _import_file(path: Path, key: str, reference: str):
     name = "hpsearch_user_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
     if name in sys.modules:
         return sys.modules[name]
+    # the file's folder first on the path, as `python FILE.py` has it: its `import data` finds data.py beside
+    # it whatever folder the search (a trial, a replay) started in; every process that resolves it does this
+    folder = str(path.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

@@ -27,7 +27,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from trainable.config import TrialConfig, plain
 from trainable.errors import ConfigError, problem
@@ -103,11 +103,28 @@ def resolve_function(reference: str) -> Callable[..., None]:
 # ---- the trial's side ---------------------------------------------------------------------
 
 class MetricNotReported(RuntimeError):
-    """The first report lacks experiment.metric: the trial ends ERROR with this message."""
+    """The first report lacks a metric the search needs: the trial ends ERROR with this message."""
 
 
-class _Diverged(Exception):
-    """The metric is no longer finite: the wrapper ends the trial (DIVERGED), as the canonical loop does."""
+class ReservedName(ValueError):
+    """A metric named like a column the run folder uses for itself: the trial ends ERROR with this message."""
+
+
+class _Diverged(BaseException):
+    """An objective is no longer finite: the wrapper ends the trial (DIVERGED), as the canonical loop does.
+
+    A BaseException, as KeyboardInterrupt is: a function's own `except Exception` around its loop would
+    otherwise catch it and go on reporting after the NaN (and its trial would end COMPLETED)."""
+
+
+def tune_keys() -> frozenset[str]:
+    """What Tune adds to (or reads from) every report: a metric of the same name would be overwritten, or
+    would end the trial (`done`)."""
+    from ray.tune import result
+
+    return frozenset([*result.AUTO_RESULT_KEYS, result.DONE, result.TRIAL_ID, result.SHOULD_CHECKPOINT,
+                      result.EXPERIMENT_TAG, result.TRIAL_INFO, result.TIMESTEPS_THIS_ITER,
+                      result.EPISODES_THIS_ITER])
 
 
 def save_state(folder: str | Path, epoch: int, state: Mapping[str, Any]) -> Path:
@@ -171,37 +188,74 @@ class Reporter:
     """The `report` the user's function calls: checks, numbers and hands each report on.
 
     `send(metrics, epoch, state)` does the handing on: tune.report in a trial, a print in a replay.
-    `metric` None (a replay of a config without best.yaml's result): nothing to check.
+    `metrics`: the names every report must hold (the objectives, then the constraints' metrics); the
+    objectives' (`objectives`, default all of them) end the trial DIVERGED when one is not finite;
+    None (a replay of a config without best.yaml's result): nothing to check. `reserved`: names the
+    run folder uses for itself (the trial's config keys are always among them).
     """
 
-    def __init__(self, metric: str | None, send: Callable[[dict[str, Any], int, Mapping[str, Any] | None], None],
-                 epoch: int = 0):
-        self.metric, self.send, self.epoch = metric, send, epoch
+    def __init__(self, metrics: str | Sequence[str] | None,
+                 send: Callable[[dict[str, Any], int, Mapping[str, Any] | None], None], epoch: int = 0, *,
+                 config: Mapping[str, Any] = {}, reserved: Collection[str] = (), objectives: int | None = None):
+        self.metrics = None if metrics is None else (metrics,) if isinstance(metrics, str) else tuple(metrics)
+        self.objectives = None if self.metrics is None else self.metrics[:objectives or len(self.metrics)]
+        self.send, self.epoch = send, epoch
+        self.config = frozenset(config)
+        self.reserved = frozenset(reserved) | {*FUNCTION_REPORT_COLUMNS, METRIC_NAMES, TRAINABLE_KEY,
+                                               *DRIVER_KEYS} | self.config
+        self.diverged = False
         self.last = time.time()
 
     def __call__(self, checkpoint: Mapping[str, Any] | None = None, **metrics: Any) -> None:
-        taken = [k for k in metrics if k in FUNCTION_REPORT_COLUMNS or k == METRIC_NAMES]
-        if taken:
-            raise ValueError(f"report(): {', '.join(taken)} is hpsearch's own column (the count of reports, "
-                             "their time); name your metric otherwise")
-        if self.metric is not None and self.metric not in metrics:
-            raise MetricNotReported(f"experiment.metric: must be one of the metrics the function reports "
-                                    f"({', '.join(metrics) or 'none'}), got {self.metric}")
-        values = {k: _number(k, v) for k, v in metrics.items()}
+        if self.diverged:  # the function caught _Diverged and went on: nothing after the NaN counts
+            raise _Diverged
+        self._check_names(metrics)
+        values = {k: _number(k, v) for k, v in metrics.items() if k != "epoch"}
         self.epoch += 1
         now = time.time()
-        diverged = self.metric is not None and not math.isfinite(values[self.metric])
-        row = {**values, "epoch": self.epoch, "epoch_seconds": now - self.last, "diverged": diverged,
+        self.diverged = self.objectives is not None and not all(math.isfinite(values[m]) for m in self.objectives)
+        row = {**values, "epoch": self.epoch, "epoch_seconds": now - self.last, "diverged": self.diverged,
                METRIC_NAMES: list(values)}
         self.send(row, self.epoch, checkpoint)
         self.last = time.time()
-        if diverged:
+        if self.diverged:
             raise _Diverged
 
+    def _check_names(self, metrics: Mapping[str, Any]) -> None:
+        """A name the run folder uses for itself would overwrite it (a config key: best.yaml would replay a
+        config that never ran; `done`: Tune would end the trial); `epoch` only as the count of reports."""
+        if "epoch" in metrics:
+            try:
+                counted = _number("epoch", metrics["epoch"]) == self.epoch + 1
+            except TypeError:
+                counted = False
+            if not counted:
+                raise ReservedName(f"report(epoch={metrics['epoch']!r}): epoch must count the reports (1 on the "
+                                   f"first, then 2, 3, ...; this is report {self.epoch + 1}): hpsearch numbers "
+                                   "each report as epoch, which ASHA's rungs and results.parquet count; report "
+                                   "another count under another name (e.g. step)")
+        taken = [k for k in metrics if k in self.reserved and k != "epoch"]
+        if taken:
+            mine = [k for k in taken if k in self.config]
+            why = (f"{', '.join(mine)} {'is a config key' if len(mine) == 1 else 'are config keys'} of this "
+                   "trial (results.parquet and best.yaml hold the config under these names)") if mine else \
+                "names the run folder, Tune or hpsearch use for their own columns"
+            raise ReservedName(f"report(): a metric cannot be named {', '.join(taken)}: {why}; name the metric "
+                               "otherwise")
+        missing = [m for m in self.metrics or () if m not in metrics]
+        if missing:
+            raise MetricNotReported(f"experiment.metric: every metric the search needs ({', '.join(self.metrics)}) "
+                                    f"must be among those the function reports ({', '.join(metrics) or 'none'}); "
+                                    f"missing: {', '.join(missing)}")
 
-def tune_function(config: dict[str, Any], *, data: Any = None, metric: str) -> None:
+
+def tune_function(config: dict[str, Any], *, data: Any = None, metrics: Sequence[str], objectives: int = 1,
+                  reserved: Collection[str] = ()) -> None:
     """What Tune runs for a function trainable (through adapter.run_trial): the user's function, its
-    reports sent with tune.report, each `checkpoint=` as a Tune Checkpoint."""
+    reports sent with tune.report, each `checkpoint=` as a Tune Checkpoint.
+
+    `metrics`: every name the search reads from a report, the first `objectives` of them its
+    objectives; `reserved`: the run folder's own columns (search/store/results.py reserved_names)."""
     import ray
     import torch
     from ray import tune
@@ -244,24 +298,33 @@ def tune_function(config: dict[str, Any], *, data: Any = None, metric: str) -> N
             adapter.report(row, checkpoint=tune.Checkpoint.from_directory(folder) if checkpoint is not None
                            else None)
 
-    reporter = Reporter(metric, send, epoch)
+    given = trial.for_function()
+    reporter = Reporter(metrics, send, epoch, config={**given, **trial.to_flat()},
+                        reserved=frozenset(reserved) | tune_keys(), objectives=objectives)
     try:
-        function(trial.for_function(), reporter, checkpoint=state)
+        function(given, reporter, checkpoint=state)
     except _Diverged:
         return  # the last row says diverged: the trial ends DIVERGED, as the canonical loop's does
+    if reporter.diverged:  # the function caught _Diverged itself (a bare except) and returned
+        return
     if reporter.epoch == 0:  # Tune would end the whole search on its strict metric check: this trial ends ERROR
-        raise MetricNotReported(f"experiment.metric: must be one of the metrics the function reports (none: "
-                                f"it returned without calling report), got {metric}")
+        raise MetricNotReported(f"experiment.metric: must be among the metrics the function reports (none: "
+                                f"it returned without calling report), got {', '.join(metrics)}")
 
 
-def function_trial(metric: str) -> Callable[..., None]:
-    """run_trial's trial_function for a search of a function trainable."""
+def function_trial(metrics: str | Sequence[str], objectives: int | None = None,
+                   reserved: Collection[str] = ()) -> Callable[..., None]:
+    """run_trial's trial_function for a search of a function trainable: `metrics` the objectives, then the
+    constraints' other metrics (`objectives`: how many are objectives; all by default). The defaults
+    are how release 0.1.0's driver calls it (one metric), which a run it made may still resume with."""
     import functools
 
-    return functools.partial(tune_function, metric=metric)
+    metrics = (metrics,) if isinstance(metrics, str) else tuple(metrics)
+    return functools.partial(tune_function, metrics=metrics, objectives=objectives or len(metrics),
+                             reserved=frozenset(reserved))
 
 
-def replay(config: Mapping[str, Any], metric: str | None) -> int:
+def replay(config: Mapping[str, Any], metric: str | Sequence[str] | None) -> int:
     """`python -m trainable --config best.yaml` for a function trainable: the function once, each report printed."""
     trial = FunctionConfig.from_mapping(config)
     try:
@@ -276,7 +339,9 @@ def replay(config: Mapping[str, Any], metric: str | None) -> int:
         print(f"Epoch [{epoch}] | {shown} | {row['epoch_seconds']:.2f}s", flush=True)
 
     try:
-        function(trial.for_function(), Reporter(metric, send), checkpoint=None)
+        given = trial.for_function()
+        function(given, Reporter(metric, send, config={**given, **trial.to_flat()}), checkpoint=None)
     except _Diverged:
-        print(f"stopped: {metric} is no longer finite (diverged)", flush=True)
+        shown = metric if isinstance(metric, str) else ", ".join(metric or ())
+        print(f"stopped: {shown} is no longer finite (diverged)", flush=True)
     return 0

@@ -27,10 +27,10 @@ from search.searching.pbt import replay_config
 from search.searching.study import JOURNAL_FILE
 from search.searching.warm_start import summary_line as warm_start_line
 from search.spec.objectives import feasible_only, first, mark_feasible, names, objectives_of
-from search.spec.ranking import ranked
+from search.spec.ranking import best_candidates, ranked
 from search.spec.space import Space
 from search.store.results import (ERROR, INTERRUPTED, LOST, RECORD_FILE, config_from_row, read_record, results_schema,
-                                  to_frame, trial_id_of, trial_rows)
+                                  to_frame, trial_id_of, trial_rows, with_reported)
 from search.store.retention import on_storage
 from search.store.run_folder import RunFolder
 from search.store.storage import is_uri
@@ -68,7 +68,7 @@ def derive(folder: RunFolder, space: Space, grid, notes: list[str], ran_to_end: 
     (`ran_to_end`), every trial ended: a trial saved as PAUSED is one a scheduler stopped while it
     waited at a rung (Ray records a stop of a trial without a live actor in memory only).
     """
-    rows = []
+    rows, parts = [], []
     schema = results_schema(space)
     saved = folder.saved_trials()
     suggested = folder.searcher_state().get("suggested", {})  # trial number -> (when, seconds); OrderedSearch's
@@ -86,8 +86,11 @@ def derive(folder: RunFolder, space: Space, grid, notes: list[str], ran_to_end: 
                            suggested=suggested.get((trial_config or {}).get("trial_number")))
         trial = kept_rows(folder, trial_id, trial, schema, record_gone=not record_exists(result), notes=notes)
         trial = mark_feasible(trial, objectives_of(space.experiment))
-        folder.write_part(space, trial_id, trial, schema)
+        parts.append((trial_id, trial))
         rows += trial
+    schema = with_reported(schema, rows)  # every part with every metric any trial reported
+    for trial_id, trial in parts:
+        folder.write_part(space, trial_id, trial, schema)
     return to_frame(rows, schema)
 
 
@@ -119,36 +122,45 @@ def kept_rows(folder: RunFolder, trial_id: str, derived: list[dict[str, Any]], s
     return [{**by_epoch[e], "status": status} for e in sorted(by_epoch)]
 
 
-def best_with_test(grid, rows: pd.DataFrame, data: Data | None, metric: str | None = None
+def best_with_test(grid, rows: pd.DataFrame, data: Data | None, needs_checkpoint: bool = False
                    ) -> tuple[pd.Series | None, dict[str, float] | None, str]:
-    """The best row whose checkpoint reads (its `checkpoint`: the folder, relative to the run folder),
-    its test metrics (test_loss, test_acc with cross_entropy, test_<column> of training.metrics), and a
-    note on any skipped.
+    """The best row (its `checkpoint`: the folder of that epoch's, relative to the run folder, where one
+    reads), its test metrics (test_loss, test_acc with cross_entropy, test_<column> of training.metrics)
+    measured on that checkpoint, and a note.
 
-    A corrupt checkpoint at the best epoch falls back to the next best row, said in the note;
-    rows without a checkpoint that only tie it (Tune keeps the newest of equals) are not "better".
+    The best is the best value, whether or not its epoch kept a checkpoint (experiment.checkpoint_every,
+    num_to_keep): best.yaml's replay trains from its config and needs none; without one there are no
+    test metrics, and the note says so. `needs_checkpoint` (pbt: a trial's config changed mid-run, and
+    only a checkpoint holds the schedule best.yaml replays): the best row whose checkpoint reads.
     """
     checkpoints = checkpoints_by_epoch(grid)
-    skipped, unsaved = [], []
+    skipped, unsaved = [], 0
     for _, row in rows.iterrows():
         checkpoint = checkpoints.get((row["trial_id"], int(row["epoch"])))
-        if checkpoint is None or not on_storage(checkpoint):  # checkpoint_every skipped that epoch, or num_to_keep removed it
-            unsaved.append(row)
+        saved = None
+        if checkpoint is not None and on_storage(checkpoint):  # else checkpoint_every skipped it, or num_to_keep
+            try:
+                with checkpoint.as_directory() as where:
+                    saved = load_checkpoint(where) if data is not None else load_state(where)
+            except CheckpointError as error:
+                skipped.append(str(error))
+        if saved is None and needs_checkpoint:
+            unsaved += checkpoint is None
             continue
-        try:
-            with checkpoint.as_directory() as where:
-                saved = load_checkpoint(where) if data is not None else load_state(where)
-        except CheckpointError as error:
-            skipped.append(str(error))
-            continue
-        better = sum(metric is None or r[metric] != row[metric] for r in unsaved)
-        notes = ([f"the best epoch with a checkpoint: {better} better one(s) had none kept "
-                  "(experiment.checkpoint_every, num_to_keep)"] if better else [])
+        notes = [f"skipped {s}" for s in skipped] if needs_checkpoint else []
+        if needs_checkpoint and unsaved:
+            notes.insert(0, f"the best epoch with a checkpoint: {unsaved} better one(s) had none kept "
+                            "(pbt replays the schedule a checkpoint records)")
+        if saved is None:
+            why = f"its checkpoint does not read ({skipped[-1]})" if skipped else \
+                "it kept no checkpoint (experiment.checkpoint_every, num_to_keep)"
+            what = "the function's checkpoint" if data is None else "test metrics and export"
+            return row, None, "; ".join([f"epoch {int(row['epoch'])} of trial #{row['trial_number']}: {why}; "
+                                         f"no {what} (its config replays without one)", *notes])
         # trial_<id>/checkpoint_<k>: Tune numbers checkpoints, not epochs
         row = pd.concat([row, pd.Series({"checkpoint": "/".join(checkpoint.path.rstrip("/").split("/")[-2:])})])
-        notes += [f"skipped {s}" for s in skipped]
         if data is None:  # a function trainable: its data, and any test split, are its own
-            return row, None, "; ".join(["no test accuracy: a function trainable has no test split", *notes])
+            return row, None, "; ".join(notes)
         row = row.copy()
         row.attrs["lineage"] = saved.state.get("lineage")  # where its weights come from: best.yaml replays it
         if data.test is None:
@@ -157,12 +169,13 @@ def best_with_test(grid, rows: pd.DataFrame, data: Data | None, metric: str | No
                            data.test, data.standardize, get_default_device())
         return row, score, "; ".join(notes)
     return ((rows.iloc[0] if len(rows) else None), None,
-            "no readable checkpoint" + (f" ({len(unsaved)} epoch(s) had none kept)" if unsaved else "")
+            "no readable checkpoint" + (f" ({unsaved} epoch(s) had none kept)" if unsaved else "")
             + "".join(f"; {s}" for s in skipped))
 
 
 def best_entry(best: pd.Series, test: dict[str, float] | None, note: str, metric: str, name: str,
-               schema, metrics: tuple[str, ...] = METRICS, trials: int | None = None) -> dict[str, Any]:
+               schema, metrics: tuple[str, ...] = METRICS, trials: int | None = None, function: bool = False
+               ) -> dict[str, Any]:
     """best.yaml's content; `trials`: how many trials it is the best of (a resume that finds fewer than
     its trials there derives it again: a stop between results.parquet and best.yaml left an older one)."""
     return {
@@ -173,10 +186,10 @@ def best_entry(best: pd.Series, test: dict[str, float] | None, note: str, metric
             "epoch": int(best["epoch"]),
             "metric": metric,
             **{m: float(best[m]) for m in metrics},
-            # the trial's metrics on the test part; test_acc null where accuracy is not reported (regression)
-            "test_acc": None if test is None else test.get("test_acc"),
-            "test_loss": None if test is None else test["test_loss"],
-            **(test or {}),
+            # the trial's metrics on the test part; test_acc null where accuracy is not reported (regression);
+            # a function's own test metrics are among its metrics: it has no test split of hpsearch's
+            **({} if function else {"test_acc": None if test is None else test.get("test_acc"),
+                                    "test_loss": None if test is None else test["test_loss"], **(test or {})}),
             "checkpoint": best.get("checkpoint"),  #: its folder, relative to the run folder; null: none read
             **({"note": note} if note else {}),
             "search": name,
@@ -192,7 +205,7 @@ def best_yaml(entry: dict[str, Any], path: str, space: Space) -> str:
               f"at epoch {result['epoch']}.\n"
               f"# Re-run it: {rerun_command(path, space)}{' (download it first)' if is_uri(path) else ''}\n"
               + (f"# It prints {result['metric']} {result[result['metric']]:.4f} on epoch {result['epoch']} if the "
-                 "function is deterministic (no test accuracy: the function has no test split).\n" if space.trainable else
+                 "function is deterministic (no test metrics: the function has no test split).\n" if space.trainable else
                  f"# It prints {shown} {result[shown]:.4f} on epoch {result['epoch']} "
                  "(same machine).\n"
                  f"# test_*: the checkpoint of that epoch on the dataset's test part (null if it has none).\n"))
@@ -296,19 +309,14 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
     timing = Timing(phases.wall_seconds, float(this_run["epoch_seconds"].sum()), slots)
 
     metric, objectives = first(experiment.metric), objectives_of(experiment)
-    scored = ranked(frame, metric, first(experiment.mode))
-    succeeded = bool((scored["status"] != ERROR).any())
+    succeeded = bool((ranked(frame, metric, first(experiment.mode))["status"] != ERROR).any())
     # infeasible trials are never best; with several objectives pareto.yaml holds the answer, not best.yaml
-    scored, no_best = feasible_only(scored), None
+    candidates, no_best = best_candidates(frame, metric, first(experiment.mode)), None
     if objectives.several:
-        scored, no_best = scored.iloc[0:0], write_pareto(folder, space, frame, objectives, grid)
-    elif objectives.constraints and succeeded and not len(scored):
+        candidates, no_best = candidates.iloc[0:0], write_pareto(folder, space, frame, objectives, grid)
+    elif objectives.constraints and succeeded and not len(feasible_only(ranked(frame, metric, first(experiment.mode)))):
         no_best = f"No trial met experiment.constraints ({', '.join(map(str, objectives.constraints))})"
-    # the best is a finished trial's, as in the journal's study; an interrupted trial's epochs count
-    # only when no trial has finished, an errored trial's only when no other trial scored: best.yaml says so
-    finished = scored[~scored["status"].isin([ERROR, INTERRUPTED])]
-    candidates = finished if len(finished) else scored[scored["status"] != ERROR] if succeeded else scored
-    best, test, note = best_with_test(grid, candidates, data, metric)
+    best, test, note = best_with_test(grid, candidates, data, needs_checkpoint=experiment.scheduler == "pbt")
     phases.mark("test")
     if best is not None and best["status"] in (ERROR, INTERRUPTED):
         how = "ended in ERROR" if best["status"] == ERROR else "was interrupted"
@@ -319,9 +327,10 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
     best_path = folder.storage.join(folder.name, "best.yaml")
     if best is not None:
         schema = results_schema(space)  # a function's metrics: every reported column beyond the schema's
-        metrics = tuple(c for c in frame.columns if c not in schema.names or c == metric) \
+        metrics = tuple(c for c in frame.columns if c not in schema.names or c in objectives.measured) \
             if space.trainable else epoch_metrics(space.trial_defaults().loss, space.trial_defaults().metrics)
-        entry = best_entry(best, test, note, metric, folder.name, schema, metrics, trials=frame["trial_id"].nunique())
+        entry = best_entry(best, test, note, metric, folder.name, schema, metrics, trials=frame["trial_id"].nunique(),
+                           function=bool(space.trainable))
         folder.write_best(best_yaml(entry, best_path, space))
     summary = format_summary(frame, entry, timing, no_best=no_best if succeeded else no_success(frame, metric, interrupted), metric=metric, mode=first(experiment.mode),
                              searched=[d.name for d in space.searched], gpus_per_trial=gpus_per_trial,

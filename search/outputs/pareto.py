@@ -59,6 +59,7 @@ def pareto_entries(frame: pd.DataFrame, space: Space, objectives: Objectives, gr
         entries.append({
             "trial_number": int(row["trial_number"]),
             "trial_id": str(row["trial_id"]),
+            "status": str(row["status"]),
             "epoch": int(row["epoch"]),
             "metrics": {m: (int(v) if m == "params" and v is not None else v)
                         for m, v in ((m, score(row.get(m))) for m in dict.fromkeys([*OBJECTIVES, *objectives.metrics]))},

@@ -82,12 +82,14 @@ class Bound:
 
 CONSTRAINT_RULE = (f"must read 'METRIC <= NUMBER' or 'METRIC >= NUMBER' with a METRIC the trainable reports "
                    f"({', '.join(OBJECTIVES)}, or train_/val_<name> of training.metrics)")
+OWN_CONSTRAINT_RULE = "must read 'METRIC <= NUMBER' or 'METRIC >= NUMBER' with a METRIC the function reports"
 
 
-def parse_constraint(text: Any) -> Bound | None:
-    """'params <= 200000' as a Bound; None if it is not one (CONSTRAINT_RULE says why)."""
+def parse_constraint(text: Any, any_name: bool = False) -> Bound | None:
+    """'params <= 200000' as a Bound; None if it is not one (CONSTRAINT_RULE says why). `any_name`: the
+    metric may be any identifier (a function trainable's own names, checked on its first report)."""
     match = _CONSTRAINT.fullmatch(text) if isinstance(text, str) else None
-    if match is None or not metric_name(match.group(1)):
+    if match is None or not (match.group(1).isidentifier() if any_name else metric_name(match.group(1))):
         return None
     try:
         bound = float(match.group(3))
@@ -145,19 +147,21 @@ class Objectives:
 def objectives_of(experiment: Any) -> Objectives:
     """A validated Experiment's objectives (schema.Experiment: metric, mode, constraints)."""
     return Objectives(names(experiment.metric), names(experiment.mode),
-                      tuple(parse_constraint(c) for c in getattr(experiment, "constraints", ())))
+                      tuple(parse_constraint(c, any_name=True) for c in getattr(experiment, "constraints", ())))
 
 
-def problems(experiment: Any) -> list[str]:
-    """What the schema's per-field rules cannot say: lengths, each constraint, what several objectives exclude."""
+def problems(experiment: Any, any_name: bool = False) -> list[str]:
+    """What the schema's per-field rules cannot say: lengths, each constraint, what several objectives exclude.
+    `any_name`: a function trainable's, whose metrics have its own names."""
     out = []
     metrics, modes = names(experiment.metric), names(experiment.mode)
     if len(metrics) != len(modes):
         out.append(problem("experiment.mode", f"must have one mode per metric ({len(metrics)}: "
                                               f"{', '.join(metrics)})", experiment.mode))
     for i, text in enumerate(experiment.constraints):
-        if parse_constraint(text) is None:
-            out.append(problem(f"experiment.constraints[{i}]", CONSTRAINT_RULE, text))
+        if parse_constraint(text, any_name) is None:
+            out.append(problem(f"experiment.constraints[{i}]", OWN_CONSTRAINT_RULE if any_name else CONSTRAINT_RULE,
+                               text))
     if experiment.constraints and not experiment.reproducible:
         out.append(problem("experiment.constraints", "need experiment.reproducible: true (the searcher that "
                                                      "tells Optuna each trial's constraints)", experiment.constraints))
@@ -222,8 +226,9 @@ def points(frame: pd.DataFrame, objectives: Objectives, statuses: Iterable[str] 
 
 
 def pareto_front(frame: pd.DataFrame, objectives: Objectives) -> pd.DataFrame:
-    """The feasible non-dominated trials' point rows, in trial-number order."""
-    candidates = points(frame, objectives)
+    """The feasible non-dominated trials' point rows, in trial-number order. A DIVERGED trial is never on
+    it: its point is an epoch before its metric broke, a model that went on to NaN."""
+    candidates = points(frame, objectives, ("ERROR", "INTERRUPTED", "DIVERGED"))
     candidates = candidates[[objectives.feasible(r) for _, r in candidates.iterrows()]] if len(candidates) else \
         candidates
     keep = non_dominated(candidates[list(objectives.metrics)].to_numpy(dtype=float), objectives.modes)

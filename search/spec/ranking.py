@@ -25,7 +25,7 @@ import pandas as pd
 from search.spec.objectives import Objectives, feasible_only
 from trainable.metrics import score
 
-__all__ = ["score", "signed", "best_value", "is_better", "Rank", "rank", "ranked", "points"]
+__all__ = ["score", "signed", "best_value", "is_better", "Rank", "rank", "ranked", "best_candidates", "points"]
 
 
 def signed(value: Any, mode: str) -> float | None:
@@ -72,6 +72,18 @@ def ranked(frame: pd.DataFrame, metric: str, mode: str, *, feasible: bool = Fals
     if feasible:
         scored = feasible_only(scored)
     return scored.sort_values(metric, ascending=(mode == "min"), kind="stable")
+
+
+def best_candidates(frame: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame:
+    """The rows that may be the run's best (one objective), best first: best.yaml's is the first, and
+    the journal's study names the same trial. A feasible trial's; a finished trial's (not ERROR, not
+    INTERRUPTED) where one has a score; else an interrupted trial's; an errored trial's only where no
+    other trial scored (best.yaml's note then says so)."""
+    scored = ranked(frame, metric, mode)
+    succeeded = bool((scored["status"] != "ERROR").any())  # before feasibility: an infeasible trial counts
+    scored = feasible_only(scored)
+    finished = scored[~scored["status"].isin(["ERROR", "INTERRUPTED"])]
+    return finished if len(finished) else scored[scored["status"] != "ERROR"] if succeeded else scored
 
 
 def points(frame: pd.DataFrame, objectives: Objectives) -> pd.DataFrame:

@@ -333,7 +333,10 @@ def validated(model: type[Section], section: str, values: Mapping[str, Any], pro
                 continue
             rule_text = rule_of(model, key)
             problems += entry_problems(f"{section}.{key}", rule_text, value, bad_entries(model, key, value))
-        return model()
+        try:  # the valid keys as given, so that the checks across keys say their problems in the same pass
+            return model.model_validate({k: v for k, v in values.items() if k not in seen})
+        except ValidationError:  # a rule across fields broke: the defaults
+            return model()
 
 
 # ---- searched fields ---------------------------------------------------------------------

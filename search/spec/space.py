@@ -29,6 +29,7 @@ from typing import Any, Mapping
 from optuna.distributions import FloatDistribution, IntDistribution
 
 from search.spec.enqueue import enqueue_problems
+from search.spec.objectives import names, objectives_of
 from search.spec.objectives import problems as objective_problems
 from search.spec.overrides import set_keys
 from search.spec.schema import (STOP_WHEN_RULE, DataRoot, Experiment, Resources, Searched, bad_targets, entry_problems,
@@ -38,7 +39,7 @@ from trainable.config import (FACTORY_KEY, FIELDS, MODEL, MOVED, MUTABLE, TrialC
                               cross_field_problems, fields_in, is_plain_data, is_reference, keyword_of, model_key,
                               plain, searchable, section)
 from trainable.errors import ConfigError, problem
-from trainable.function import RESERVED, TRAINABLE_KEY, FunctionConfig
+from trainable.function import DRIVER_KEYS, FUNCTION_REPORT_COLUMNS, RESERVED, TRAINABLE_KEY, FunctionConfig
 
 SECTIONS = ("experiment", "resources", "model", "data", "training", "space")
 DATA_KEYS = {"args": "data_args"}  # data section key -> trial config field, where they differ
@@ -184,16 +185,18 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
     else:
         fixed, searched, data_root = _canonical_keys(raw, base, problems)
     problems += when_problems(searched, fixed)
+    if function:
+        problems += _own_metric_problems(experiment, [*fixed, *(d.name for d in searched)])
     if not function:
         experiment, metric_problems = training_metric_problems(experiment, fixed)  # experiment.metric vs the columns
         problems += metric_problems
         if not problems:
             problems += cross_field_problems(fixed, "data.")
-    if not problems or (function and experiment.scheduler == "pbt"):  # that refusal needs no valid config
-        epochs = None if problems else (FunctionConfig(reference, fixed) if function else
-                                        TrialConfig.from_mapping(fixed)).epochs
+    epochs = _epochs(reference, fixed, function)
+    if epochs is not None or function:  # else the fixed keys' own problems are said: the schedule's wait
         experiment, schedule = schedule_problems(experiment, tuple(searched), epochs, function)
-        problems += schedule
+        said = {p.split(":", 1)[0] for p in problems}  # a key said wrong once: not again through a default
+        problems += [p for p in schedule if p.split(":", 1)[0] not in said]
     problems += searcher_problems(experiment, searched, problems, free_names=function)
     if not problems and not searched:
         problems.append(problem("space", "must search at least one key (e.g. lr: {distribution: float, "
@@ -201,6 +204,16 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
     if problems:
         raise ConfigError(problems, source)
     return Space(experiment, resources, data_root, fixed, tuple(searched), source, trainable=reference)
+
+
+def _epochs(reference: str | None, fixed: Mapping[str, Any], function: bool) -> int | None:
+    """The epochs a trial runs by default (a function's `epochs` key, if it has one); None where the
+    fixed keys do not make a valid trial config (their problems are said on their own)."""
+    try:
+        epochs = (FunctionConfig(reference, fixed) if function else TrialConfig.from_mapping(fixed)).epochs
+    except (ConfigError, TypeError, ValueError):
+        return None
+    return epochs if isinstance(epochs, int) and not isinstance(epochs, bool) and epochs > 0 else None
 
 
 def _section_problems(raw: Mapping[str, Any], function: bool) -> list[str]:
@@ -228,28 +241,50 @@ def _canonical_experiment(raw: Mapping[str, Any], problems: list[str]) -> Experi
 
 
 def _function_experiment(raw: Mapping[str, Any], problems: list[str]) -> Experiment:
-    """experiment.metric and stop_when name what the function reports: any name, checked on its first report."""
+    """experiment.metric, constraints and stop_when name what the function reports: any name, checked on
+    its first report; the rest of the experiment as for the canonical loop (objective_problems too)."""
     settings = dict(_section(raw, "experiment", problems))
     metric = settings.pop("metric", Experiment().metric)
     stop_when = settings.pop("stop_when", None)  # targets on any name the function reports
+    constraints = settings.pop("constraints", ())
     if not stop_when_valid(stop_when, None):
         rule = STOP_WHEN_RULE.format(metrics="a metric the function reports")
         bad = bad_targets(stop_when, any_name=True) if isinstance(stop_when, Mapping) else []
         problems += entry_problems("experiment.stop_when", rule, stop_when, bad)
         stop_when = None
+    if not _own_names(metric):
+        problems.append(problem("experiment.metric", "must name a metric the function reports (a Python "
+                                                     "identifier), or a list of distinct ones", metric))
+        metric = Experiment().metric
+    if not isinstance(constraints, (list, tuple)):
+        problems.append(problem("experiment.constraints", "must be a list of 'METRIC <= NUMBER' or "
+                                                          "'METRIC >= NUMBER'", constraints))
+        constraints = ()
     experiment = validated(Experiment, "experiment", settings, problems).model_copy(
         # numbers as floats, as the field's validation makes them for the canonical loop (model_copy skips it)
-        update={"metric": metric, "stop_when": {k: float(v) if isinstance(v, int) else v
-                                                for k, v in stop_when.items()} if stop_when else None})
-    if isinstance(metric, list):  # docs/multi-objective.md: the canonical loop's metrics only, for now
-        problems.append(problem("experiment.metric", "must name one metric the function reports: a list of "
-                                                     "objectives works with the canonical loop only", metric))
-    elif not isinstance(metric, str) or not metric:
-        problems.append(problem("experiment.metric", "must name a metric the function reports", metric))
-    if experiment.constraints:  # docs/multi-objective.md: on the canonical loop's metrics only, for now
-        problems.append(problem("experiment.constraints", "are not supported with a function trainable",
-                                list(experiment.constraints)))
+        update={"metric": metric if isinstance(metric, str) else tuple(metric), "constraints": tuple(constraints),
+                "stop_when": {k: float(v) if isinstance(v, int) else v for k, v in stop_when.items()}
+                if stop_when else None})
+    problems += objective_problems(experiment, any_name=True)
     return experiment
+
+
+def _own_metric_problems(experiment: Experiment, free_names: list[str]) -> list[str]:
+    """A function's metric named like a config key, or like a column of hpsearch's own, would overwrite
+    it in results.parquet and best.yaml (the trial refuses such a report too: trainable/function.py)."""
+    taken = {*free_names, TRAINABLE_KEY, *DRIVER_KEYS, *FUNCTION_REPORT_COLUMNS, "status", "trial_id"}
+    named = [("experiment.metric", m) for m in names(experiment.metric)] + \
+        [("experiment.constraints", c.metric) for c in objectives_of(experiment).constraints if c] + \
+        [("experiment.stop_when", k) for k in experiment.stop_when or {}]
+    return [problem(key, "must name a metric of the function, not a config key or a column of hpsearch's own "
+                         f"({', '.join(sorted(taken))})", name) for key, name in named if name in taken]
+
+
+def _own_names(metric: Any) -> bool:
+    """experiment.metric of a function: one identifier, or a list of distinct ones."""
+    listed = [metric] if isinstance(metric, str) else metric if isinstance(metric, (list, tuple)) else None
+    return bool(listed) and all(isinstance(m, str) and m.isidentifier() for m in listed) and \
+        len(set(listed)) == len(listed)
 
 
 def _canonical_keys(raw: Mapping[str, Any], base: Path, problems: list[str]

@@ -23,7 +23,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from optuna.distributions import IntDistribution
 
-from search.spec.objectives import FEASIBLE
+from search.spec.objectives import FEASIBLE, objectives_of
 from search.spec.schema import conditions, not_drawn
 from search.spec.space import Space
 from trainable.config import FACTORY_KEY, FIELDS, TrialConfig, field_of, json_text, keyword_of, kind
@@ -68,13 +68,26 @@ SEARCH_COLUMNS = ["suggest_seconds", "queue_seconds", "idle_seconds", "start_sec
 def report_columns(space: Space) -> list[str]:
     """The columns of a trial's reports that every trial has (a function's own metrics join them as reported)."""
     if space.trainable:
-        return [*FUNCTION_REPORT_COLUMNS, space.experiment.metric, *REPORT_COLUMNS[len(EPOCH_COLUMNS) + 1:]]
+        return [*FUNCTION_REPORT_COLUMNS, *objectives_of(space.experiment).measured,
+                *REPORT_COLUMNS[len(EPOCH_COLUMNS) + 1:]]
     defaults = space.trial_defaults()  # training.loss and training.metrics decide the metric columns
     return epoch_report_columns(epoch_metrics(defaults.loss, defaults.metrics))
 
 
 def columns(space: Space) -> list[str]:
     return ["trial_id", "status", *config_columns(space), *report_columns(space), *SEARCH_COLUMNS, FEASIBLE]
+
+
+# best.yaml's `result` keys beside the metrics: a metric of the same name would overwrite one
+BEST_KEYS = ("trial_number", "trial_id", "epoch", "metric", "checkpoint", "note", "search", "trials")
+
+
+def reserved_names(space: Space) -> frozenset[str]:
+    """The names a function trainable's metrics cannot take: every column results.parquet holds for
+    itself (its config keys, status, trial_id, where and when it ran, ...) and best.yaml's own keys.
+    `epoch` among them: the function may report it only as the count of reports (trainable/function.py)."""
+    measured = set(objectives_of(space.experiment).measured)
+    return frozenset(c for c in [*columns(space), *BEST_KEYS] if c not in measured)
 
 
 JSON = {b"json": b"1"}  # field metadata: the column holds JSON text of nested or mixed values
@@ -235,13 +248,21 @@ def read_record(fs: pafs.FileSystem, trial_path: str) -> list[dict[str, Any]]:
 def table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     """Rows as a table of `schema`; values of JSON-text columns become JSON text."""
     gated = conditions_of(schema)
-    if TRAINABLE_KEY in schema.names:  # a function trainable's metrics: columns as its reports name them
-        extra = sorted({k for row in rows for k in row} - set(schema.names))
-        schema = pa.schema([*schema, *(pa.field(k, pa.float64()) for k in extra)])
+    schema = with_reported(schema, rows)
     text = {f.name for f in schema if is_json(f)}
     cells = [{k: (json_text(v) if k in text and v is not None else v)
               for k, v in {**row, **dict.fromkeys(not_drawn(gated, row))}.items()} for row in rows]
     return pa.Table.from_pylist(cells, schema=schema)
+
+
+def with_reported(schema: pa.Schema, rows: Iterable[Mapping[str, Any]]) -> pa.Schema:
+    """A function trainable's schema with a column for every metric these rows report (the canonical
+    loop's schema already has them all). Given every trial's rows, it is the one schema all parts share:
+    a reader of the folder takes the first part's columns, so a part without one would hide it."""
+    if TRAINABLE_KEY not in schema.names:
+        return schema
+    extra = sorted({k for row in rows for k in row} - set(schema.names))
+    return pa.schema([*schema, *(pa.field(k, pa.float64()) for k in extra)], metadata=schema.metadata)
 
 
 def part_bytes(rows: list[dict[str, Any]], schema: pa.Schema) -> bytes:
