@@ -57,7 +57,8 @@ def assert_outputs_agree(run: Path) -> None:
     of results.parquet once (an interrupted one only once it ends), and the best value of the
     journal's study, of best.yaml and of results.parquet's scoring rows (ERROR trials never best)
     is one number: a finished trial's (not ERROR, not INTERRUPTED). best.yaml may name a worse epoch only
-    where its note says why (a checkpoint).
+    where its note says why (a checkpoint). The study's best trial is best.yaml's, and a trial a
+    scheduler stopped is PRUNED there unless it is that best (search/searching/study.py).
     """
     import math
 
@@ -91,6 +92,17 @@ def assert_outputs_agree(run: Path) -> None:
     recorded = yaml.safe_load(best_path.read_text())["result"]
     if recorded[metric] != best:
         assert "checkpoint" in recorded.get("note", ""), (recorded, best)
+    else:  # the study's best trial is best.yaml's (ties go to the earlier trial in both)
+        assert study.best_trial.user_attrs["trial_number"] == recorded["trial_number"], (study.best_trial, recorded)
+    # COMPLETE only for a trial that ran all its epochs, or for the one holding the best whatever its status
+    # (Optuna's best reads COMPLETE trials only); a scheduler's stop is PRUNED, an error FAIL
+    best_number = study.best_trial.user_attrs["trial_number"]
+    for t in journal:
+        status, number = t.user_attrs.get("status"), t.user_attrs.get("trial_number", t.number)
+        if status == "ERROR":
+            assert t.state == TrialState.FAIL, (number, status, t.state)
+        elif status in ("STOPPED", "DIVERGED") and number != best_number:
+            assert t.state == (TrialState.PRUNED if status == "STOPPED" else TrialState.FAIL), (number, status, t.state)
 
 
 def assert_kept_checkpoints(run: Path, metric: str = "val_acc") -> None:

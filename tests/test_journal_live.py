@@ -183,3 +183,62 @@ def test_while_a_search_runs_the_dashboard_lists_its_running_trials_numbered_as_
         assert t.state.name == "COMPLETE" and t.value == trial["val_acc"].max()
         assert t.params["lr"] == trial["lr"].iloc[0] and t.user_attrs["trial_id"] == trial["trial_id"].iloc[0]
     assert [t.params["lr"] for t in running] == [listed[t.number].params["lr"] for t in running]
+
+
+# ---- pruned is pruned: a real search whose scheduler stops trials ----
+
+# A training function whose large learning rates peak at their first epoch and then fall, so that
+# successive halving stops one after its best epoch: the run's best value is a stopped trial's.
+PEAKING = """
+def train(config, report, checkpoint=None):
+    lr = config["lr"]
+    for epoch in range((checkpoint or {}).get("epoch", 0) + 1, config["epochs"] + 1):
+        report(val_acc=2 * lr if epoch == 1 else 0.5 - lr + 0.01 * epoch, checkpoint={"epoch": epoch})
+"""
+
+
+def entry(t: optuna.trial.FrozenTrial) -> tuple:
+    return t.number, t.state.name, t.values, t.params, t.intermediate_values, t.user_attrs
+
+
+@pytest.mark.slow
+def test_trials_a_scheduler_stopped_are_pruned_and_the_studys_best_is_best_yamls(ray_local, tmp_path):
+    import yaml
+
+    from search.cli import load_space
+    from search.driver import run_search
+    from tests.helpers import assert_outputs_agree
+
+    (tmp_path / "peaking.py").write_text(PEAKING)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump({
+        "trainable": "peaking.py:train",
+        # rungs at epochs 1 and 2; #0 runs all 4 epochs, #1 (0.6 at epoch 1, then 0.22) stops at epoch 2,
+        # #2 (0.04) at epoch 1
+        "experiment": {"name": "pruned", "metric": "val_acc", "mode": "max", "num_samples": 3, "max_concurrent": 2,
+                       "seed": 3, "scheduler": "asha", "grace_period": 1, "reduction_factor": 2,
+                       "enqueue": [{"lr": 0.05}, {"lr": 0.3}, {"lr": 0.02}], "storage_path": str(tmp_path / "runs")},
+        "training": {"epochs": 4},
+        "space": {"lr": {"distribution": "float", "low": 0.01, "high": 0.4}}}))
+    space = load_space(str(tmp_path / "space.yaml"), [])
+    outcome = run_search(space, name="pruned")
+    run = Path(outcome.path)
+    frame = outcome.results
+    statuses = frame.groupby("trial_number")["status"].first().to_dict()
+    assert statuses == {0: "COMPLETED", 1: "STOPPED", 2: "STOPPED"}, frame[["trial_number", "epoch", "val_acc"]]
+    listed = dashboard_trials(run / JOURNAL_FILE, "pruned")
+    # #1 holds the run's best (its epoch 1): COMPLETE so that the study's best is best.yaml's; #2 is pruned
+    assert [(t.number, t.state.name, t.user_attrs["status"]) for t in listed] == [
+        (0, "COMPLETE", "COMPLETED"), (1, "COMPLETE", "STOPPED"), (2, "PRUNED", "STOPPED")]
+    for t in listed:  # each reported epoch kept as an intermediate value, step = epoch
+        rows = frame[frame["trial_number"] == t.number]
+        assert t.intermediate_values == dict(zip(rows["epoch"], rows["val_acc"]))
+        assert t.value == rows["val_acc"].max()
+    best = yaml.safe_load((run / "best.yaml").read_text())["result"]
+    assert best["trial_number"] == 1
+    assert_outputs_agree(run)
+    # the journal rebuilt from results.parquet alone (a lost journal, a --resume) is the same
+    rebuilt = RunFolder(Storage.at(str(tmp_path / "rebuilt")), "pruned")
+    Path(rebuilt.path).mkdir(parents=True)
+    Journal(rebuilt, space).sync(pd.read_parquet(run / "results.parquet"))
+    assert [entry(t) for t in dashboard_trials(Path(rebuilt.path) / JOURNAL_FILE, "pruned")] == \
+        [entry(t) for t in listed]

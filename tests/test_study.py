@@ -111,3 +111,83 @@ def test_the_journal_made_to_match_results_drops_stale_entries_and_adds_missing_
     assert study.trials[3].intermediate_values == {1: 0.8}
     assert study.best_value == results["val_acc"].max()
     assert sorted(p.name for p in Path(folder.path).iterdir()) == [JOURNAL_FILE], "no temporary file left"
+
+
+# ---- pruned is pruned: how a trial ended decides its state in optuna.journal ----
+
+def ended(trial_id: str, number: int, lr: float, curve: list[float], status: str) -> list[dict]:
+    return [{**row, "status": status} for row in trial(trial_id, number, lr, curve)]
+
+
+def entries(folder: RunFolder) -> list[tuple]:
+    """What optuna-dashboard shows of each trial."""
+    return [(t.number, t.state.name, t.value, t.intermediate_values, t.user_attrs["status"])
+            for t in read_journal(folder).trials]
+
+
+def test_a_stopped_trial_is_pruned_with_its_curve_and_a_diverged_one_fails(tmp_path):
+    space = journal_space()
+    folder = RunFolder(Storage.at(str(tmp_path)), "j-20261130-101500")
+    Path(folder.path).mkdir()
+    results = pd.DataFrame(ended("a", 0, 0.15, [0.5, 0.8, 0.9], "COMPLETED") + ended("b", 1, 0.12, [0.3], "STOPPED")
+                           + ended("c", 2, 0.11, [0.6, 0.2], "STOPPED")
+                           + ended("d", 3, 0.18, [0.4, math.nan], "DIVERGED"))
+    Journal(folder, space).sync(results)
+    assert entries(folder) == [(0, "COMPLETE", 0.9, {1: 0.5, 2: 0.8, 3: 0.9}, "COMPLETED"),
+                               (1, "PRUNED", 0.3, {1: 0.3}, "STOPPED"),
+                               (2, "PRUNED", 0.6, {1: 0.6, 2: 0.2}, "STOPPED"),  # its value: its best epoch
+                               (3, "FAIL", None, {1: 0.4}, "DIVERGED")]
+    study = read_journal(folder)
+    assert (study.best_trial.number, study.best_value) == (0, 0.9)
+    # the report's study keeps every scored trial COMPLETE: Optuna's plots draw no other
+    assert [t.state.name for t in make_study(results, space).trials] == ["COMPLETE"] * 4
+
+
+def test_a_stopped_trial_that_holds_the_best_value_is_the_studys_best_live_or_rebuilt(tmp_path):
+    space = journal_space()
+    # trial #1 reached 0.95 at its epoch 1, fell, and the scheduler stopped it: best.yaml's trial
+    trials = [ended("a", 0, 0.15, [0.5, 0.8, 0.9], "COMPLETED"), ended("b", 1, 0.12, [0.95, 0.4], "STOPPED"),
+              ended("c", 2, 0.11, [0.3], "STOPPED"), ended("d", 3, 0.13, [0.6, 0.7, 0.85], "COMPLETED")]
+    results = pd.DataFrame([row for rows in trials for row in rows])
+    live = RunFolder(Storage.at(str(tmp_path / "live")), "j-20261130-101500")
+    Path(live.path).mkdir(parents=True)
+    progress = Progress(live, space)
+    for rows in trials:  # as the trials end, then the end of the search
+        progress.add_to_journal(rows)
+    assert [state for _, state, *_ in entries(live)] == ["COMPLETE", "PRUNED", "PRUNED", "COMPLETE"]
+    Journal(live, space).sync(results)
+    rebuilt = RunFolder(Storage.at(str(tmp_path / "rebuilt")), "j-20261130-101500")
+    Path(rebuilt.path).mkdir(parents=True)
+    Journal(rebuilt, space).sync(results)  # a journal written from results.parquet alone (a lost journal, --resume)
+    assert entries(live) == entries(rebuilt) == [(0, "COMPLETE", 0.9, {1: 0.5, 2: 0.8, 3: 0.9}, "COMPLETED"),
+                                                 (1, "COMPLETE", 0.95, {1: 0.95, 2: 0.4}, "STOPPED"),
+                                                 (2, "PRUNED", 0.3, {1: 0.3}, "STOPPED"),
+                                                 (3, "COMPLETE", 0.85, {1: 0.6, 2: 0.7, 3: 0.85}, "COMPLETED")]
+    study = read_journal(live)
+    assert (study.best_trial.number, study.best_value) == (1, 0.95)
+    assert sorted(p.name for p in Path(live.path).iterdir()) == [JOURNAL_FILE], "no temporary file left"
+    # a resume adds a better trial: #1 is pruned again, as a journal rebuilt from the new results says
+    more = pd.concat([results, pd.DataFrame(ended("e", 4, 0.14, [0.7, 0.97, 0.96], "COMPLETED"))])
+    Journal(live, space).sync(more)
+    Journal(rebuilt, space).sync(more)
+    assert entries(live) == entries(rebuilt)
+    assert entries(live)[1][1] == "PRUNED" and read_journal(live).best_trial.number == 4
+
+
+def test_several_objectives_a_stopped_trial_on_the_front_is_complete(tmp_path):
+    space = parse_space({"experiment": {"name": "j", "metric": ["val_acc", "val_loss"], "mode": ["max", "min"]},
+                         "space": {"lr": {"distribution": "uniform", "low": 0.1, "high": 0.2}}})
+    folder = RunFolder(Storage.at(str(tmp_path)), "j-20261130-101500")
+    Path(folder.path).mkdir()
+
+    def several(trial_id, number, points, status):
+        return [{**row, "val_loss": loss} for row, loss in
+                zip(ended(trial_id, number, 0.15, [acc for acc, _ in points], status), [loss for _, loss in points])]
+
+    results = pd.DataFrame(several("a", 0, [(0.5, 0.5), (0.8, 0.3)], "COMPLETED")
+                           + several("b", 1, [(0.9, 0.4)], "STOPPED")  # on the front: the best val_acc
+                           + several("c", 2, [(0.4, 0.6)], "STOPPED"))  # dominated by #0
+    Journal(folder, space).sync(results)
+    study = read_journal(folder)
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE", "PRUNED"]
+    assert sorted(t.number for t in study.best_trials) == [0, 1]

@@ -136,8 +136,60 @@ def test_earlier_trials_outside_todays_space_are_left_out_and_counted():
     assert note.startswith("warm start: 2 trial(s) from runs/x") and "5 left out: 3 unfinished" in note
     searched_more = parse_space({"space": {**{d.name: d.to_raw() for d in today.searched},
                                            "momentum": {"distribution": "float", "low": 0.5, "high": 0.9}}})
-    # momentum has a column (every config key has), but the earlier run fixed it: not a point the search drew
-    assert select(frame, earlier, searched_more)[1] == {"without momentum": 2, **left_out}, "keys in space order"
+    # searched today, fixed then: every trial of that run ran at the value its column holds (0.9), a point
+    # today's space can draw, so it is told at that value; where today's space cannot, it is left out
+    more_kept, more_left_out = select(frame, earlier, searched_more)
+    assert [k["params"] for k in more_kept] == [{**k["params"], "momentum": 0.9} for k in kept]
+    assert more_left_out == left_out
+    narrower = parse_space({"space": {**{d.name: d.to_raw() for d in searched_more.searched},
+                                      "momentum": {"distribution": "float", "low": 0.5, "high": 0.8}}})
+    assert select(frame, earlier, narrower)[1] == {"momentum in [0.5, 0.8]": 2, **left_out}
+    # a function's key the earlier run never set has no value there: not a point of today's space
+    assert select(frame.drop(columns="momentum"), earlier, searched_more)[1] == {"without momentum": 2, **left_out}
+
+
+def test_earlier_trials_that_drew_another_value_than_today_fixes_are_left_out_and_counted():
+    earlier = parse_space({"space": {"lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3},
+                                     "batch_size": {"distribution": "choice", "values": [32, 64, 128]}}})
+    today = parse_space({"training": {"batch_size": 64},
+                         "space": {"lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3}}})
+    frame = pd.DataFrame([rows(0, "COMPLETED", 0.05, 32), rows(1, "COMPLETED", 0.2, 64, 0.8),
+                          rows(2, "STOPPED", 0.06, 128), rows(3, "INTERRUPTED", 0.05, 64),
+                          rows(4, "COMPLETED", 0.03, 64, 0.7)])
+    kept, left_out = select(frame, earlier, today)
+    # only the trials that ran batch_size 64 ran a config of today's space
+    assert kept == [{"number": 1, "params": {"lr": 0.2}, "value": 0.8},
+                    {"number": 4, "params": {"lr": 0.03}, "value": 0.7}]
+    assert left_out == {"batch_size drew a value other than today's 64": 2, UNFINISHED: 1}
+    assert "3 left out: 2 batch_size drew a value other than today's 64, 1 unfinished" in \
+        WarmStart("runs/x", "x", kept, left_out).note()
+    # fixed today at a value none drew: nothing is told
+    assert select(frame, earlier, parse_space({"training": {"batch_size": 16}, "space": {
+        "lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3}}}))[0] == []
+    # a function's key no longer in today's file: its trials run with a default only the user's code knows
+    function = {"trainable": "train.py:train", "training": {"epochs": 1},
+                "space": {"lr": {"distribution": "float", "low": 0.01, "high": 0.3}}}
+    then = parse_space({**function, "space": {**function["space"],
+                                              "units": {"distribution": "int", "low": 1, "high": 4}}})
+    own = pd.DataFrame([{**rows(0, "COMPLETED", 0.05, 32), "units": 2}, {**rows(1, "COMPLETED", 0.1, 32), "units": 3}])
+    assert select(own, then, parse_space(function)) == ([], {"units searched then, not set today": 2})
+    units_fixed = parse_space({**function, "training": {"epochs": 1, "units": 3}})
+    assert [k["number"] for k in select(own, then, units_fixed)[0]] == [1]
+
+
+def test_a_key_fixed_today_that_the_earlier_run_drew_only_under_a_condition_is_compared_only_where_drawn():
+    when = {"optimizer": {"distribution": "choice", "values": ["sgd", "adamw"]},
+            "momentum": {"distribution": "float", "low": 0.5, "high": 0.99, "when": {"optimizer": "sgd"}},
+            "lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3}}
+    earlier = parse_space({"space": when})
+    today = parse_space({"training": {"momentum": 0.9},
+                         "space": {"optimizer": when["optimizer"], "lr": when["lr"]}})
+    frame = pd.DataFrame([{**rows(0, "COMPLETED", 0.05, 32), "optimizer": "adamw", "momentum": None},
+                          {**rows(1, "COMPLETED", 0.05, 32), "optimizer": "sgd", "momentum": 0.9},
+                          {**rows(2, "COMPLETED", 0.05, 32), "optimizer": "sgd", "momentum": 0.6}])
+    kept, left_out = select(frame, earlier, today)
+    assert [k["number"] for k in kept] == [0, 1], "adamw drew no momentum: it did not apply"
+    assert left_out == {"momentum drew a value other than today's 0.9": 1}
 
 
 def test_an_earlier_trial_without_a_key_its_condition_left_out_is_kept():
@@ -177,6 +229,12 @@ def test_a_search_with_enqueued_configs_warm_starts_the_next(ray_local, tmp_path
     assert "1 left out: 1 lr in [0.01, 0.2]" in later.summary
     assert list(later.results["trial_number"]) == [0]
     assert before == {p: p.stat().st_mtime_ns for p in Path(earlier.path).rglob("*")}, "the earlier run is only read"
+    # batch_size fixed today: only the earlier trials that ran today's value are told (as a search's start reads them)
+    fixed = read(small_space(tmp_path, data_root, **small, space={"batch_size": 128},
+                             experiment={"warm_start": earlier.path}))
+    ran = [int(n) for n in frame.loc[frame["batch_size"] == 128, "trial_number"]]
+    assert [t["number"] for t in fixed.trials] == ran and 0 in ran
+    assert fixed.left_out == ({"batch_size drew a value other than today's 128": 2 - len(ran)} if len(ran) < 2 else {})
 
     storage = optuna.storages.JournalStorage(JournalFileBackend(f"{later.path}/optuna.journal"))
     told = optuna.load_study(study_name=WARM_STUDY.format(run="later"), storage=storage).trials

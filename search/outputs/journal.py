@@ -9,8 +9,13 @@ An entry's life, as the search goes (search/execution/progress.py hands each ste
 - the trial starts: RUNNING, with its params and user attributes trial_number, trial_id, seed
   and status RUNNING; a lower-numbered trial Tune has not started yet enters first, WAITING;
 - each epoch: its metric as an intermediate value;
-- it ends: COMPLETE with its value (its best epoch, as best.yaml picks it; an ASHA-stopped trial
-  too, with status STOPPED), or FAIL (no finite metric, or an error); status is results.parquet's;
+- it ends: COMPLETE with its value (its best epoch, as best.yaml picks it) when it ran all its
+  epochs (status COMPLETED), PRUNED (its curve and that value kept) when a scheduler stopped it
+  early (STOPPED: asha, hyperband), or FAIL (no finite metric, DIVERGED, or an error); status is
+  results.parquet's. Optuna's best reads COMPLETE trials only, so the end of the search makes a
+  STOPPED or DIVERGED trial that holds the run's best (best.yaml's, or on pareto.yaml's front)
+  COMPLETE, its status user attribute unchanged (search/searching/study.py): the journal is then
+  written anew, once;
 - the search stops (Ctrl-C) before it ends: the entry stays RUNNING with status INTERRUPTED, and
   `--resume` continues that same entry. Only an entry that must change after it ended (a trial
   run again after a killed driver, or an errored trial resumed) makes the journal be written
@@ -39,11 +44,11 @@ import optuna
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
-from search.searching.study import JOURNAL_FILE, PENDING, frozen_trial, journal, trial_records
+from search.searching.study import JOURNAL_FILE, PENDING, best_trials, frozen_trial, journal, trial_records
 from search.searching.warm_start import load, told
 from search.spec.objectives import objectives_of
 from search.spec.space import Space
-from search.store.results import results_schema
+from search.store.results import DIVERGED, STOPPED, results_schema
 from search.store.run_folder import RunFolder
 from search.store.storage import is_uri
 
@@ -122,10 +127,11 @@ class Journal:
 
     # ---- the search as it goes ----
 
-    def trial_of(self, rows: Sequence[Mapping[str, Any]]) -> FrozenTrial:
+    def trial_of(self, rows: Sequence[Mapping[str, Any]], *, best: bool = False) -> FrozenTrial:
         """One trial's rows (study.frozen_trial's records) as its entry: RUNNING, WAITING or ended, by its
-        status column."""
-        return frozen_trial(rows, self.space, self.schema, live=True)
+        status column; `best`: it holds the run's best (study.best_trials), so it is COMPLETE even if
+        STOPPED or DIVERGED."""
+        return frozen_trial(rows, self.space, self.schema, live=True, best=best)
 
     def report(self, number: int, epoch: int, value: float) -> None:
         """Trial `number`'s metric at `epoch`, if its entry is running."""
@@ -158,8 +164,11 @@ class Journal:
         Entries of trials not in `frame` that have not ended (WAITING: not started) stay.
         """
         wanted: dict[int, FrozenTrial] = {}
+        # only a stopped or diverged trial's entry depends on the others (COMPLETE if it holds the best)
+        best = best_trials(frame, self.space) \
+            if "status" in frame and frame["status"].isin([STOPPED, DIVERGED]).any() else set()
         for rows in trial_records(frame):
-            trial = self.trial_of(rows)
+            trial = self.trial_of(rows, best=str(rows[0]["trial_id"]) in best)
             if number_of(trial) is not None:
                 wanted[number_of(trial)] = trial
         ok = not any(e.state.is_finished() for n, e in self.entries.items() if n not in wanted)

@@ -3,8 +3,22 @@ trial's entry in optuna.journal for `optuna-dashboard` (search/outputs/journal.p
 
 A trial's value is its best epoch's metric (the epoch best.yaml picks), as in OrderedSearch;
 a trial without a finite metric, or that ended in ERROR, is FAIL (its epochs stay as
-intermediate values), so the study's best is best.yaml's. Each trial carries `trial_number`, `trial_id` and
-`seed` as user attributes, and its metric per epoch as intermediate values.
+intermediate values), so the study's best is best.yaml's. Each trial carries `trial_number`,
+`trial_id` and `seed` as user attributes, and its metric per epoch as intermediate values.
+
+In optuna.journal (`live`) a trial is COMPLETE only when it ran all its epochs (status COMPLETED).
+One a scheduler stopped early (STOPPED: asha, hyperband) is PRUNED, as Optuna's pruners leave one,
+with its curve and its value (its best epoch: one score rule everywhere, where Optuna's `tell`
+would keep its last); one whose metric broke (DIVERGED) is FAIL, as an objective that returns NaN
+is. One exception keeps the study's best best.yaml's: Optuna's `best_trial` and `best_trials` read
+COMPLETE trials only, and best.yaml counts every finished trial's finite epochs (a trial stopped
+after a good epoch that then fell, say), so the trial that holds the run's best (`best_trials`:
+best.yaml's trial, or pareto.yaml's front) is COMPLETE whatever its status, which its status user
+attribute still says. Which trial that is needs every trial's results: the live journal writes
+each trial as it ends by its own status, and the end of the search (which makes the journal
+hold results.parquet, as a `--resume` does) turns the best into COMPLETE if it is not.
+The report's study (`make_study`) keeps every scored trial COMPLETE: Optuna's plots draw COMPLETE
+trials only, and the report shows every trial's value.
 """
 
 from __future__ import annotations
@@ -17,11 +31,11 @@ import pandas as pd
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
-from search.spec.objectives import objectives_of, point_row
-from search.spec.ranking import best_value, score
+from search.spec.objectives import objectives_of, pareto_front, point_row
+from search.spec.ranking import best_candidates, best_value, score
 from search.spec.schema import conditions, not_drawn
 from search.spec.space import Space
-from search.store.results import INTERRUPTED, is_json, results_schema
+from search.store.results import DIVERGED, ERROR, INTERRUPTED, STOPPED, is_json, results_schema
 
 JOURNAL_FILE = "optuna.journal"
 RUNNING, PENDING = "RUNNING", "PENDING"  # the status user attribute of a trial running, or not yet started
@@ -34,13 +48,15 @@ def _cell(value, json_column: bool):
     return json.loads(value) if json_column and isinstance(value, str) else value
 
 
-def frozen_trial(rows: Sequence[Mapping[str, Any]], space: Space, schema=None, *, live: bool = False) -> FrozenTrial:
+def frozen_trial(rows: Sequence[Mapping[str, Any]], space: Space, schema=None, *, live: bool = False,
+                 best: bool = False) -> FrozenTrial:
     """One trial's rows (one per epoch, as results.parquet holds them: results.records, or a frame's
     to_dict("records")) as an Optuna trial; `schema`: results_schema(space), if held.
 
     By default a finished trial (the report's study). `live`: as optuna.journal holds it, where a
-    trial not yet ended (status RUNNING or INTERRUPTED) is RUNNING with its curve so far, and one
-    not yet started (PENDING) is WAITING.
+    trial not yet ended (status RUNNING or INTERRUPTED) is RUNNING with its curve so far, one
+    not yet started (PENDING) is WAITING, one a scheduler stopped (STOPPED) is PRUNED and one that
+    DIVERGED is FAIL, unless it is `best` (its id among best_trials' of the whole frame).
     """
     objectives = objectives_of(space.experiment)
     metric, mode = objectives.metrics[0], objectives.modes[0]
@@ -54,9 +70,13 @@ def frozen_trial(rows: Sequence[Mapping[str, Any]], space: Space, schema=None, *
     values = (None if point is None else objectives.values(point)) if objectives.several else \
         None if value is None else [value]
     status = str(first["status"])
-    if status == "ERROR":  # it raised, as a failed Optuna trial does: never the best, as in best.yaml
+    if status == ERROR:  # it raised, as a failed Optuna trial does: never the best, as in best.yaml
         values = None
     state = TrialState.COMPLETE if values is not None else TrialState.FAIL
+    if live and status == STOPPED and not best:
+        state = TrialState.PRUNED  # its values kept: the dashboard shows what it reached
+    if live and status == DIVERGED and not best:  # its metric broke: FAIL, as an objective returning NaN is
+        state, values = TrialState.FAIL, None
     if live and status in UNENDED:
         state, values = UNENDED[status], None
     measured = {} if point is None else {m: score(point.get(m)) for m in objectives.measured}
@@ -73,6 +93,16 @@ def frozen_trial(rows: Sequence[Mapping[str, Any]], space: Space, schema=None, *
         user_attrs={"trial_number": None if pd.isna(first["trial_number"]) else int(first["trial_number"]),
                     "trial_id": str(first["trial_id"]), "seed": int(first["seed"]), "status": status, **measured},
     )
+
+
+def best_trials(frame: pd.DataFrame, space: Space) -> set[str]:
+    """The ids of the trials that hold a run's best, as its outputs name them: best.yaml's trial (one
+    objective: ranking.best_candidates' first, as finish.py picks it), or pareto.yaml's front (several)."""
+    objectives = objectives_of(space.experiment)
+    if objectives.several:
+        return {str(i) for i in pareto_front(frame, objectives)["trial_id"]}
+    scored = best_candidates(frame, objectives.metrics[0], objectives.modes[0])
+    return set() if scored.empty else {str(scored["trial_id"].iloc[0])}
 
 
 def make_study(frame: pd.DataFrame, space: Space, storage: optuna.storages.BaseStorage | None = None,

@@ -5,10 +5,14 @@
   drawn as usual. Each value must lie inside its key's distribution, checked with the space file.
 - `experiment.warm_start: runs/<earlier>` (or `--warm-start`): the earlier run's finished trials
   are told to the new study before trial 0 (`Study.add_trial`), so TPE starts informed. The
-  earlier run folder is only read. Its trials whose values fall outside today's space are left
-  out and counted; a different metric or mode is refused. What was told is fixed when the run
-  starts, in the run folder's `warm_start.json` (WARM_START_FILE): a resume tells the same trials
-  again, never twice, and the summary and the journal read them from there.
+  earlier run folder is only read. Only trials that ran a config today's search could run are
+  told (`select`); the others are left out and counted by why: a value outside today's space, a
+  key searched then that today's space fixes at another value (or no longer sets), a key searched
+  today that the earlier run lacked. A key searched today that the earlier run fixed is told at
+  that fixed value, if today's space could draw it. A different metric or mode is refused. What
+  was told is fixed when the run starts, in the run folder's `warm_start.json` (WARM_START_FILE):
+  a resume tells the same trials again, never twice, and the summary and the journal read them
+  from there.
 
 hpsearch's own trials still number from 0: in the searcher's study the warm-start trials come
 first, so Optuna's number of trial n is n + (their count); `renumbered` hands the trial function
@@ -61,15 +65,49 @@ class WarmStart:
                 f"{out} left out" + (f": {why}" if out else ""))
 
 
+def _ran_with(value: Any) -> Any:
+    """A results cell (or a config value) as plain data to compare: numpy scalars as Python's, NaN as None."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, (list, tuple)):
+        return [_ran_with(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _ran_with(v) for k, v in value.items()}
+    return value
+
+
+def fixed_now(name: str, value: Any) -> str:
+    """Why an earlier trial is left out: it drew `name`, which today's space fixes at another `value`."""
+    return f"{name} drew a value other than today's {value!r}"
+
+
+def not_set_now(name: str) -> str:
+    """Why an earlier trial is left out: it drew `name`, which today's trials are not given at all."""
+    return f"{name} searched then, not set today"
+
+
 def select(frame, earlier_space, space) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """The earlier run's finished trials that fit today's space (by trial_number), each with today's
-    experiment.constraints measured on it where there are any, and why others did not fit."""
+    experiment.constraints measured on it where there are any, and why others did not fit.
+
+    A trial fits when it ran a config today's search could run: each key searched today has a value
+    it could draw now, and each key the earlier run searched that today's space does not has the
+    value today's trials get (fixed in the file, or the trial config's default)."""
     objectives = objectives_of(space.experiment)
     schema = results_schema(earlier_space)
     json_columns = {f.name for f in schema if is_json(f)}
-    # a key today's space searches that the earlier run fixed has a column there too (every config key
-    # has one), but no point of that run was drawn for it: such trials are left out, "without" the key
-    searched_then = {d.name for d in earlier_space.searched}
+
+    def cell_of(row, name: str) -> Any:
+        cell = row[name] if name in frame.columns else None
+        return json.loads(cell) if name in json_columns and isinstance(cell, str) else cell
+
+    # Searched then, not today: today's trials all run with one value of it (or, a function's key or a
+    # factory's keyword no longer in the file, with a default only the user's code knows). A trial that
+    # drew another value did not run today's space: told as if it had, it would misstate the study.
+    searched_now = {d.name for d in space.searched}
+    now = space.trial_defaults().to_flat()
     kept, left_out = [], {}
     groups = sorted(frame.groupby("trial_id"), key=lambda kv: kv[1]["trial_number"].iloc[0])
     for _, rows in groups:
@@ -79,15 +117,28 @@ def select(frame, earlier_space, space) -> tuple[list[dict[str, Any]], dict[str,
         if earlier.state != TrialState.COMPLETE or first["status"] in (INTERRUPTED, LOST) \
                 or pd.isna(first["trial_number"]):
             why = UNFINISHED
+        then = {}  # the keys the earlier run drew for it, as its `when:` conditions read them
+        for d in earlier_space.searched:
+            if why:
+                break
+            if not d.holds(then):  # a `when:` key the earlier run did not draw for it: it did not apply
+                continue
+            then[d.name] = ran = cell_of(first, d.name)
+            if d.name in searched_now:
+                continue
+            if d.name not in now:
+                why = not_set_now(d.name)
+            elif _ran_with(ran) != _ran_with(now[d.name]):
+                why = fixed_now(d.name, _ran_with(now[d.name]))
         params, drawn = {}, {}
         for d in space.searched:
             if why:
                 break
             if not d.holds(drawn):  # a `when:` key today's space would not draw for this trial: not asked
                 continue
-            cell = first[d.name] if d.name in frame.columns and d.name in searched_then else None
-            if d.name in json_columns and isinstance(cell, str):
-                cell = json.loads(cell)
+            # a key searched today that the earlier run fixed: its column holds the value every trial of
+            # that run had (every config key has a column), a point today's space holds if it could draw it
+            cell = cell_of(first, d.name)
             missing = cell is None or (isinstance(cell, float) and math.isnan(cell) and not
                                        (d.is_choice and None in d.values))
             try:
