@@ -247,3 +247,38 @@ def test_a_spec_written_before_a_key_existed_still_resumes(tmp_path, data_root):
     spec.write_text(yaml.safe_dump(raw, sort_keys=False))
     space, _ = folder.read_spec()
     assert space.experiment.lag == lag
+
+
+def test_an_empty_results_part_folder_is_named_with_exit_2_by_every_command_that_reads_the_run(finished, tmp_path,
+                                                                                                  data_root, capsys):
+    """A crash before the first trial ended, or parts deleted, leaves results.parquet/ with no part; pandas
+    reads it as a frame without columns. runs, report, compare, export, check and a warm start ended in a
+    KeyError traceback; each now names the run and what is missing, and `runs` lists the other runs."""
+    from search.cli import main
+    from search.spec.space import to_raw
+
+    space, first = finished
+    storage = Path(first.path).parent
+    empty = storage / "empty"
+    shutil.copytree(first.path, empty, ignore=shutil.ignore_patterns("*.lock"))
+    for part in (empty / RESULTS_FILE).iterdir():
+        part.unlink()
+    said = f"{empty}: {RESULTS_FILE} holds no results part: no trial of this run ended, or its parts were deleted"
+
+    assert main(["runs", "--storage-path", str(storage)]) == 0
+    listed = capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[1:] for line in listed.splitlines()[2:] if not line.startswith("note")}
+    assert rows["empty"][:4] == ["interrupted", "0/3", "no", "results"] and first.name in rows
+    assert f"note: {said}" in listed
+    for command in (["report", str(empty)], ["compare", first.path, str(empty)],
+                    ["export", str(empty), "-o", str(tmp_path / "model.pt")]):
+        assert main(command) == 2, command
+        error = capsys.readouterr().err
+        assert said in error and "--resume" in error, (command, error)
+    warm = {**to_raw(space), "experiment": {**to_raw(space)["experiment"], "warm_start": str(empty)}}
+    (tmp_path / "warm.yaml").write_text(yaml.safe_dump(warm))
+    assert main(["check", "--space", str(tmp_path / "warm.yaml")]) == 2
+    assert f"experiment.warm_start: must be an earlier run folder of hpsearch ({said}" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="experiment.warm_start: must be an earlier run folder") as refused:
+        run_search(tiny_space(tmp_path / "runs", data_root, warm_start=str(empty)), name="warm")
+    assert said in str(refused.value) and not (tmp_path / "runs" / "warm").exists()

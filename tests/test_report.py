@@ -291,3 +291,50 @@ def test_every_figure_names_the_metric_on_its_axes(searched):
     assert not [name for name, shown in labels.items() if "Objective Value" in shown], "Optuna's default name"
     for name in ("history", "parallel", "curves"):
         assert space.experiment.metric in labels[name], f"{name}.png names {space.experiment.metric}"
+
+
+def test_several_objectives_the_report_lists_the_front_at_pareto_yamls_epoch_with_each_trials_status(tmp_path):
+    """Each trial stands at its point (its last epoch with every objective finite), as in pareto.yaml, not at
+    its best epoch of the first objective; and a front trial's status is in report.html beside its values.
+    Results parts as a search writes them (no search needed: the report reads the run folder)."""
+    import re
+
+    import pandas as pd
+    import yaml
+
+    from search.outputs.pareto import write_pareto
+    from search.outputs.report import write_report
+    from search.spec.objectives import objectives_of
+    from search.spec.space import parse_space
+    from search.store.results import results_schema
+    from search.store.run_folder import RunFolder
+    from search.store.storage import Storage
+
+    (tmp_path / "own.py").write_text("def train(config, report, checkpoint=None):\n    report(acc=0.0, cost=0.0)\n")
+    space = parse_space({"trainable": str(tmp_path / "own.py") + ":train",
+                         "experiment": {"name": "two", "metric": ["acc", "cost"], "mode": ["max", "min"],
+                                        "num_samples": 2, "storage_path": str(tmp_path)},
+                         "training": {"epochs": 3},
+                         "space": {"lr": {"distribution": "float", "low": 0.1, "high": 1.0}}}, source="tests")
+    folder = RunFolder(Storage.at(str(tmp_path)), "two")
+    folder.claim()
+    folder.write_spec(space)
+    # trial #0: acc best at epoch 2 (0.9), its point is epoch 3 (0.5, 0.2); ASHA stopped it. #1 is dominated.
+    curves = {0: ("STOPPED", [0.3, 0.9, 0.5], [0.5, 0.5, 0.2]), 1: ("COMPLETED", [0.4, 0.4, 0.4], [0.9, 0.9, 0.9])}
+    for number, (status, accs, costs) in curves.items():
+        rows = [{"trial_id": f"t{number}", "status": status, "trainable": space.trainable, "epochs": 3, "lr": 0.5,
+                 "seed": number, "trial_number": number, "num_threads": 1, "epoch": epoch, "acc": acc, "cost": cost,
+                 "finished_at": 1.8e9 + epoch, "epoch_seconds": 1.0}
+                for epoch, (acc, cost) in enumerate(zip(accs, costs), start=1)]
+        folder.write_part(space, f"t{number}", rows, results_schema(space))
+    frame = pd.read_parquet(tmp_path / "two" / "results.parquet")
+    write_pareto(folder, space, frame, objectives_of(space.experiment))
+    page = Path(write_report(folder, space, frame, None, "summary")).read_text()
+
+    table = re.search(r'<table id="front">(.*?)</table>', page, re.S)
+    assert table, "no table of the front in report.html"
+    cells = [re.findall(r"<t[dh]>(.*?)</t[dh]>", row) for row in re.findall(r"<tr>(.*?)</tr>", table.group(1))]
+    assert cells == [["trial", "trial_id", "status", "epoch", "acc", "cost"],
+                     ["#0", "t0", "STOPPED", "3", "0.5", "0.2"]]
+    front = yaml.safe_load((tmp_path / "two" / "pareto.yaml").read_text())["trials"]
+    assert [(e["trial_number"], e["epoch"], e["status"]) for e in front] == [(0, 3, "STOPPED")]

@@ -96,3 +96,68 @@ def test_a_run_of_several_objectives_before_its_pareto_yaml_is_listed_and_compar
     assert rows["two"][1:4] == ["interrupted", "1/4", "-"] and "one" in rows
     assert main(["compare", str(tmp_path / "one"), several.path]) == 0
     assert "experiment.metric" in capsys.readouterr().out
+
+
+def test_runs_lists_a_run_whose_results_part_folder_is_empty_and_compare_refuses_it(tmp_path, data_root, capsys):
+    """A crash before the first trial ended, or parts deleted: pandas reads the empty folder as a frame
+    without columns, and `runs` and `compare` ended in a KeyError (listing no run of the storage)."""
+    from search.cli import main
+
+    storage = Storage.at(str(tmp_path))
+    space = small_space(tmp_path, data_root)
+    make_run(storage, space, "good", ["COMPLETED"] * 4)
+    empty = make_run(storage, space, "empty", ["COMPLETED", "COMPLETED"])
+    for part in (tmp_path / "empty" / "results.parquet").iterdir():
+        part.unlink()
+    assert main(["runs", "--storage-path", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in printed.splitlines()[2:4]}
+    assert rows["good"][1:3] == ["finished", "4/4"]
+    assert rows["empty"][1:5] == ["interrupted", "0/4", "no", "results"]
+    assert f"note: {empty.path}: results.parquet holds no results part" in printed
+    assert read_run(empty).missing is not None and read_run(RunFolder(storage, "good")).missing is None
+
+    for pair in (["good", "empty"], ["empty", "good"]):
+        assert main(["compare", *(str(tmp_path / name) for name in pair)]) == 2
+        error = capsys.readouterr().err
+        assert f"{tmp_path / 'empty'}: results.parquet holds no results part" in error and "--resume" in error
+    (tmp_path / "empty" / "results.parquet" / "t0.parquet").write_bytes(b"not parquet")  # a part that does not read
+    assert main(["runs", "--storage-path", str(tmp_path)]) == 0
+    assert f"note: {empty.path}: results.parquet cannot be read (" in capsys.readouterr().out
+
+
+def test_runs_says_target_reached_for_a_run_its_stop_when_ended(tmp_path, data_root, capsys):
+    from search.cli import main
+
+    storage = Storage.at(str(tmp_path))
+    space = small_space(tmp_path, data_root, experiment={"stop_when": {"val_acc": 0.5}})
+    target = make_run(storage, space, "target", ["COMPLETED", "STOPPED"])
+    # as search/searching/budget.py writes it when a target holds
+    storage.write("target/ended.yaml", b"ended_by: stop_when\nmetric: val_acc\nop: '>='\ntarget: 0.5\n"
+                                       b"trial_number: 0\nvalue: 0.5\nepoch: 1\n")
+    budget = make_run(storage, space, "budget", ["COMPLETED", "STOPPED"])
+    storage.write("budget/ended.yaml", b"ended_by: time_budget\ntime_budget: 5.0\n")
+    assert (read_run(target).state, read_run(budget).state) == ("target reached", "ended by budget")
+    assert main(["runs", "--storage-path", str(tmp_path)]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[2:]}
+    assert "target reached" in rows["target"] and "ended by budget" in rows["budget"]
+
+
+def test_compare_shows_every_test_metric_best_yaml_holds_and_no_test_acc_a_run_has_none_of(tmp_path, data_root):
+    storage = Storage.at(str(tmp_path))
+    space = small_space(tmp_path, data_root)
+    regression, function = make_run(storage, space, "regression", ["COMPLETED"]), make_run(storage, space, "own",
+                                                                                            ["COMPLETED"])
+    # best.yaml's result as search/outputs/finish.py writes it: a regression's test_acc is null, and a
+    # function trainable's run has no test metrics of hpsearch's (its own test_ metric is among its metrics)
+    storage.write("regression/best.yaml", b"lr: 0.1\nresult: {trial_number: 0, trial_id: t0, epoch: 2, metric: val_acc,"
+                                          b" val_acc: 0.5, test_acc: null, test_loss: 0.25, test_r2_score: 0.61}\n")
+    storage.write("own/best.yaml", b"lr: 0.1\nresult: {trial_number: 0, trial_id: t0, epoch: 2, metric: val_acc,"
+                                   b" val_acc: 0.5, test_mae: 0.3}\n")
+    rows = {line.split()[0]: line.split()[1:] for line in compare(regression, function).splitlines()
+            if line.startswith("result.")}
+    assert rows["result.test_r2_score"] == ["0.61", "-"] and rows["result.test_loss"] == ["0.25", "-"]
+    assert rows["result.test_mae"] == ["-", "0.3"]
+    assert "result.test_acc" not in rows
+    shown = {line.split()[0] for line in compare(function, function).splitlines() if line.strip()}
+    assert "result.test_acc" not in shown and "result.test_loss" not in shown

@@ -6,6 +6,10 @@ Figures: the optimization history, parallel coordinates and parameter importance
 visualization module, matplotlib backend, on the study of results.parquet), every trial's
 learning curve with the best one highlighted, a timeline of trials per slot (packing and
 idle time) and where the slot time went. The HTML embeds the PNGs, so it opens offline.
+
+Several objectives: every trial stands at its point, the epoch pareto.yaml uses (search/spec/objectives.py
+`point_epoch`: its last epoch whose objectives are all finite), in the figures and in a table of the
+front, which says each front trial's status and epoch beside its objectives.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import pandas as pd  # noqa: E402
 
 from search.outputs.summary import PHASES, journal_note, slot_time, status_counts  # noqa: E402
 from search.searching.study import make_study  # noqa: E402
-from search.spec.objectives import objectives_of  # noqa: E402
+from search.spec.objectives import Objectives, objectives_of, pareto_front  # noqa: E402
 from search.spec.space import Space  # noqa: E402
 from search.store.run_folder import RunFolder  # noqa: E402
 
@@ -216,7 +220,8 @@ def figures(frame: pd.DataFrame, space: Space, best_trial: str | None,
             out[name] = (caption, _guarded(lambda: _optuna_figure(plot, study, target_name=metric, **wanted,
                                                                   **kwargs)))
     if objectives.several:
-        out["pareto"] = ("Pareto front: every finished trial at its last epoch; infeasible ones in grey",
+        out["pareto"] = ("Pareto front: every finished trial at its point (its last epoch whose objectives are all "
+                         "finite, as in pareto.yaml); infeasible ones in grey",
                          _guarded(lambda: _optuna_figure(optuna.visualization.matplotlib.plot_pareto_front, study,
                                                          target_names=list(objectives.metrics))))
     out["curves"] = ("Learning curves, the best trial highlighted",
@@ -263,6 +268,30 @@ def redrawn_summary(frame: pd.DataFrame, space: Space, best: dict) -> str:
     return line
 
 
+def front_table(frame: pd.DataFrame, objectives: Objectives) -> str:
+    """The front as an HTML table: each trial at its point (pareto.yaml's epoch) with its status, so a
+    trial's place on the front never hides how it ended; "" for one objective (best.yaml says the best)."""
+    if not objectives.several:
+        return ""
+    try:
+        front = pareto_front(frame, objectives)
+    except Exception as error:  # as a figure that cannot be drawn: a message, not a report that fails
+        why = html.escape(f"{type(error).__name__}: {error}")
+        return f'<p id="front">The Pareto front could not be listed: {why}</p>'
+    head = ["trial", "trial_id", "status", "epoch", *objectives.measured]
+    rows = []
+    for _, row in front.iterrows():
+        number = "" if pd.isna(row["trial_number"]) else f"#{int(row['trial_number'])}"
+        values = [f"{float(row[m]):.6g}" if pd.api.types.is_number(row.get(m)) else "-" for m in objectives.measured]
+        cells = [number, row["trial_id"], row["status"], int(row["epoch"]), *values]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    wanted = ", ".join(f"{m} {mode}" for m, mode in zip(objectives.metrics, objectives.modes))
+    caption = (f"Pareto front ({wanted}): {len(rows)} feasible non-dominated trial(s) of "
+               f"{frame['trial_id'].nunique()}, each at its point, the epoch pareto.yaml holds")
+    return (f'<table id="front"><caption>{html.escape(caption)}</caption><tr>'
+            + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>")
+
+
 def write_report(folder: RunFolder, space: Space, frame: pd.DataFrame, best_trial: str | None,
                  summary: str = "", slots: int | None = None) -> str:
     """Write report.html and report/<figure>.png into the run folder; return the HTML's path.
@@ -279,13 +308,15 @@ def write_report(folder: RunFolder, space: Space, frame: pd.DataFrame, best_tria
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>hpsearch: {html.escape(folder.name)}</title>
 <style>body{{font-family:sans-serif;max-width:900px;margin:2em auto}}img{{max-width:100%}}
-figure{{margin:2em 0}}pre{{background:#f4f4f4;padding:1em;white-space:pre-wrap;overflow-wrap:anywhere}}
+figure{{margin:2em 0}}table{{border-collapse:collapse}}td,th{{padding:0 .6em;text-align:right}}
+caption{{text-align:left}}pre{{background:#f4f4f4;padding:1em;white-space:pre-wrap;overflow-wrap:anywhere}}
 </style></head>
 <body><h1>Search {html.escape(folder.name)}</h1>
 <p>{len(frame['trial_id'].unique())} trials of {space.experiment.num_samples}; metric {html.escape(str(space.experiment.metric))}
 ({html.escape(str(space.experiment.mode))}); space {html.escape(space.source)}.</p>
 <p id="study">{html.escape(journal_note(folder.path))}</p>
 <pre id="summary">{html.escape(summary.strip())}</pre>
+{front_table(frame, objectives_of(space.experiment))}
 {''.join(blocks)}
 <script>
 // for a headless check (and nothing else): how many figures decoded and have a size, and

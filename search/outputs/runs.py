@@ -6,9 +6,14 @@ its lock (search/store/run_folder.py: held while a process searches it). A run's
 
 - running: its lock is held;
 - finished: every one of experiment.num_samples trials ended;
-- ended by budget: a time_budget or stop_when ended it (ended.yaml), exit 0;
+- ended by budget: experiment.time_budget ended it (ended.yaml), exit 0;
+- target reached: a target of experiment.stop_when ended it (ended.yaml), exit 0;
 - failed: trials ran, and none outside ERROR scored;
 - interrupted: anything else (stopped, killed, or never got a trial through); --resume continues it.
+
+A run whose results.parquet cannot be read (a folder with no part, a part that is not Parquet) is
+listed all the same, its trials as 0, with `no results` and a note that says what is missing:
+one damaged run never hides the others (`compare` refuses it, as `report` does).
 """
 
 from __future__ import annotations
@@ -28,12 +33,15 @@ from search.searching.budget import read_ended
 from search.spec.ranking import ranked
 from search.spec.space import spec_differences
 from search.store.results import ERROR, INTERRUPTED, RESULTS_FILE
-from search.store.run_folder import BEST_FILE, LOCK_FILE, SPEC_FILE, RunFolder
+from search.store.run_folder import BEST_FILE, LOCK_FILE, SPEC_FILE, NoResults, RunFolder
 from search.store.storage import Storage, is_uri
 from trainable.errors import ConfigError, problem
 from trainable.yaml_file import Loader
 
-RUNNING, FINISHED, ENDED, FAILED, INTERRUPTED_RUN = "running", "finished", "ended by budget", "failed", "interrupted"
+RUNNING, FINISHED, ENDED, TARGET, FAILED, INTERRUPTED_RUN = ("running", "finished", "ended by budget", "target reached",
+                                                             "failed", "interrupted")
+#: ended.yaml's ended_by -> the state `runs` shows (search/searching/budget.py writes it)
+ENDED_BY = {"time_budget": ENDED, "stop_when": TARGET}
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,7 @@ class Run:
     several: bool = False  #: several objectives: a front in pareto.yaml, no best.yaml
     front: int | None = None  #: several objectives: the trials on pareto.yaml's front (None: no pareto.yaml yet)
     so_far: bool = False  #: `best` is the best epoch of the trials that ended, read while the search runs
+    missing: str | None = None  #: why its results.parquet does not read (NoResults); None: it reads, or is not yet
 
 
 def is_held(folder: RunFolder) -> bool:
@@ -84,11 +93,13 @@ def best_result(folder: RunFolder) -> dict[str, Any]:
     return result if isinstance(result, dict) else {}
 
 
-def read_results(folder: RunFolder) -> pd.DataFrame | None:
+def read_results(folder: RunFolder) -> tuple[pd.DataFrame | None, str | None]:
+    """The run's results (None where there are none to read) and, where they exist but do not read,
+    what is missing: a run that has not ended a trial yet has no results.parquet, and is not damaged."""
     try:
-        return pd.read_parquet(f"{folder.path}/{RESULTS_FILE}")
-    except (OSError, ValueError):
-        return None
+        return folder.read_results(), None
+    except NoResults as error:
+        return None, (str(error) if folder.storage.exists(folder.name, RESULTS_FILE) else None)
 
 
 def read_run(folder: RunFolder) -> Run | None:
@@ -107,21 +118,21 @@ def read_run(folder: RunFolder) -> Run | None:
         metric = ", ".join(map(str, metric))
         trials_on_front = read_yaml(folder, PARETO_FILE).get("trials")
         front = len(trials_on_front) if isinstance(trials_on_front, list) else None
-    frame = read_results(folder)
+    frame, missing = read_results(folder)
     trials = frame.drop_duplicates("trial_id", keep="last") if frame is not None else pd.DataFrame()
     done = int((trials["status"] != INTERRUPTED).sum()) if len(trials) else 0
     best = best_result(folder).get(metric)
     if is_held(folder):
         state = RUNNING
-    elif read_ended(folder) is not None and (not len(trials) or (trials["status"] != INTERRUPTED).all()):
-        state = ENDED
+    elif (ended := read_ended(folder)) is not None and (not len(trials) or (trials["status"] != INTERRUPTED).all()):
+        state = ENDED_BY.get(str(ended["ended_by"]), ENDED)
     elif len(trials) and done == len(trials) and (trials["status"] == ERROR).all():
         state = FAILED
     elif done >= total and (not len(trials) or (trials["status"] != INTERRUPTED).all()):
         state = FINISHED
     else:
         state = INTERRUPTED_RUN
-    if frame is not None and frame["finished_at"].notna().any():
+    if frame is not None and "finished_at" in frame and frame["finished_at"].notna().any():
         stamp = float(frame["finished_at"].max())
     else:
         stamp = None if is_uri(folder.path) else os.path.getmtime(os.path.join(folder.path, SPEC_FILE))
@@ -130,7 +141,7 @@ def read_run(folder: RunFolder) -> Run | None:
     if so_far:  # best.yaml comes at the search's end: until then, the ended trials' best feasible epoch
         best = best_so_far(frame, metric, experiment.get("mode", "max"))
     return Run(folder.name, state, done, total, metric, best if isinstance(best, (int, float)) else None, when,
-               several, front, so_far=so_far)
+               several, front, so_far=so_far, missing=missing)
 
 
 def best_so_far(frame: pd.DataFrame, metric: str, mode: str) -> float | None:
@@ -150,11 +161,14 @@ def format_runs(runs: list[Run], where: str) -> str:
         return f"No runs under {where}"
     table = pd.DataFrame([{"name": r.name, "state": r.state, "trials": f"{r.done}/{r.total}", "best": best_text(r),
                            "when": r.when} for r in runs])
-    return f"Runs under {where}:\n" + table.to_string(index=False)
+    notes = "".join(f"\nnote: {r.missing}" for r in runs if r.missing)
+    return f"Runs under {where}:\n" + table.to_string(index=False) + notes
 
 
 def best_text(run: Run) -> str:
     """The `best` column of `runs` and `compare`: the best value, or the front's size."""
+    if run.missing:
+        return "no results"
     if run.several:
         return "-" if run.front is None else f"{run.front} on the Pareto front ({run.metric})"
     if run.best is None or not math.isfinite(run.best):
@@ -170,16 +184,21 @@ def compare(a: RunFolder, b: RunFolder) -> str:
         if run is None:
             raise ConfigError([problem("RUN", f"{folder.path}/{SPEC_FILE} is missing or cannot be read: not a "
                                               "run folder (or a damaged one)", folder.path)])
+        if run.missing:  # its trials and states would be a guess: say what is missing, as report does
+            raise NoResults(run.missing)
     rows = [{"key": k, a.name: repr(x), b.name: repr(y)}
             for k, x, y in spec_differences(*({k: v for k, v in spec.items() if k != "run"} for spec in specs))]
     lines = [f"Spec differences ({len(rows)}):",
              pd.DataFrame(rows).to_string(index=False) if rows else "  (none: the same search)", "", "Best trials:"]
+    entries = [read_yaml(folder, BEST_FILE) for folder in (a, b)]
+    results = [result if isinstance(result := entry.pop("result", None), dict) else {} for entry in entries]
+    # every test metric either best.yaml holds a value of (test_r2_score of a regression; none of a function's
+    # run), in best.yaml's order: a null one (test_acc of a regression) is no figure of that run
+    tests = list(dict.fromkeys(k for result in results for k, v in result.items()
+                               if str(k).startswith("test_") and v is not None))
     best = {}
-    for folder, run in zip((a, b), runs):
-        entry = read_yaml(folder, BEST_FILE)
-        result = entry.pop("result", None)
-        result = result if isinstance(result, dict) else {}
-        shown = ("trial_number", "epoch", run.metric, "test_acc") if not run.several else ()  # no best.yaml
+    for folder, run, entry, result in zip((a, b), runs, entries, results):
+        shown = ("trial_number", "epoch", run.metric, *tests) if not run.several else ()  # no best.yaml
         best[folder.name] = {"state": run.state, "trials": f"{run.done}/{run.total}", "best": best_text(run),
                              **{f"result.{k}": result.get(k) for k in shown},
                              **{k: v for k, v in sorted(flat(entry).items())}}

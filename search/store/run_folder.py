@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -310,6 +311,46 @@ class RunFolder:
             fs.delete_file(f"{base}/{RESULTS_FILE}/{trial_id}.parquet")
         return dropped
 
+    def results_damage(self) -> str | None:
+        """What makes results.parquet unreadable as a whole, said for the user; None if nothing does.
+
+        Only a folder of parts with no part in it counts here (a crash before the first trial ended
+        left it, or the parts were deleted): pandas reads it as a frame without a column, which
+        every reader of the run then trips on. A run with no results.parquet at all has not ended
+        a trial yet: that is a state, not damage (a running search, an interrupted one to resume).
+        Listing the folder costs one call, so every command that opens a run can afford it."""
+        fs, base = self._fs()
+        parts = f"{base}/{RESULTS_FILE}"
+        if fs.get_file_info(parts).type != pafs.FileType.Directory or self.ended_trials():
+            return None
+        return f"{RESULTS_FILE} holds no results part: no trial of this run ended, or its parts were deleted; " \
+               + self.rebuild_hint()
+
+    def rebuild_hint(self) -> str:
+        """How results.parquet is written again: a resume derives every part from Tune's record."""
+        return (f"resuming the run writes its parts again from Tune's record (python -m search --space "
+                f"{self.storage.join(self.name, SPEC_FILE)} --storage-path {self.storage.uri} --name {self.name} "
+                "--resume)")
+
+    def read_results(self) -> pd.DataFrame:
+        """results.parquet as one frame, for the commands that read a run (runs, compare, report, export,
+        a warm start); NoResults, naming the run and what is missing, where there is nothing to read
+        (no results.parquet, a folder with no part, a part that does not read, no trial_id column)."""
+        where = self.storage.join(self.name, RESULTS_FILE)
+        if (damage := self.results_damage()) is not None:
+            raise NoResults(f"{self.path}: {damage}")
+        if not self.storage.exists(self.name, RESULTS_FILE):
+            raise NoResults(f"{self.path}: has no {RESULTS_FILE} yet: no trial of this run has ended")
+        try:
+            frame = pd.read_parquet(where)
+        except (OSError, ValueError) as error:  # ArrowInvalid is a ValueError: a part that is not Parquet
+            raise NoResults(f"{self.path}: {RESULTS_FILE} cannot be read ({type(error).__name__}: {error}); "
+                            + self.rebuild_hint()) from None
+        if not {"trial_id", "status"} <= set(frame.columns):  # parts of another program, or empty ones
+            raise NoResults(f"{self.path}: {RESULTS_FILE} holds no trial_id and status columns (not results of "
+                            "hpsearch); " + self.rebuild_hint())
+        return frame
+
     def write_part(self, space: Space, trial_id: str, rows: list[dict[str, Any]],
                    schema: pa.Schema | None = None) -> None:
         """One trial's rows as its part of results.parquet (replacing an earlier part).
@@ -405,8 +446,17 @@ class NotARunFolder(ValueError):
     """The folder named as a run folder holds no spec.yaml."""
 
 
-def open_run(run: str) -> RunFolder:
-    """The run folder at `run` (a local path or a URI); NotARunFolder if it holds no spec.yaml."""
+class NoResults(NotARunFolder):
+    """A run folder whose results.parquet cannot be read as a whole (RunFolder.read_results,
+    results_damage): a NotARunFolder, so every command that refuses a folder with exit 2 refuses it."""
+
+
+def open_run(run: str, *, results: bool = True) -> RunFolder:
+    """The run folder at `run` (a local path or a URI); NotARunFolder if it holds no spec.yaml.
+
+    `results`: NoResults where its results.parquet is a folder with no part (RunFolder.results_damage):
+    report, compare, export, check and a warm start read the results, and would fail on it with a
+    KeyError far from the cause. False for a caller that needs only Tune's record (a restore)."""
     # a local folder by its absolute path, so `report .` and `report /` name a folder, not ""
     where = run.rstrip("/") if is_uri(run) else os.path.abspath(os.path.expanduser(run))
     parent, _, name = where.rpartition("/")
@@ -414,4 +464,6 @@ def open_run(run: str) -> RunFolder:
     if not name or folder.storage.read(f"{name}/{SPEC_FILE}") is None:
         raise NotARunFolder(f"{run}: not a run folder of hpsearch (it has no {SPEC_FILE}); name a folder "
                             "like runs/mnist-20261130-101500")
+    if results and (damage := folder.results_damage()) is not None:
+        raise NoResults(f"{run}: {damage}")
     return folder
