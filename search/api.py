@@ -22,21 +22,26 @@ from trainable.yaml_file import read_yaml_mapping
 
 
 def run(space: str | Path | Mapping[str, Any], *, overrides: Mapping[str, Any] | None = None,
-        name: str | None = None, resume: bool = False, address: str | None = None, verbose: bool = False):
+        name: str | None = None, resume: bool = False, address: str | None = None, verbose: bool = False,
+        quiet: bool = False):
     """Run (or resume) a search and return its Outcome (name, path, results, best, timing, summary).
 
     `space`: a space file's path, or a mapping with its sections (a relative FILE.py
     reference is then relative to the current folder). `overrides`: `{"section.key": value}`,
-    as `--set`. `name`, `resume`, `address`, `verbose`: as the CLI's flags.
+    as `--set`. `name`, `resume`, `address`, `verbose`, `quiet`: as the CLI's flags (`quiet`: one progress
+    line per finished trial instead of one per epoch).
     """
     # torch, Ray and pandas: only on a call; `import search` must not load them
     from search.driver import run_search
-    from search.execution.session import quiet
+    from search.execution.progress import quiet_progress
+    from search.execution.session import quiet as quiet_ray
     from search.spec.space import with_overrides
 
     if overrides is not None and not isinstance(overrides, Mapping):
         raise ConfigError([problem("overrides", 'must be a mapping of "section.key" to a value, as --set',
                                    overrides)])
+    if not isinstance(quiet, bool):
+        raise ConfigError([problem("quiet", "must be True or False, as the --quiet flag", quiet)])
     if not isinstance(space, (str, Path, Mapping)):
         raise ConfigError([problem("space", "must be a space file's path or a mapping of its sections", space)])
     pairs = list((overrides or {}).items())
@@ -44,8 +49,9 @@ def run(space: str | Path | Mapping[str, Any], *, overrides: Mapping[str, Any] |
         parsed = with_overrides(copy.deepcopy(dict(space)), pairs, "<python>")
     else:
         parsed = with_overrides(read_yaml_mapping(space), pairs, str(space))
-    quiet(verbose)
-    return run_search(parsed, name=name, address=address, resume=resume)
+    quiet_ray(verbose)
+    with quiet_progress(quiet):
+        return run_search(parsed, name=name, address=address, resume=resume)
 
 
 def restore(path: str, *, trainable: Callable | None = None):
@@ -65,7 +71,7 @@ def restore(path: str, *, trainable: Callable | None = None):
     from trainable.adapter import tune_trial
 
     try:
-        folder = open_run(str(path))
+        folder = open_run(str(path), results=False)  # Tune's record is what it continues
     except NotARunFolder as error:
         raise ConfigError([problem("path", f"must be a run folder of hpsearch ({error})", str(path))]) from None
     space, _ = folder.read_spec()  # an edited spec.yaml is refused, as on --resume: this Tuner continues it

@@ -74,6 +74,9 @@ def parse_args(argv: Sequence[str] | None, prog: str = "python -m search",
                              "model.hidden_sizes=[64] or space.lr.high=0.5 (repeatable)")
     parser.add_argument("--verbose", action="store_true",
                         help="let Ray and Tune print everything they print (their hints, INFO lines)")
+    parser.add_argument("--quiet", action="store_true",
+                        help="one progress line per finished trial (its number, status, epochs, best value) "
+                             "instead of one per epoch")
     parser.add_argument("--more-trials", dest="more_trials", type=int, metavar="N",
                         help="with --resume: N trials more than the run's experiment.num_samples (docs/budgets.md)")
     return parser.parse_args(argv)
@@ -224,7 +227,7 @@ def runs_main(argv: Sequence[str]) -> int:
     """`python -m search runs`: the runs in a storage, read from their folders (search/outputs/runs.py)."""
     parser = argparse.ArgumentParser(prog="python -m search runs",
                                      description="List the runs in a storage: name, state (running, finished, "
-                                                 "interrupted, ended by budget, failed), trials done/total, best "
+                                                 "interrupted, ended by budget, target reached, failed), trials done/total, best "
                                                  "value, when its last trial ended (docs/runs.md).")
     parser.add_argument("--storage-path", default="./runs", help="the storage (default: ./runs)")
     args = parser.parse_args(argv)
@@ -288,6 +291,7 @@ def main(argv: Sequence[str] | None = None, started: float | None = None) -> int
     signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
     # imported only now: a bad file should fail in a second, without loading torch or Ray
     from search.execution.capacity import CapacityError
+    from search.execution.progress import quiet_progress
     from search.execution.session import EarlyRay, quiet
 
     quiet(args.verbose)  # before Ray starts: Ray's and Tune's misleading hints stay unsaid
@@ -306,8 +310,9 @@ def main(argv: Sequence[str] | None = None, started: float | None = None) -> int
         from search.driver import run_search
         from search.outputs.finish import NO_SUCCESS_EXIT
 
-        outcome = run_search(space, name=args.name, address=args.address, resume=args.resume, early_ray=early_ray,
-                             started=started)
+        with quiet_progress(args.quiet):
+            outcome = run_search(space, name=args.name, address=args.address, resume=args.resume,
+                                 early_ray=early_ray, started=started)
     except (ConfigError, CapacityError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

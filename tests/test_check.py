@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import ray
 import pytest
 import yaml
@@ -10,6 +12,7 @@ from search.cli import main
 from tests.test_user_code import blob_space, write
 
 MNIST_SPACE = "spaces/mnist.yaml"
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -68,9 +71,19 @@ def test_check_of_the_shipped_space_prints_the_resolved_spec_and_exits_0(data_ro
                  "--epochs", "2"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"# The resolved spec of {MNIST_SPACE}: defaults and flags applied; checks passed")
+    assert "inputs (1, 28, 28), 10 classes; the model on two inputs" in out.splitlines()[0], "cross_entropy: classes"
     spec = yaml.safe_load(out)
     assert spec["data"]["train_size"] == 1000 and spec["training"]["epochs"] == 2
     assert spec["experiment"]["num_to_keep"] == 1, "defaults are filled in"
+    assert not ray_inits
+
+
+def test_check_of_a_regression_speaks_of_outputs_not_classes(capsys, ray_inits):
+    """examples/regression (training.loss mse, float targets): the model has one output, and no classes."""
+    assert main(["check", "--space", str(REPO / "examples" / "regression" / "space.yaml")]) == 0
+    said = capsys.readouterr().out.splitlines()[0]
+    assert "inputs (8), 1 output (training.loss mse); the model on two inputs" in said, said
+    assert "class" not in said, said
     assert not ray_inits
 
 

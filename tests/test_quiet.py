@@ -3,7 +3,8 @@
 Tune would print `tensorboard --logdir /tmp/ray/session_.../driver_artifacts` (a temporary copy)
 and, after Ctrl-C, `Tuner.restore(path=..., trainable=...)` beside hpsearch's own --resume
 command; Ray warns about its auth token on every start. `search.restore` is the documented way
-to Tune's Tuner of a run.
+to Tune's Tuner of a run. With `--quiet` (`search.run(quiet=True)`) progress is one line per
+finished trial; a function trainable's search warns about nothing (Tune's TensorBoard logger did).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.helpers import SMALL
+from tests.helpers import SMALL, TOY_FUNCTION
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -93,3 +94,90 @@ def test_quiet_drops_only_the_records_it_names():
     assert done.returncode == 0, done.stderr
     shown = done.stderr.strip().splitlines()
     assert len(shown) == 1 and shown[0].endswith("a warning that is news"), shown
+
+
+# a finished trial's --quiet line: [k/n done] trial #N (id) STATUS, E/EPOCHS epochs, best METRIC V | best ... | ETA ...
+TRIAL_LINE = re.compile(r"^\[\s*(\d+)/(\d+) done\] trial #(\d+) \((\w+)\) ([A-Z]+), (\d+)/(\d+) epochs, "
+                        r"best val_acc (\d\.\d{4}) \| best \d\.\d{4} \| elapsed \d+:\d\d \| ETA (\d+:)?(\d+:\d\d|\?)$")
+
+
+def toy_space(root: Path, trials: int, epochs: int) -> Path:
+    """TOY_FUNCTION (a function trainable) searched over lr, with Tune's TensorBoard logger (the default loggers)."""
+    (root / "toy.py").write_text(TOY_FUNCTION)
+    path = root / "space.yaml"
+    path.write_text(yaml.safe_dump({
+        "trainable": "toy.py:train",
+        "experiment": {"name": "toy", "metric": "val_acc", "mode": "max", "num_samples": trials,
+                       "max_concurrent": 2, "seed": 5, "storage_path": str(root / "runs")},
+        "resources": {"cpus": 1},
+        "training": {"epochs": epochs},
+        "space": {"lr": {"distribution": "loguniform", "low": 0.05, "high": 0.9}}}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def quiet_function_search(tmp_path_factory):
+    """`python -m search --quiet` on a function trainable: 3 trials x 3 epochs, stdout and stderr apart."""
+    root = tmp_path_factory.mktemp("quiet-function")
+    command = [sys.executable, "-m", "search", "--space", str(toy_space(root, 3, 3)), "--name", "toy", "--quiet"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    return done.stdout, done.stderr, root / "runs" / "toy"
+
+
+def test_quiet_prints_one_line_per_finished_trial_with_its_status_epochs_and_best(quiet_function_search):
+    out, _, run = quiet_function_search
+    frame = pd.read_parquet(run / "results.parquet")
+    progress = [line for line in out.splitlines() if "done] trial" in line]
+    assert len(progress) == 3, out
+    seen = {}
+    for line in progress:
+        matched = TRIAL_LINE.match(line)
+        assert matched, line
+        done, total, number, trial_id, status, epochs, of, best = matched.groups()[:8]
+        assert total == "3" and (epochs, of) == ("3", "3") and status == "COMPLETED", line
+        rows = frame[frame["trial_id"] == trial_id]
+        assert int(number) == rows["trial_number"].iloc[0] and best == f"{rows['val_acc'].max():.4f}", line
+        seen[int(done)] = trial_id
+    assert sorted(seen) == [1, 2, 3] and len(set(seen.values())) == 3, "each trial once, counted as it ended"
+    assert out.count("done]") == 3, "no line per epoch"
+
+
+def test_a_function_search_says_no_tensorboardx_warning_and_still_writes_event_files(quiet_function_search):
+    out, err, run = quiet_function_search
+    both = (out + err).lower()
+    assert "tensorboardx" not in both and "tbxloggercallback" not in both, err
+    assert "invalid value" not in both, err
+    trials = sorted(run.glob("trial_*"))
+    assert len(trials) == 3
+    for trial in trials:
+        [events] = trial.glob("events.out.tfevents.*")  # loggers: [tensorboard], the default
+        assert b"ray/tune/val_acc" in events.read_bytes(), f"the metric is in {trial.name}'s event file"
+
+
+def test_a_function_search_names_no_test_metric_it_does_not_have(quiet_function_search):
+    out, _, _ = quiet_function_search
+    best = next(line for line in out.splitlines() if line.startswith("Best: trial #"))
+    assert "test_" not in best and "n/a" not in best, best
+    assert re.search(r"val_acc \d\.\d{4} \(seed \d+\)$", best), best
+
+
+def test_search_run_quiet_prints_a_line_per_trial_and_the_default_one_per_epoch(ray_local, tmp_path, capsys):
+    """The Python API's `quiet`, the CLI's --quiet by the same name; without it, the plain line per epoch."""
+    import search
+
+    space = toy_space(tmp_path, 2, 2)
+    search.run(space, name="quiet", quiet=True)
+    quiet = [line for line in capsys.readouterr().out.splitlines() if "done] trial" in line]
+    search.run(space, name="loud")
+    loud = [line for line in capsys.readouterr().out.splitlines() if "done] trial" in line]
+    assert len(quiet) == 2 and all(TRIAL_LINE.match(line) for line in quiet), quiet
+    assert len(loud) == 4 and all(" epoch " in line for line in loud), loud
+
+
+def test_search_run_refuses_a_quiet_that_is_not_a_bool():
+    import search
+    from trainable.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"quiet: must be True or False, as the --quiet flag, got 'yes'"):
+        search.run({"space": {}}, quiet="yes")

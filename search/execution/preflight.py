@@ -41,6 +41,7 @@ from trainable.data import Data, load_data
 from trainable.errors import ConfigError, problem
 from trainable.factories import check_model, width_problems
 from trainable.function import resolve_function
+from trainable.metrics import reports_accuracy
 from trainable.measures import check_measures
 from trainable.report import CheckpointError
 
@@ -265,8 +266,16 @@ def check_space(space: Space, *, address: str | None = None) -> str:
     shape = ", ".join(map(str, data.input_shape))
     return (f"# The resolved spec of {space.source}: defaults and flags applied; checks passed (data: "
             f"{len(data.train)} train, {len(data.val)} val, {0 if data.test is None else len(data.test)} test, "
-            f"inputs ({shape}), {data.num_classes} classes; the model on two inputs)\n"
+            f"inputs ({shape}), {targets(data.num_classes, space.trial_defaults().loss)}; the model on two inputs)\n"
             + yaml.safe_dump(to_raw(space), sort_keys=False))
+
+
+def targets(width: int, loss: str) -> str:
+    """What the model predicts, in the task's words: classes under cross_entropy; with a regression loss (or a
+    loss of the user's) `width` is the number of values it predicts, one per target column."""
+    if reports_accuracy(loss):
+        return f"{width} classes"
+    return f"{width} output{'' if width == 1 else 's'} (training.loss {loss})"
 
 
 @contextmanager

@@ -14,16 +14,19 @@ the driver dies is written from Tune's record when the search ends.
 
 On a terminal the progress is one line redrawn in place (done/total, running, best, ETA);
 elsewhere (CI logs, `| tee`) it is a plain line per epoch, with the elapsed time and the ETA.
+With `--quiet` (`search.run(quiet=True)`) it is one line per finished trial, on a terminal too:
+its number, status, epochs and best value, as results.parquet holds them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pyarrow.fs as pafs
 from ray.tune import Callback
@@ -31,7 +34,7 @@ from ray.tune import Callback
 from search.outputs.journal import Journal
 from search.searching.study import RUNNING
 from search.spec.objectives import first, mark_feasible, objectives_of
-from search.spec.ranking import is_better, score
+from search.spec.ranking import best_value, is_better, score
 from search.spec.space import Space
 from search.store.results import read_record, records, results_schema, trial_rows
 from search.store.run_folder import RunFolder
@@ -42,6 +45,22 @@ from trainable.errors import ConfigError
 # Tune forces this module-level set: a resumed Tuner runs the Progress it unpickled, not one the
 # driver holds, so the driver cannot reach its threads through an instance.
 _writers: set[ThreadPoolExecutor] = set()
+
+
+# `--quiet`: a choice of this command, not of the run, so neither in spec.yaml nor in the pickled callback:
+# a resumed Tuner runs the Progress it unpickled (see _writers), which reads it here (Progress._reset).
+_quiet = False
+
+
+@contextlib.contextmanager
+def quiet_progress(quiet: bool) -> Iterator[None]:
+    """Within it, a search's progress is one line per finished trial (quiet) or per epoch (the default)."""
+    global _quiet
+    before, _quiet = _quiet, bool(quiet)
+    try:
+        yield
+    finally:
+        _quiet = before
 
 
 def flush_all() -> None:
@@ -88,10 +107,11 @@ class Progress(Callback):
         self._epochs: dict[str, float] = {}  # running trial -> share of its epochs done (the ETA's)
         self._ended_before = len(self.ended)  # trials that ended before this process: not in its ETA
         self._paced_from: float | None = None  # when this process's first trial started: the ETA's pace
+        self._quiet = _quiet  # one line per finished trial (quiet_progress)
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("_journal", "_journal_failed", "_ending", "_schema", "_writer", "_epochs", "_ended_before",
-                "_paced_from")
+                "_paced_from", "_quiet")
         return {k: v for k, v in self.__dict__.items() if k not in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -124,6 +144,8 @@ class Progress(Callback):
             self._submit(self._to_journal, lambda journal: journal.report(int(number), int(epoch), value))
         if epoch is not None and trial.config.get("epochs"):
             self._epochs[trial.trial_id] = min(1.0, int(epoch) / int(trial.config["epochs"]))
+        if self._quiet:  # its line comes when it ends (_write)
+            return
         if sys.stdout.isatty():
             self._bar()
             return
@@ -134,6 +156,22 @@ class Progress(Callback):
         print(f"[{len(self.ended):>{len(str(self.total))}}/{self.total} done] trial {trial.trial_id} "
               f"epoch {epoch}{of_epochs(epoch, trial.config.get('epochs'))} {self.metric} {shown} | best {best} "
               f"| elapsed {elapsed} | ETA {eta}", flush=True)
+
+    def _line_start(self, done: int) -> str:
+        return f"[{done:>{len(str(self.total))}}/{self.total} done]"
+
+    def _trial_line(self, rows: list[dict[str, Any]], line: tuple[str, str, str]) -> str:
+        """A finished trial in one line (--quiet): its number, status, epochs and best value, as its results part
+        holds them (DIVERGED, STOPPED by a scheduler), then the search's best, elapsed time and ETA."""
+        start, elapsed, eta = line
+        last = rows[-1]
+        epochs = sum(r.get("epoch") is not None for r in rows)
+        value = best_value((r.get(self.metric) for r in rows), self.mode)
+        number = last.get("trial_number")
+        best = "-" if self.best is None else f"{self.best:.4f}"
+        return (f"{start} trial {'-' if number is None else f'#{int(number)}'} ({last['trial_id']}) {last['status']}, "
+                f"{epochs}{of_epochs(epochs, last.get('epochs'))} epochs, best {self.metric} "
+                f"{'-' if value is None else f'{value:.4f}'} | best {best} | elapsed {elapsed} | ETA {eta}")
 
     def _times(self) -> tuple[str, str]:
         """Elapsed time, and the ETA at this process's pace since its first trial started (start-up excluded):
@@ -172,7 +210,7 @@ class Progress(Callback):
         except Exception:  # unreadable: the line still says where the traceback is
             error = None
         last = str(error).strip().splitlines()[-1][:200] if error is not None and str(error).strip() else "?"
-        if sys.stdout.isatty():
+        if sys.stdout.isatty() and not self._quiet:
             sys.stdout.write("\n")  # below the progress bar
         print(f"trial {trial.trial_id} (#{trial.config.get('trial_number')}) failed and {what}: {last} "
               f"(traceback in {self.folder.trial_path(trial.path)}/error.txt)", flush=True)
@@ -180,14 +218,16 @@ class Progress(Callback):
     def on_experiment_end(self, trials, **info) -> None:
         self.on_step_end(iteration=None, trials=trials)
         self.flush()
-        if sys.stdout.isatty():
+        if sys.stdout.isatty() and not self._quiet:
             sys.stdout.write("\n")
 
     def on_step_end(self, iteration, trials, **info) -> None:
         ending, self._ending = self._ending, []
-        for trial, error in ending:
-            self._submit(self._write, trial.trial_id, trial.config, trial.local_path, error=error)
-        if ending and sys.stdout.isatty():
+        for trial, error, done in ending:
+            # the line's counts and times now, on Tune's thread: the writer thread must not read sets this one changes
+            line = (self._line_start(done), *self._times()) if self._quiet else None
+            self._submit(self._write, trial.trial_id, trial.config, trial.local_path, error=error, line=line)
+        if ending and sys.stdout.isatty() and not self._quiet:
             self._bar()
 
     def _submit(self, work, *args, **kwargs) -> None:
@@ -207,7 +247,7 @@ class Progress(Callback):
         self.ended.add(trial.trial_id)
         self.running.discard(trial.trial_id)
         self._epochs.pop(trial.trial_id, None)
-        self._ending.append((trial, error))
+        self._ending.append((trial, error, len(self.ended)))
 
     @property
     def schema(self):
@@ -236,18 +276,35 @@ class Progress(Callback):
         rows = [{**row, "status": RUNNING} for row in trial_rows(trial_id, config, [], done=False, error=False)]
         journal.start(journal.trial_of(records(rows, self.schema)))
 
-    def _write(self, trial_id: str, config: dict[str, Any], local_path: str, *, error: bool) -> None:
+    def _write(self, trial_id: str, config: dict[str, Any], local_path: str, *, error: bool,
+               line: tuple[str, str, str] | None = None) -> None:
+        """`line`: with --quiet, the start, elapsed time and ETA of the trial's progress line, printed here."""
         # Tune's JSON logger has flushed every report of this trial to its driver-side folder
+        rows = None
         try:
             reports = read_record(pafs.LocalFileSystem(), local_path)
             rows = mark_feasible(trial_rows(trial_id, config, reports, done=True, error=error),
                                  objectives_of(self.space.experiment))
             self.folder.write_part(self.space, trial_id, rows, self.schema)
         except Exception as problem:  # written again from Tune's record when the search ends
+            self._say_ended(line, rows, trial_id, config, error)
             print(f"note: the results part of trial {trial_id} is not written yet ({type(problem).__name__}: "
                   f"{problem}); the end of the search writes it", file=sys.stderr, flush=True)
             return
+        self._say_ended(line, rows, trial_id, config, error)
         self._to_journal(lambda journal: self.add_to_journal(rows))
+
+    def _say_ended(self, line: tuple[str, str, str] | None, rows: list[dict[str, Any]] | None, trial_id: str,
+                   config: dict[str, Any], error: bool) -> None:
+        """A finished trial's --quiet line (`line` None: not quiet); from its rows, or where its record did not
+        read, from what Tune said."""
+        if line is None:
+            return
+        if rows:
+            print(self._trial_line(rows, line), flush=True)
+            return
+        print(f"{line[0]} trial #{config.get('trial_number')} ({trial_id}) {'ERROR' if error else 'ended'} "
+              f"| elapsed {line[1]} | ETA {line[2]}", flush=True)
 
     def add_to_journal(self, rows: list[dict[str, Any]]) -> None:
         """Put one ended trial in optuna.journal (a trial re-run after a resume replaces its entry)."""

@@ -35,6 +35,7 @@ from search.store.run_folder import RunFolder
 from search.store.storage import is_uri
 from trainable.adapter import DataHandle, run_trial
 from trainable.data import Data
+from trainable.function import METRIC_NAMES
 
 MLFLOW_DB = "mlflow.db"
 
@@ -74,8 +75,8 @@ def trial_folder_name(trial) -> str:
 
 
 def tracker_callbacks(space: Space, folder: RunFolder) -> list:
-    """Tune's logger callbacks for experiment.loggers (Tune adds its TensorBoard logger itself)."""
-    callbacks = [] if "tensorboard" in space.experiment.loggers else [NoEventFiles()]
+    """Tune's logger callbacks for experiment.loggers (Tune adds its TensorBoard logger unless one is given)."""
+    callbacks = [EventFiles() if "tensorboard" in space.experiment.loggers else NoEventFiles()]
     if "mlflow" in space.experiment.loggers:
         # a SQLite file in the run folder: MLflow 3 has put its ./mlruns file store in maintenance mode
         uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{folder.path}/{MLFLOW_DB}"
@@ -88,6 +89,15 @@ def tracker_callbacks(space: Space, folder: RunFolder) -> list:
 
         callbacks.append(WandbLoggerCallback(project=folder.name, mode="offline", dir=folder.path))
     return callbacks
+
+
+class EventFiles(TBXLoggerCallback):
+    """experiment.loggers with tensorboard: Tune's TensorBoard logger, given the metrics only. A function
+    trainable's reports also list its metric names (METRIC_NAMES, for results.parquet's columns), which
+    Tune's logger would try as a histogram of strings and warn about once per search."""
+
+    def log_trial_result(self, iteration, trial, result) -> None:
+        super().log_trial_result(iteration, trial, {k: v for k, v in result.items() if k != METRIC_NAMES})
 
 
 class NoEventFiles(TBXLoggerCallback):

@@ -167,6 +167,16 @@ def status_counts(frame: pd.DataFrame) -> str:
     return ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items()))
 
 
+def test_figure(result: dict[str, Any], metric: str) -> str | None:
+    """The test metric the Best line shows: the metric's own on the test part (test_acc for val_acc,
+    test_r2_score for val_r2_score), else test_acc, else the first test metric best.yaml holds a value of;
+    None where it holds none (a function trainable, a dataset without a test part: the note says why)."""
+    held = [k for k, v in result.items()
+            if k.startswith("test_") and isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return next((k for k in (f"test_{str(metric).removeprefix('val_')}", "test_acc") if k in held),
+                held[0] if held else None)
+
+
 def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Timing, *,
                    metric: str, mode: str, searched: list[str], gpus_per_trial: float,
                    rerun: str, gpu_notes: tuple[str, ...] = (), no_best: str | None = None,
@@ -190,14 +200,12 @@ def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Tim
                                 "; no best.yaml"))
     if best is not None:
         result = best["result"]
-        # the test part's figure of the metric (test_acc for val_acc, test_mean_absolute_error for val_...)
-        test_key = next((k for k in (f"test_{str(metric).removeprefix('val_')}", "test_acc") if k in result), "test_acc")
+        test_key = test_figure(result, metric)
         config = searched_values(best["config"], searched)
         lines += [
             f"Best: trial #{result['trial_number']} ({result['trial_id']}) epoch {result['epoch']}: "
-            f"{metric} {result[metric]:.4f}, "
-            f"{test_key} {'n/a' if result.get(test_key) is None else format(result[test_key], '.4f')} "
-            f"(seed {best['config']['seed']})" + (f"\n      note: {result['note']}" if result.get("note") else ""),
+            f"{metric} {result[metric]:.4f}" + (f", {test_key} {result[test_key]:.4f}" if test_key else "")
+            + f" (seed {best['config']['seed']})" + (f"\n      note: {result['note']}" if result.get("note") else ""),
             f"      {config}",
             f"      re-run: {rerun}",
         ]
