@@ -51,7 +51,7 @@ COMMANDS = """commands:
   python -m search --space FILE [flags]     run (or --resume) a search
   python -m search check --space FILE       check a space without running it; prints the resolved spec
   python -m search report RUN               write report.html of a run folder again
-  python -m search export RUN               write the best (or --trial N's) model: state_dict, torchscript, onnx
+  python -m search export RUN               write the best (or --trial N's) model: state_dict, torchscript, pt2, onnx
   python -m search runs [--storage-path P]  list the runs in a storage: state, trials, best value, when
   python -m search compare RUN_A RUN_B      two runs' spec differences and best trials side by side
 each takes --help"""
@@ -148,9 +148,10 @@ def export_main(argv: Sequence[str]) -> int:
                                                  "epoch) with its config, ready for inference (docs/outputs.md).")
     parser.add_argument("run", help="the run folder, e.g. runs/mnist-20261130-101500")
     parser.add_argument("--trial", type=int, metavar="N", help="the trial_number to export (default: best.yaml's)")
-    parser.add_argument("--format", dest="fmt", default="torchscript", choices=list(FORMATS),
-                        help="state_dict (torch.load), torchscript (torch.jit.load, the default) or onnx "
-                             "(pip install -e '.[export]')")
+    parser.add_argument("--format", dest="fmt", default=None, choices=list(FORMATS),
+                        help="state_dict (torch.load), torchscript (torch.jit.load; the default for the canonical "
+                             "loop), pt2 (torch.export.load, no deprecated call) or onnx (pip install -e "
+                             "'.[export]'); a run of your own training function: state_dict (its default)")
     parser.add_argument("-o", "--output", metavar="FILE",
                         help="where to write it (default: <run name>-best<ending> in the current folder)")
     args = parser.parse_args(argv)

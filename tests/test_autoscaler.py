@@ -178,8 +178,10 @@ def test_a_local_ray_has_no_autoscaler(monkeypatch, ray_local):
 
     monkeypatch.delenv(AUTOSCALER_SETTING, raising=False)
     monkeypatch.setenv("HOME", "/nonexistent")  # no ~/ray_bootstrap_config.yaml
-    if not ray_local.is_initialized():  # an earlier test of this worker shut the session's Ray down
-        ray_local.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # a local Ray of its own: an earlier test of this worker may have shut the session's down, or left
+    # this process joined to a cluster it has since stopped (whose record no longer reads)
+    ray_local.shutdown()
+    ray_local.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     types, version = autoscaler_status()
     assert types is not None, "the local Ray's autoscaler record reads (None: it could not be read)"
     assert all(name.startswith("node_") for name in types) and version in (None, "", "0")

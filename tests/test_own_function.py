@@ -101,6 +101,7 @@ def test_two_objectives_and_a_constraint_from_another_folder_give_the_recomputed
     for entry in pareto["trials"]:
         assert entry["epoch"] == points.loc[entry["trial_number"], "epoch"]
         assert entry["metrics"]["score"] == points.loc[entry["trial_number"], "score"]
+        assert list(entry["metrics"]) == ["score", "size", "only_trial_two"], "the function's names, not the loop's"
     assert list(pareto["constraints"]) == ["size <= 40"]
     study = optuna.load_study(study_name="front",
                               storage=optuna.storages.JournalStorage(JournalFileBackend(str(run / "optuna.journal"))))

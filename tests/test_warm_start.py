@@ -11,7 +11,6 @@ from pathlib import Path
 import optuna
 import pandas as pd
 import pytest
-import yaml
 from optuna.storages.journal import JournalFileBackend
 
 from search.outputs.journal import WARM_STUDY, Journal

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow.fs as pafs
 import ray
@@ -29,12 +29,14 @@ import torch
 from ray import tune
 
 from trainable.config import TrialConfig
-from trainable.data import Data
 from trainable.device import get_default_device
 from trainable.isolation import GlobalState
-from trainable.loop import build_run, train_and_evaluate
 from trainable.report import CheckpointError, Phases, Placement, epoch_report, load_checkpoint, save_checkpoint
 from trainable.watchdog import Watchdog
+
+if TYPE_CHECKING:  # the canonical loop's modules (torchvision, torchmetrics: seconds of a trial process's
+    # start) are imported by tune_trial when it runs: a function trainable's trials never need them
+    from trainable.data import Data
 
 
 @dataclass(frozen=True)
@@ -181,6 +183,8 @@ def mark_report() -> None:
 def tune_trial(config: dict[str, Any], *, data: Data) -> None:
     """A Tune function trainable: one trial, a report and (every checkpoint_every epochs) a checkpoint per epoch."""
     global _last_end
+    from trainable.loop import build_run, train_and_evaluate  # here: see the TYPE_CHECKING import above
+
     start = trial_start()
     trial = TrialConfig.from_mapping(config)
     device = trial_device()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from trainable.config import MUTABLE, TrialConfig, schedule_period
 from trainable.data import Arrays, Data, Standardize
 from trainable.factories import build_model
 from trainable.measures import ACCURACY, LossFunction, accuracy_metric, build_loss, build_metrics, fit_outputs
+from trainable.report import EpochRecord
 from trainable.seed import global_rng_states, set_global_rng_states, set_seed
 
 
@@ -101,41 +101,6 @@ def compute(metrics: Metric | Metrics, kept: list[torch.Tensor], targets: list[t
                              "number (set its average, e.g. average: macro)")
         values[name] = value.item()
     return values[ACCURACY] if single else values
-
-
-@dataclass(frozen=True)
-class EpochRecord:
-    """What one epoch produced. Field names are the metric names Tune and results use.
-
-    train_acc and val_acc are None where accuracy means nothing (training.loss other than
-    cross_entropy): the report leaves them out. `extra` holds training.metrics' values under their
-    columns (train_f1_score, val_f1_score, ...), reported beside the fields.
-    """
-
-    epoch: int
-    train_loss: float
-    train_acc: float | None
-    val_loss: float
-    val_acc: float | None
-    epoch_lr: float  #: learning rate used during this epoch (the config field lr is the initial one)
-    epoch_seconds: float  #: wall time of training + validation in this epoch
-    train_seconds: float  #: of which training
-    evaluate_seconds: float  #: of which validation
-    params: int | None = None  #: the model's parameter count
-    latency_ms: float | None = None  #: median forward pass of one batch_size batch, after this epoch (forward_latency_ms)
-    extra: Mapping[str, float] = field(default_factory=dict)  #: training.metrics: column -> value
-
-    @property
-    def metrics(self) -> dict[str, float]:
-        """Every metric column of this epoch and its value: train_loss, [train_acc,] ..., val_loss, ..."""
-        own = {"train_loss": self.train_loss, "train_acc": self.train_acc,
-               "val_loss": self.val_loss, "val_acc": self.val_acc}
-        return {**{k: v for k, v in own.items() if v is not None}, **self.extra}
-
-    @property
-    def diverged(self) -> bool:
-        return not math.isfinite(self.train_loss)
-
 
 
 @dataclass

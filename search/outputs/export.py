@@ -1,6 +1,6 @@
 """A run's model, out of the run folder: best.yaml's checkpoint (or a chosen trial's best) ready for inference.
 
-`python -m search export RUN [--trial N] [--format state_dict|torchscript|onnx] [-o FILE]` writes
+`python -m search export RUN [--trial N] [--format state_dict|torchscript|pt2|onnx] [-o FILE]` writes
 the model with what it needs beside it (the trial config, the input shape and classes, how
 inputs are prepared, the metrics); `search.load_best(RUN)` returns it as a module.
 
@@ -8,6 +8,10 @@ The model takes inputs as the trials' models got them: a built-in image set's ui
 as float32 (N, C, H, W), divided by 255 and standardised per channel with the recorded mean and
 std; a dataset function's arrays as the function returned them (float64 read as float32).
 Every file says so in its metadata (`hpsearch.yaml`).
+
+A search of your own training function (`trainable: FILE.py:FUNCTION`) has no model hpsearch can
+rebuild: its checkpoint is the dict the function reported. Its export (`state_dict`, the one format
+that needs no model code) is that dict with the trial's config and metrics beside it.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import os
 import tempfile
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 import torch
@@ -27,18 +31,28 @@ import yaml
 
 from search.spec.objectives import FEASIBLE, first, objectives_of
 from search.spec.ranking import rank
+from search.spec.space import Space
 from search.store.results import RECORD_FILE, RESULTS_FILE
 from search.store.run_folder import BEST_FILE, RunFolder, open_run
-from trainable.data import TORCHVISION_SETS
 from trainable.errors import ConfigError, problem
 from trainable.factories import build_model
-from trainable.metrics import METRICS, reports_accuracy
+from trainable.function import METRIC_NAMES, FunctionConfig, load_state
+from trainable.metrics import epoch_metrics, reports_accuracy
 from trainable.report import CHECKPOINT_FILE, CheckpointError, load_checkpoint
 
 #: --format -> the ending of the default output file
-FORMATS = {"state_dict": ".pt", "torchscript": ".torchscript.pt", "onnx": ".onnx"}
-META_FILE = "hpsearch.yaml"  # torchscript's extra file, onnx's metadata key: the metadata as YAML
+FORMATS = {"state_dict": ".pt", "torchscript": ".torchscript.pt", "pt2": ".pt2", "onnx": ".onnx"}
+#: --format -> how a user loads the file (what the CLI prints)
+LOADS = {"state_dict": "torch.load(FILE, weights_only=True)",
+         "torchscript": "torch.jit.load(FILE) (torch 2.14 deprecates torch.jit: --format pt2 is the same without it)",
+         "pt2": "torch.export.load(FILE).module()", "onnx": "onnxruntime or onnx.reference"}
+MODEL_FORMATS = ("torchscript", "pt2", "onnx")  #: a graph of the model: only the canonical loop's can be built
+META_FILE = "hpsearch.yaml"  # torchscript's and pt2's extra file, onnx's metadata key: the metadata as YAML
 EXPORT_FORMAT = 1  # the state_dict file's layout; loads with torch.load(weights_only=True)
+# torch.jit's own words in torch 2.14 (trace, and trace_method per submodule, then save): a TorchScript
+# file is what --format torchscript promises (torch.jit.load, libtorch's torch::jit::load) and only torch.jit
+# writes one, so these and nothing else are silenced; pt2 is the format without a deprecated call
+JIT_DEPRECATED = r"`torch\.jit\.(trace|trace_method|save)` is deprecated"
 
 
 @dataclass(frozen=True)
@@ -47,22 +61,34 @@ class Chosen:
 
     folder: RunFolder
     checkpoint: str  #: its folder, relative to the run folder: trial_<id>/checkpoint_<k>
-    saved: Any  #: trainable.report.Checkpoint
+    saved: Any  #: trainable.report.Checkpoint; a function's: {"epoch": k, "state": the dict it reported}
     trial_number: int | None
     trial_id: str
     epoch: int
     metrics: dict[str, float]
+    trainable: str | None = None  #: FILE.py:FUNCTION of a function's run; None: the canonical loop
+    config: dict[str, Any] | None = None  #: a function trial's config as best.yaml holds it (the loop's: saved.config)
 
 
-def read_checkpoint(folder: RunFolder, relative: str):
-    """A checkpoint of the run by its relative folder, through the run's storage (local or URI)."""
+def default_format(trainable: str | None) -> str:
+    """--format when none is given: a TorchScript model, or for a function the dict it checkpointed."""
+    return "state_dict" if trainable else "torchscript"
+
+
+class CheckpointGone(CheckpointError):
+    """The record names a checkpoint whose file is not there: num_to_keep removed it (not damage)."""
+
+
+def read_checkpoint(folder: RunFolder, relative: str, load: Callable[[str], Any] = load_checkpoint):
+    """A checkpoint of the run by its relative folder, through the run's storage (local or URI);
+    `load` reads the folder (trainable.report.load_checkpoint, or a function's load_state)."""
     data = folder.storage.read(f"{folder.name}/{relative}/{CHECKPOINT_FILE}")
     if data is None:
-        raise CheckpointError(f"{folder.storage.join(folder.name, relative)}: no {CHECKPOINT_FILE} there")
+        raise CheckpointGone(f"{folder.storage.join(folder.name, relative)}: no {CHECKPOINT_FILE} there")
     with tempfile.TemporaryDirectory() as where:
         with open(os.path.join(where, CHECKPOINT_FILE), "wb") as f:
             f.write(data)
-        return load_checkpoint(where)
+        return load(where)
 
 
 def trial_reports(folder: RunFolder, trial_id: str) -> list[dict[str, Any]]:
@@ -102,24 +128,35 @@ def trial_id_of_number(folder: RunFolder, number: int) -> str:
 
 
 def chosen_checkpoint(folder: RunFolder, trial: int | None = None) -> Chosen:
-    """best.yaml's checkpoint, or (`trial`) that trial's best epoch whose checkpoint reads.
+    """best.yaml's checkpoint, or (`trial`) that trial's best epoch whose checkpoint reads: a canonical-loop
+    model's (what model_of and search.load_best rebuild)."""
+    space, _ = folder.read_spec("RUN")
+    if space.trainable:
+        raise ConfigError([problem("RUN", f"is a search of your own training function ({space.trainable}): hpsearch "
+                                          "cannot rebuild its model; its checkpoints hold the dict your function "
+                                          "reported, which `python -m search export RUN --format state_dict` "
+                                          "writes with the trial's config", folder.path)])
+    return choose(folder, space, trial)
+
+
+def choose(folder: RunFolder, space: Space, trial: int | None) -> Chosen:
+    """The checkpoint to export, of either kind of trial: best.yaml's best epoch (refused, saying so, where
+    that epoch kept no checkpoint), or trial number `trial`'s best epoch whose checkpoint reads.
 
     Among equal scores the later epoch comes first: num_to_keep keeps the newest of equals.
     """
-    space, _ = folder.read_spec("RUN")
-    if space.trainable:
-        raise ConfigError([problem("RUN", f"is a search of your own training function ({space.trainable}): its "
-                                          "checkpoints hold the dict your function reported (a state.pt under "
-                                          "'state'), not a model hpsearch can rebuild; load it with torch.load",
-                                   folder.path)])
     metric, mode = first(space.experiment.metric), first(space.experiment.mode)
-    best = yaml.safe_load(folder.storage.read(f"{folder.name}/{BEST_FILE}") or b"null")
+    best = None
     if trial is None:
         if objectives_of(space.experiment).several:  # a front (pareto.yaml), never one best
             raise ConfigError([problem("RUN", "searched several objectives, so it has a Pareto front (pareto.yaml) "
                                               "instead of a best.yaml; pass --trial N, N one of its trial_numbers",
                                        folder.path)])
-        if not isinstance(best, dict) or "result" not in best:
+        try:
+            best = yaml.safe_load(folder.storage.read(f"{folder.name}/{BEST_FILE}") or b"null")
+        except yaml.YAMLError:  # a damaged best.yaml: as if it were not there (--trial N still exports)
+            best = None
+        if not isinstance(best, dict) or not isinstance(best.get("result"), dict):
             constraints = objectives_of(space.experiment).constraints
             why = (f"no trial met experiment.constraints ({', '.join(map(str, constraints))})"
                    if constraints and none_feasible(folder) else "the search has not ended, or no trial succeeded")
@@ -127,29 +164,59 @@ def chosen_checkpoint(folder: RunFolder, trial: int | None = None) -> Chosen:
                                        folder.path)])
         result = best["result"]
         trial_id, number = str(result["trial_id"]), result.get("trial_number")
-        wanted = [result["epoch"]]  # older runs' best.yaml named no checkpoint: find it by its epoch
     else:
-        trial_id, number, wanted = trial_id_of_number(folder, trial), trial, None
-    reports = [r for r in trial_reports(folder, trial_id) if r.get("checkpoint_dir_name")]
-    reports = [r for r in reports if wanted is None or r.get("epoch") in wanted]
-
-    reports.sort(key=lambda report: rank(report.get(metric), mode, report["epoch"]), reverse=True)  # best first
-    candidates = [(f"trial_{trial_id}/{r['checkpoint_dir_name']}", r) for r in reports]
-    if trial is None and best["result"].get("checkpoint"):
-        candidates = [(best["result"]["checkpoint"], best["result"])]
-    problems = []
+        trial_id, number = trial_id_of_number(folder, trial), trial
+    reports = trial_reports(folder, trial_id)
+    if best is not None:
+        # best.yaml's epoch is the best value, with or without a checkpoint: its own, never a neighbour's
+        epoch = int(result["epoch"])
+        at_best = [r for r in reports if r.get("epoch") == epoch] or [result]
+        report = {**result, **at_best[-1]}  # Tune's report of that epoch (the last, after a restart), else best.yaml's
+        if result.get("checkpoint"):
+            candidates = [(result["checkpoint"], report)]
+        else:  # older runs' best.yaml named no checkpoint, and a best epoch may have none: find it by its epoch
+            candidates = [(f"trial_{trial_id}/{r['checkpoint_dir_name']}", {**result, **r})
+                          for r in at_best if r.get("checkpoint_dir_name")]
+    else:
+        kept = [r for r in reports if r.get("checkpoint_dir_name")]
+        kept.sort(key=lambda r: rank(r.get(metric), mode, r["epoch"]), reverse=True)  # best first
+        candidates = [(f"trial_{trial_id}/{r['checkpoint_dir_name']}", r) for r in kept]
+    load = load_state if space.trainable else load_checkpoint
+    problems = []  # the damaged ones: said; the removed ones are the normal case (num_to_keep), not news
     for relative, report in candidates:
         try:
-            saved = read_checkpoint(folder, relative)
-        except CheckpointError as error:  # num_to_keep deleted it, or it is damaged: the next one
+            saved = read_checkpoint(folder, relative, load)
+        except CheckpointGone:  # num_to_keep removed it: the next one
+            continue
+        except CheckpointError as error:  # damaged: the next one, and said
             problems.append(str(error))
             continue
-        return Chosen(folder, relative, saved, number, trial_id, int(report["epoch"]),
-                      {m: float(report[m]) for m in METRICS if report.get(m) is not None})
-    which = f"trial #{number} ({trial_id})" if trial is not None else f"best.yaml's trial #{number} ({trial_id})"
-    raise ConfigError([problem("--trial" if trial is not None else "RUN",
-                               f"{which} has no readable checkpoint" + "".join(f"; {p}" for p in problems),
-                               trial if trial is not None else folder.path)])
+        return chosen_of(folder, space, relative, saved, number, trial_id, report)
+    if best is not None:
+        value = result.get(metric)
+        value = f" ({metric} {value:.4f})" if isinstance(value, (int, float)) else ""
+        why = ("the function reported none at that epoch (report(checkpoint=...))" if space.trainable
+               else "experiment.checkpoint_every skipped that epoch") + ", or experiment.num_to_keep removed it"
+        said = (f"has no readable checkpoint ({'; '.join(problems)})" if problems else f"has no checkpoint kept: {why}")
+        raise ConfigError([problem("RUN", f"best.yaml's best, trial #{number} ({trial_id}) at epoch {epoch}{value}, "
+                                          f"{said}; --trial {number} exports that trial's best epoch that kept one",
+                                   folder.path)])
+    said = f"has no readable checkpoint ({'; '.join(problems)})" if problems else "kept no checkpoint"
+    raise ConfigError([problem("--trial", f"trial #{number} ({trial_id}) {said}", trial)])
+
+
+def chosen_of(folder: RunFolder, space: Space, relative: str, saved, number: int | None, trial_id: str,
+              report: dict[str, Any]) -> Chosen:
+    """A Chosen from the checkpoint read and Tune's report of its epoch."""
+    objectives = objectives_of(space.experiment).metrics  # the loop's measured ones too (params, latency_ms)
+    if space.trainable:
+        names = [*report.get(METRIC_NAMES, ()), *objectives]
+        config = report.get("config") or {}
+        config = FunctionConfig.from_mapping(config).to_flat() if config else None
+    else:
+        names, config = [*epoch_metrics(saved.config.loss, saved.config.metrics), *objectives], None
+    metrics = {m: float(report[m]) for m in dict.fromkeys(names) if isinstance(report.get(m), (int, float))}
+    return Chosen(folder, relative, saved, number, trial_id, int(report["epoch"]), metrics, space.trainable, config)
 
 
 def model_of(chosen: Chosen):
@@ -162,10 +229,16 @@ def model_of(chosen: Chosen):
 
 def input_preparation(dataset: str) -> dict[str, Any]:
     """How raw inputs become what the model takes (trainable.data.prepare_inputs), as plain data."""
-    if dataset in TORCHVISION_SETS:
-        _, mean, std = TORCHVISION_SETS[dataset]
-        return {"from": "uint8 images (N, H, W) or (N, H, W, C)", "to": "float32 (N, C, H, W)",
-                "steps": "x / 255, then (x - mean) / std per channel", "mean": list(mean), "std": list(std)}
+    from trainable.config import is_reference
+
+    if not is_reference(dataset):
+        # torchvision (about 1.3 s of imports) only for a built-in image set: a dataset function needs none
+        from trainable.data import TORCHVISION_SETS
+
+        if dataset in TORCHVISION_SETS:
+            _, mean, std = TORCHVISION_SETS[dataset]
+            return {"from": "uint8 images (N, H, W) or (N, H, W, C)", "to": "float32 (N, C, H, W)",
+                    "steps": "x / 255, then (x - mean) / std per channel", "mean": list(mean), "std": list(std)}
     return {"from": "the dataset function's inputs", "to": "the same, float64 read as float32", "steps": "none"}
 
 
@@ -178,24 +251,37 @@ def outputs_of(loss: str, width: int) -> str:
 
 def metadata(chosen: Chosen) -> dict[str, Any]:
     """What a user needs beside the weights: where they came from, what goes in, what comes out."""
-    saved = chosen.saved
-    return json.loads(json.dumps({  # plain lists, strings and numbers: YAML, torch.load(weights_only) read them
-        "run": chosen.folder.path, "checkpoint": chosen.checkpoint, "trial_number": chosen.trial_number,
-        "trial_id": chosen.trial_id, "epoch": chosen.epoch, "metrics": chosen.metrics,
-        "input_shape": list(saved.input_shape), "num_classes": saved.num_classes,
-        "inputs": input_preparation(saved.config.dataset), "outputs": outputs_of(saved.config.loss, saved.num_classes),
-        "config": saved.config.to_dict(), "torch": str(torch.__version__),
-    }))
+    where = {"run": chosen.folder.path, "checkpoint": chosen.checkpoint, "trial_number": chosen.trial_number,
+             "trial_id": chosen.trial_id, "epoch": chosen.epoch, "metrics": chosen.metrics}
+    if chosen.trainable:  # a function's model and inputs are its own: its config says what it built
+        facts = {"trainable": chosen.trainable, "config": chosen.config}
+    else:
+        saved = chosen.saved
+        facts = {"input_shape": list(saved.input_shape), "num_classes": saved.num_classes,
+                 "inputs": input_preparation(saved.config.dataset),
+                 "outputs": outputs_of(saved.config.loss, saved.num_classes), "config": saved.config.to_dict()}
+    # plain lists, strings and numbers: YAML, torch.load(weights_only) read them
+    return json.loads(json.dumps({**where, **facts, "torch": str(torch.__version__)}))
 
 
-def check_format(fmt: str) -> None:
+def check_format(fmt: str | None) -> None:
     """ONNX needs two packages the default install leaves out (the `export` extra)."""
+    if fmt is None:
+        return
     if fmt not in FORMATS:
         raise ConfigError([problem("--format", f"must be one of {', '.join(FORMATS)}", fmt)])
     missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
     if fmt == "onnx" and missing:
         raise ConfigError([problem("--format", f"onnx needs {' and '.join(missing)}: pip install -e '.[export]' "
                                                "(about 10 MB)", fmt)])
+
+
+def check_kind(fmt: str, trainable: str | None) -> None:
+    """A model graph needs the model's code, which a function's run does not have: its checkpoint is a dict."""
+    if trainable and fmt in MODEL_FORMATS:
+        raise ConfigError([problem("--format", f"{fmt} needs the model's code, and a search of your own training "
+                                               f"function ({trainable}) keeps only the dict it checkpointed; "
+                                               "--format state_dict writes that dict with the trial's config", fmt)])
 
 
 def write(model, meta: dict[str, Any], fmt: str, output: str) -> None:
@@ -207,17 +293,24 @@ def write(model, meta: dict[str, Any], fmt: str, output: str) -> None:
         torch.save({"format": EXPORT_FORMAT, **meta, "state_dict": model.state_dict()}, output)
         return
     if fmt == "torchscript":
-        with warnings.catch_warnings():  # torch.jit is deprecated in favour of torch.export, and still loads anywhere
-            warnings.simplefilter("ignore", category=FutureWarning)
-            warnings.simplefilter("ignore", category=DeprecationWarning)
-            warnings.filterwarnings("ignore", message=".*torch.jit.*is deprecated")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=JIT_DEPRECATED, category=FutureWarning)
             try:
                 traced = torch.jit.trace(model, example)
             except Exception as error:
                 raise ConfigError([problem("--format", f"torch.jit.trace could not trace the model "
-                                                       f"({type(error).__name__}: {error}); use state_dict or onnx",
+                                                       f"({type(error).__name__}: {error}); use state_dict or pt2",
                                            fmt)]) from None
             torch.jit.save(traced, output, _extra_files={META_FILE: text})
+        return
+    if fmt == "pt2":
+        try:  # a batch of any size
+            program = torch.export.export(model, (example,), dynamic_shapes=({0: torch.export.Dim("batch")},))
+        except Exception as error:
+            raise ConfigError([problem("--format", f"torch.export could not export the model "
+                                                   f"({type(error).__name__}: {error}); use state_dict",
+                                       fmt)]) from None
+        torch.export.save(program, output, extra_files={META_FILE: text})
         return
     import onnx  # onnx: an optional extra (pip install -e '.[export]'), only for --format onnx
 
@@ -229,24 +322,45 @@ def write(model, meta: dict[str, Any], fmt: str, output: str) -> None:
     onnx.save(exported, output)
 
 
-def export(run: str, *, trial: int | None = None, fmt: str = "torchscript", output: str | None = None) -> tuple[str, Chosen]:
-    """Write the model of `run` (best.yaml's, or `trial`'s best) in `fmt` to `output`; returns (path, chosen)."""
+def write_state(chosen: Chosen, output: str) -> None:
+    """A function's export: the dict it reported at that epoch (as `checkpoint` gives it back), under `state`."""
+    torch.save({"format": EXPORT_FORMAT, **metadata(chosen), "state": chosen.saved["state"]}, output)
+
+
+def export(run: str, *, trial: int | None = None, fmt: str | None = None,
+           output: str | None = None) -> tuple[str, Chosen]:
+    """Write the model of `run` (best.yaml's, or `trial`'s best) in `fmt` to `output`; returns (path, chosen).
+
+    `fmt` None: torchscript, or state_dict for a search of your own training function."""
     check_format(fmt)
     folder = open_run(run)
-    chosen = chosen_checkpoint(folder, trial)
+    space, _ = folder.read_spec("RUN")
+    fmt = fmt or default_format(space.trainable)
+    check_kind(fmt, space.trainable)
+    chosen = choose(folder, space, trial)
     output = output or f"{folder.name}-{'best' if trial is None else f'trial{trial}'}{FORMATS[fmt]}"
-    write(model_of(chosen), metadata(chosen), fmt, output)
+    if chosen.trainable:
+        write_state(chosen, output)
+    else:
+        write(model_of(chosen), metadata(chosen), fmt, output)
     return output, chosen
 
 
-def describe(path: str, fmt: str, chosen: Chosen, metric: str) -> str:
-    """What the CLI prints: the file, which epoch it holds, and what the model takes."""
+def describe(path: str, fmt: str | None, chosen: Chosen, metric: str | list[str]) -> str:
+    """What the CLI prints: the file, which epoch it holds, what the model takes, and how to load it."""
+    fmt = fmt or default_format(chosen.trainable)
+    values = [f"{m} {chosen.metrics[m]:.4f}" for m in ([metric] if isinstance(metric, str) else metric)
+              if m in chosen.metrics]
+    wrote = (f"Wrote {path} ({fmt}): trial #{chosen.trial_number} ({chosen.trial_id}), epoch {chosen.epoch}"
+             + "".join(f", {v}" for v in values) + f", from {chosen.checkpoint}\n")
+    load = f"Load it with {LOADS[fmt].replace('FILE', repr(path))}"
+    if chosen.trainable:
+        return (wrote + "It holds the dict your function reported at that epoch (report(checkpoint=...)) under "
+                "'state', the trial's config (best.yaml's keys) under 'config', and its metrics. "
+                + load)
     meta = metadata(chosen)
     inputs = meta["inputs"]
     prepared = (f"standardised (mean {inputs['mean']}, std {inputs['std']})" if "mean" in inputs
                 else "as the dataset function returns them")
-    value = chosen.metrics.get(metric)
-    return (f"Wrote {path} ({fmt}): trial #{chosen.trial_number} ({chosen.trial_id}), epoch {chosen.epoch}"
-            + (f", {metric} {value:.4f}" if value is not None else "") + f", from {chosen.checkpoint}\n"
-            f"Inputs: float32 (N, {', '.join(map(str, meta['input_shape']))}), {prepared}; "
-            f"outputs: {meta['outputs']}. The config and these facts: {META_FILE} in the file's metadata")
+    return (wrote + f"Inputs: float32 (N, {', '.join(map(str, meta['input_shape']))}), {prepared}; "
+            f"outputs: {meta['outputs']}. The config and these facts: {META_FILE} in the file's metadata. " + load)

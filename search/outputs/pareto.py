@@ -54,6 +54,9 @@ def relative_folder(checkpoint: Checkpoint | None) -> str | None:
 def pareto_entries(frame: pd.DataFrame, space: Space, objectives: Objectives, grid=()) -> list[dict[str, Any]]:
     schema = results_schema(space)
     checkpoints = checkpoints_by_epoch(grid)
+    # the canonical loop's objective columns; a function's: the names the search reads, then its other metrics
+    shown = list(dict.fromkeys([*objectives.measured, *(c for c in frame.columns if c not in schema.names)])) \
+        if space.trainable else list(dict.fromkeys([*OBJECTIVES, *objectives.metrics]))
     entries = []
     for _, row in pareto_front(frame, objectives).iterrows():
         entries.append({
@@ -62,7 +65,7 @@ def pareto_entries(frame: pd.DataFrame, space: Space, objectives: Objectives, gr
             "status": str(row["status"]),
             "epoch": int(row["epoch"]),
             "metrics": {m: (int(v) if m == "params" and v is not None else v)
-                        for m, v in ((m, score(row.get(m))) for m in dict.fromkeys([*OBJECTIVES, *objectives.metrics]))},
+                        for m, v in ((m, score(row.get(m))) for m in shown)},
             "checkpoint": relative_folder(checkpoints.get((str(row["trial_id"]), int(row["epoch"])))),
             "config": config_from_row(row, schema),
         })

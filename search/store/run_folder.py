@@ -29,14 +29,13 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import yaml
-from ray import tune
 
 from search.spec.schema import run_name_problem
 from search.spec.space import Space, parse_space, to_raw
@@ -45,6 +44,9 @@ from search.store.searcher_record import RECORD_FILE, record_from_json
 from search.store.storage import Storage, is_uri
 from trainable.errors import ConfigError, problem
 from trainable.yaml_file import Loader
+
+if TYPE_CHECKING:  # Ray Tune is imported where a run's state is read (RunFolder.analysis)
+    from ray import tune
 
 SPEC_FILE = "spec.yaml"
 BEST_FILE = "best.yaml"
@@ -219,6 +221,8 @@ class RunFolder:
         2.4 ms per trial of two reports, 2.4 s at 1,000 trials (parsing Tune's state file ourselves
         took 0.1 s), paid when a search ends and, twice, when it resumes.
         """
+        from ray import tune  # here: `report`, `runs`, `export` and `compare` start without Ray Tune
+
         if not tune.Tuner.can_restore(self.path):
             raise ValueError(f"no saved experiment state of Tune in {self.path}")
         quiet = logging.getLogger("ray.tune.analysis.experiment_analysis")
