@@ -172,17 +172,30 @@ def test_the_autoscaler_setting_overrides_detection(monkeypatch, setting, expect
     assert has_autoscaler() is expected
 
 
-def test_a_local_ray_has_no_autoscaler(monkeypatch, ray_local):
-    """ray.init's head runs Ray's read-only monitor: node types node_<id>, no autoscaler v2 version."""
-    from search.execution.capacity import autoscaler_status
+LOCAL_CHECK = """
+import json, ray
+ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+from search.execution.capacity import autoscaler_status, has_autoscaler
+types, version = autoscaler_status()
+print(json.dumps({"types": None if types is None else sorted(types), "version": version,
+                  "has": has_autoscaler(private=False)}))
+ray.shutdown()
+"""
 
-    monkeypatch.delenv(AUTOSCALER_SETTING, raising=False)
-    monkeypatch.setenv("HOME", "/nonexistent")  # no ~/ray_bootstrap_config.yaml
-    # a local Ray of its own: an earlier test of this worker may have shut the session's down, or left
-    # this process joined to a cluster it has since stopped (whose record no longer reads)
-    ray_local.shutdown()
-    ray_local.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    types, version = autoscaler_status()
-    assert types is not None, "the local Ray's autoscaler record reads (None: it could not be read)"
-    assert all(name.startswith("node_") for name in types) and version in (None, "", "0")
-    assert has_autoscaler() is False
+
+def test_a_local_ray_has_no_autoscaler(tmp_path):
+    """ray.init's head runs Ray's read-only monitor: node types node_<id>, no autoscaler v2 version.
+
+    In a process of its own, with a Ray of its own and none of the other tests' settings (a token
+    cluster's RAY_AUTH_MODE, a Ray shut down or joined elsewhere by an earlier test of this worker)."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "HPSEARCH_"))}
+    env["HOME"] = str(tmp_path)  # no ~/ray_bootstrap_config.yaml
+    done = subprocess.run([sys.executable, "-c", LOCAL_CHECK], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert said["types"] is not None, "the local Ray's autoscaler record reads (None: it could not be read)"
+    assert all(name.startswith("node_") for name in said["types"]) and said["version"] in (None, "", "0")
+    assert said["has"] is False

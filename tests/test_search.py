@@ -129,8 +129,9 @@ def fails_once(marker: Path):
 
     def trial(config, **data):
         import trainable.adapter as adapter
+        import trainable.loop as loop  # the adapter imports the loop when a trial runs: patched there
 
-        real = adapter.train_and_evaluate
+        real = loop.train_and_evaluate
 
         def flaky(run):
             with open(marker.with_suffix(".starts"), "a") as log:
@@ -141,11 +142,11 @@ def fails_once(marker: Path):
                     marker.touch()
                     raise RuntimeError("injected failure")
 
-        adapter.train_and_evaluate = flaky
+        loop.train_and_evaluate = flaky
         try:
             adapter.tune_trial(config, **data)
         finally:
-            adapter.train_and_evaluate = real
+            loop.train_and_evaluate = real
 
     return trial
 
