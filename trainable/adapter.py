@@ -16,6 +16,7 @@ the trial ends, and turns a `sys.exit()` in the trial into an error that says so
 from __future__ import annotations
 
 import gc
+import os
 import socket
 import sys
 import tempfile
@@ -87,6 +88,12 @@ def run_trial(config: dict[str, Any], *, data: DataHandle, trial_function: Calla
     """What Tune runs: fetch the data (timed, once per actor), then run the trainable, watched
     (trial_timeout: seconds an epoch may take, watchdog.py)."""
     global _start, _watchdog
+    # Tune gives a reused actor's last trial thread 2 s (TUNE_FUNCTION_THREAD_TIMEOUT_S, read by this
+    # process at each reset) to end before the next trial; past it, the reset fails and Tune 2.60 sets
+    # the next trial ERROR without telling the searcher or the scheduler, and a reproducible search then
+    # waits for that trial forever. On 2 loaded cores a thread's end (restoring the global state) can
+    # take longer: a minute, which a thread that truly hangs still ends with (trial_timeout ends it first).
+    os.environ.setdefault(THREAD_TIMEOUT, "60")
     started_at = time.time()
     ready_at = _last_end if _last_end is not None else process_started_at()
     key, fetch_seconds = data.ref.hex(), 0.0
@@ -108,6 +115,9 @@ def run_trial(config: dict[str, Any], *, data: DataHandle, trial_function: Calla
     finally:
         _start, _watchdog = None, None
         before.restore()  # the next trial on this actor starts from the state this one found
+
+
+THREAD_TIMEOUT = "TUNE_FUNCTION_THREAD_TIMEOUT_S"  #: Tune's wait for a trial's thread before an actor's reuse
 
 
 class TrialExit(RuntimeError):
