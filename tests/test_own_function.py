@@ -207,3 +207,15 @@ def test_a_metric_named_like_a_config_key_ends_its_trial_and_leaves_the_config_a
     error = next((run).glob("trial_*/error.txt"))
     assert "a metric cannot be named lr: lr is a config key of this trial" in error.read_text()
     assert "a metric cannot be named lr" in outcome.summary
+
+
+def test_best_yaml_of_a_function_replays_from_a_third_folder(partial_run, tmp_path):
+    """best.yaml's trial, its epochs printed by `python -m trainable` started in a folder that is neither the
+    function's nor the search's; its best epoch prints best.yaml's value."""
+    run, _ = partial_run
+    best = yaml.safe_load((run / "best.yaml").read_text())["result"]
+    replay = subprocess.run([sys.executable, "-m", "trainable", "--config", str(run / "best.yaml")], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert replay.returncode == 0, replay.stderr
+    line = next(l for l in replay.stdout.splitlines() if l.startswith(f"Epoch [{best['epoch']}]"))
+    assert f"score {best['score']:.4f}" in line
