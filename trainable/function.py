@@ -7,7 +7,9 @@ The function is the user's whole loop, and never imports Ray:
 - `config`: the space file's searched and fixed keys under their own names, plus `seed` and
   `trial_number`;
 - `report(**metrics, checkpoint=None)`: once per epoch (or step); the names are the function's
-  own, and `experiment.metric` must be one of them (checked on the first report);
+  own, every objective and constraint metric among them (checked on each report), none a name
+  the run folder uses for itself (a config key, `status`, Tune's `done`, ...: Reporter), and
+  `epoch` only as the count of reports;
 - `checkpoint`: the dict last handed to `report(checkpoint=...)`, given back when Tune restarts
   the trial (a failure under max_failures, or a resume); None on a fresh start.
 
@@ -15,7 +17,7 @@ FunctionConfig is such a trial's config (the counterpart of trainable.config.Tri
 `tune_function` is the wrapper Tune runs (inside adapter.run_trial): it reports each call of
 `report` with Tune's function API (tune.report with a Checkpoint), numbers the reports as
 `epoch` (a restart continues from the checkpoint's), and ends the trial as the canonical loop
-does when the metric is NaN or infinite (DIVERGED) or the function raises (ERROR).
+does when an objective is NaN or infinite (DIVERGED) or the function raises (ERROR).
 """
 
 from __future__ import annotations
