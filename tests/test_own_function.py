@@ -131,7 +131,7 @@ def test_a_metric_only_one_trial_reported_is_a_column_of_the_whole_table(front_r
     frame = pd.read_parquet(run / "results.parquet")
     assert "only_trial_two" in frame.columns
     assert set(frame.loc[frame["only_trial_two"].notna(), "trial_number"]) == {2}
-    assert len({pq.read_schema(part).names.__len__() for part in (run / "results.parquet").glob("*.parquet")}) == 1, \
+    assert len({tuple(pq.read_schema(part).names) for part in (run / "results.parquet").glob("*.parquet")}) == 1, \
         "one schema for every part"
 
 

@@ -309,12 +309,13 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
     timing = Timing(phases.wall_seconds, float(this_run["epoch_seconds"].sum()), slots)
 
     metric, objectives = first(experiment.metric), objectives_of(experiment)
-    succeeded = bool((ranked(frame, metric, first(experiment.mode))["status"] != ERROR).any())
+    scored = ranked(frame, metric, first(experiment.mode))
+    succeeded = bool((scored["status"] != ERROR).any())
     # infeasible trials are never best; with several objectives pareto.yaml holds the answer, not best.yaml
     candidates, no_best = best_candidates(frame, metric, first(experiment.mode)), None
     if objectives.several:
         candidates, no_best = candidates.iloc[0:0], write_pareto(folder, space, frame, objectives, grid)
-    elif objectives.constraints and succeeded and not len(feasible_only(ranked(frame, metric, first(experiment.mode)))):
+    elif objectives.constraints and succeeded and not len(feasible_only(scored)):
         no_best = f"No trial met experiment.constraints ({', '.join(map(str, objectives.constraints))})"
     best, test, note = best_with_test(grid, candidates, data, needs_checkpoint=experiment.scheduler == "pbt")
     phases.mark("test")
