@@ -9,7 +9,9 @@ from typing import Any
 from search.spec.space import Space, parse_space
 
 SMALL: dict[str, Any] = {
-    "experiment": {"name": "test", "num_samples": 4, "max_concurrent": 2, "seed": 7, "max_failures": 1},
+    # one trial at a time: a second slot costs each search a second trial process (about 6 CPU-seconds of
+    # imports: torch, Ray Tune, torchmetrics); tests about trials running at once say max_concurrent: 2
+    "experiment": {"name": "test", "num_samples": 4, "max_concurrent": 1, "seed": 7, "max_failures": 1},
     "resources": {"cpus": 1},
     "data": {"train_size": 2000, "val_size": 500},
     "training": {"epochs": 2},

@@ -145,7 +145,7 @@ def test_time_budget_ends_the_search_with_a_prefix_of_its_trials(tmp_path, data_
     from search.store.run_folder import RunFolder
     from search.store.storage import Storage
 
-    space = small_space(tmp_path, data_root, experiment={"num_samples": 1000, "time_budget": "4s"},
+    space = small_space(tmp_path, data_root, experiment={"max_concurrent": 2, "num_samples": 1000, "time_budget": "4s"},
                         data={"train_size": 300, "val_size": 100}, training={"epochs": 3})
     outcome = run_search(space, name="budget")
     frame = outcome.results
@@ -171,7 +171,7 @@ def test_time_budget_ends_the_search_with_a_prefix_of_its_trials(tmp_path, data_
 
     folder = RunFolder(Storage.at(str(tmp_path)), "budget")
     assert read_run(folder).state == "ended by budget"
-    more = small_space(tmp_path, data_root, experiment={"num_samples": len(numbers) + 1},
+    more = small_space(tmp_path, data_root, experiment={"max_concurrent": 2, "num_samples": len(numbers) + 1},
                        data={"train_size": 300, "val_size": 100}, training={"epochs": 3})
     resumed = run_search(more, name="budget", resume=True)
     assert not resumed.interrupted and "Ended:" not in resumed.summary
@@ -185,7 +185,7 @@ def test_time_budget_ends_the_search_with_a_prefix_of_its_trials(tmp_path, data_
     # a total below the trials the run holds: refused, before spec.yaml records it
     from trainable.errors import ConfigError
 
-    fewer = small_space(tmp_path, data_root, experiment={"num_samples": 1},
+    fewer = small_space(tmp_path, data_root, experiment={"max_concurrent": 2, "num_samples": 1},
                         data={"train_size": 300, "val_size": 100}, training={"epochs": 3})
     with pytest.raises(ConfigError, match=rf"experiment.num_samples: on --resume .* at least the {len(numbers) + 1} "):
         run_search(fewer, name="budget", resume=True)
@@ -193,7 +193,7 @@ def test_time_budget_ends_the_search_with_a_prefix_of_its_trials(tmp_path, data_
 
     # a resume with a target: Tune brings back its own copy of the stopper, which takes the new
     # target from spec.yaml and stops the one new trial at its first epoch end
-    target = small_space(tmp_path, data_root, experiment={"num_samples": len(numbers) + 2,
+    target = small_space(tmp_path, data_root, experiment={"max_concurrent": 2, "num_samples": len(numbers) + 2,
                                                           "stop_when": {"val_loss": "<= 1000"}},
                          data={"train_size": 300, "val_size": 100}, training={"epochs": 3})
     ended = run_search(target, name="budget", resume=True)
@@ -203,7 +203,8 @@ def test_time_budget_ends_the_search_with_a_prefix_of_its_trials(tmp_path, data_
     assert "More: --resume with --more-trials N and --set experiment.stop_when=null" in ended.summary
 
     # as that line says: without the target, the next trial runs all its epochs
-    untargeted = small_space(tmp_path, data_root, experiment={"num_samples": len(numbers) + 3, "stop_when": None},
+    untargeted = small_space(tmp_path, data_root, experiment={"max_concurrent": 2, "num_samples": len(numbers) + 3,
+                                                              "stop_when": None},
                              data={"train_size": 300, "val_size": 100}, training={"epochs": 3})
     more = run_search(untargeted, name="budget", resume=True).results
     assert list(more[more["trial_number"] == len(numbers) + 2]["epoch"]) == [1, 2, 3]
@@ -284,7 +285,9 @@ def test_a_resume_gets_spec_yamls_budget_and_more_trials_and_its_stopper_copy_fo
     from search.searching.searcher import make_searcher
     from search.store.storage import Storage
 
-    space = small_space(tmp_path, data_root, experiment={"num_samples": 2, "stop_when": {"val_acc": 0.9}})
+    # two slots: the searcher hands out both trials before either reports
+    space = small_space(tmp_path, data_root, experiment={"num_samples": 2, "max_concurrent": 2,
+                                                         "stop_when": {"val_acc": 0.9}})
     folder = RunFolder(Storage.at(str(tmp_path)), "resumed")
     folder.claim()
     folder.write_spec(space)
@@ -295,7 +298,8 @@ def test_a_resume_gets_spec_yamls_budget_and_more_trials_and_its_stopper_copy_fo
     saved = search.searcher.get_state()
 
     # the resume: num_samples 3, a 30 s budget, a target on val_loss instead
-    folder.write_spec(small_space(tmp_path, data_root, experiment={"num_samples": 3, "time_budget": 30,
+    folder.write_spec(small_space(tmp_path, data_root, experiment={"num_samples": 3, "max_concurrent": 2,
+                                                                   "time_budget": 30,
                                                                    "stop_when": {"val_loss": "<= 0.1"}}))
     searcher_copy, stopper_copy = pickle.loads(pickle.dumps(search)), pickle.loads(pickle.dumps(stop))
     searcher_copy.searcher.set_state(saved)

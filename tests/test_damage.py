@@ -34,7 +34,7 @@ TINY = {"data": {"train_size": 1000, "val_size": 300}, "training": {"epochs": 1}
 
 
 def tiny_space(storage: Path, data_root: Path, **experiment):
-    return small_space(storage, data_root, experiment={"num_samples": 3, **experiment}, **TINY)
+    return small_space(storage, data_root, experiment={"num_samples": 3, "max_concurrent": 2, **experiment}, **TINY)
 
 
 def rows_of(frame: pd.DataFrame) -> pd.DataFrame:
@@ -211,10 +211,13 @@ def test_a_resume_with_other_data_is_refused_naming_both_fingerprints(tmp_path, 
 def test_a_full_disk_stops_the_search_as_ctrl_c_does_and_it_resumes_once_space_is_free(tmp_path, data_root):
     disk = tmp_path / "disk"
     disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(disk)], check=True)
+    # 64 MB, stopped below 40 MB free: two trials' first checkpoints (13 MB each) cross the line, and the
+    # epoch each trial is in when the stop comes may still write one more each (26 MB) before Tune stops it,
+    # which leaves room for the interrupted trials' rows (a 48 MB disk with 24 MB kept filled up at times)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)], check=True)
     try:
         raw = yaml.safe_load((REPO / "spaces" / "mnist.yaml").read_text())
-        raw["experiment"].update(num_samples=4, storage_path=str(disk), min_free_mb=24, max_failures=0)
+        raw["experiment"].update(num_samples=4, storage_path=str(disk), min_free_mb=40, max_failures=0)
         raw["data"].update(root=str(data_root), train_size=1000, val_size=300)
         raw["training"]["epochs"] = 2
         raw["model"]["hidden_sizes"] = [2048]  # ~13 MB a checkpoint with SGD's momentum: the disk fills

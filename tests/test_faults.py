@@ -278,7 +278,8 @@ class Held(nn.Module):
 def test_a_stopped_search_exits_130_marks_unfinished_trials_and_resumes(tmp_path, data_root, stop):
     (tmp_path / "held.py").write_text(HELD_MLP)
     (tmp_path / "hold").write_text("")
-    space = space_file(tmp_path, data_root, experiment={"num_samples": 4}, model={"factory": "held.py:Held"},
+    space = space_file(tmp_path, data_root, experiment={"num_samples": 4, "max_concurrent": 2},  # two held at once
+                       model={"factory": "held.py:Held"},
                        training={"epochs": 4}, data={"train_size": 3000})
     run = tmp_path / "runs" / "stopped"
     driver = subprocess.Popen([sys.executable, "-m", "search", "--space", str(space), "--name", "stopped"],

@@ -155,7 +155,7 @@ def test_while_a_search_runs_the_dashboard_lists_its_running_trials_numbered_as_
     from search.driver import run_search
 
     space = small_space(tmp_path / "runs", data_root, data={"train_size": 500, "val_size": 200},
-                        training={"epochs": 1})
+                        training={"epochs": 1}, experiment={"max_concurrent": 2})
     gate, started = tmp_path / "gate", tmp_path / "started"
     started.mkdir()
     outcome = {}

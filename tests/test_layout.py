@@ -166,7 +166,7 @@ def test_a_run_folder_made_by_the_flat_layout_resumes_after_the_move(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text(yaml.safe_dump({
         "trainable": "old_layout_toy:train",  # a module on PYTHONPATH: the same reference for both releases
-        "experiment": {"name": "old", "metric": "score", "mode": "max", "num_samples": 2, "max_concurrent": 2,
+        "experiment": {"name": "old", "metric": "score", "mode": "max", "num_samples": 2, "max_concurrent": 1,
                        "seed": 3, "scheduler": "asha", "grace_period": 1, "time_budget": 3600,
                        "storage_path": str(tmp_path / "runs")},
         "training": {"epochs": 3},

@@ -63,7 +63,7 @@ def front_run(ray_local, tmp_path_factory):
     (project / "shapes.py").write_text(SHAPES)
     (project / "train_fn.py").write_text(FUNCTION)
     raw = {"trainable": "train_fn.py:train",
-           "experiment": {"name": "front", "num_samples": 6, "max_concurrent": 2, "seed": 3,
+           "experiment": {"name": "front", "num_samples": 6, "max_concurrent": 1, "seed": 3,
                           "storage_path": str(root / "runs"), "metric": ["score", "size"], "mode": ["max", "min"],
                           "constraints": ["size <= 40"], "reproducible": True},
            "resources": {"cpus": 1},
@@ -174,7 +174,7 @@ def partial_run(ray_local, tmp_path_factory):
     root = tmp_path_factory.mktemp("partial")
     (root / "fn.py").write_text(PARTIAL)
     raw = {"trainable": "fn.py:train",
-           "experiment": {"name": "partial", "num_samples": 4, "max_concurrent": 2, "seed": 5, "metric": "score",
+           "experiment": {"name": "partial", "num_samples": 4, "max_concurrent": 1, "seed": 5, "metric": "score",
                           "mode": "max", "storage_path": str(root / "runs")},
            "resources": {"cpus": 1}, "training": {"epochs": 2},
            "space": {"lr": {"distribution": "float", "low": 0.1, "high": 0.9}}}

@@ -108,7 +108,7 @@ def toy_space(root: Path, trials: int, epochs: int) -> Path:
     path.write_text(yaml.safe_dump({
         "trainable": "toy.py:train",
         "experiment": {"name": "toy", "metric": "val_acc", "mode": "max", "num_samples": trials,
-                       "max_concurrent": 2, "seed": 5, "storage_path": str(root / "runs")},
+                       "max_concurrent": 1, "seed": 5, "storage_path": str(root / "runs")},
         "resources": {"cpus": 1},
         "training": {"epochs": epochs},
         "space": {"lr": {"distribution": "loguniform", "low": 0.05, "high": 0.9}}}))

@@ -50,7 +50,7 @@ def blob_space(tmp_path: Path, **sections) -> dict:
     write(tmp_path / "data.py", BLOBS)
     write(tmp_path / "net.py", MODEL)
     raw = {
-        "experiment": {"name": "blobs", "num_samples": 3, "max_concurrent": 2, "seed": 1,
+        "experiment": {"name": "blobs", "num_samples": 3, "max_concurrent": 1, "seed": 1,
                        "storage_path": str(tmp_path / "runs")},
         "model": {"factory": "net.py:tiny"},
         "data": {"dataset": "data.py:blobs", "args": {"n": 600}, "val_size": 150},
@@ -97,7 +97,8 @@ def test_the_example_tunes_a_user_model_and_best_yaml_replays_bit_for_bit(tmp_pa
     runs = tmp_path / "runs"
     done = run_search_cli(REPO / "examples" / "mnist_cnn" / "space.yaml", "--name", "cnn", "--num-samples", "2",
                           "--epochs", "2", "--storage-path", str(runs), "--data-root", str(data_root),
-                          "--set", "data.train_size=2000", "--set", "data.val_size=500")
+                          "--set", "data.train_size=2000", "--set", "data.val_size=500",
+                          "--set", "experiment.max_concurrent=1")  # one trial process, not two (tests/helpers.py)
     assert done.returncode == 0, done.stderr[-3000:]
     best_file = runs / "cnn" / "best.yaml"
     best = yaml.safe_load(best_file.read_text())
