@@ -22,7 +22,8 @@ from trainable.measures import check_measures
 from trainable.function import is_function, replay
 from trainable.device import get_default_device
 from trainable.errors import ConfigError, DataError, problem
-from trainable.loop import build_run, train_and_evaluate
+from trainable.loop import build_run
+from trainable.replay import print_epochs, replay_worker
 from trainable.yaml_file import flag_value, parse_value, read_yaml_mapping
 
 # best.yaml keeps the trial's outcome beside its config; it is read, not trained on
@@ -137,18 +138,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"note: {schedule_note(config)}", file=sys.stderr, flush=True)
     device = get_default_device()
     print(f"device: {device} | dataset: {config.dataset} {len(data.train)} train / "
-          f"{len(data.val)} val | model: {config.model} | seed: {config.seed}", flush=True)
+          f"{len(data.val)} val | model: {config.model} | seed: {config.seed}"
+          + (f" | workers: {config.workers}" if config.workers > 1 else ""), flush=True)
     for epoch, changes in schedule.items():
         print(f"schedule: from epoch {epoch}: " + ", ".join(f"{k} {v}" for k, v in changes.items()), flush=True)
-    run = build_run(config, data, device)
-    width = len(str(config.epochs))
-    for r in train_and_evaluate(run, schedule):
-        # training's columns without train_ (loss, acc, ...), validation's as they are (val_loss, val_acc, ...)
-        shown = " | ".join(f"{name.removeprefix('train_')} {value:.4f}" for name, value in r.metrics.items())
-        print(f"Epoch [{r.epoch:>{width}}/{config.epochs}] | {shown} | lr {r.epoch_lr:.5f}"
-              f" | {r.epoch_seconds:.2f}s", flush=True)
-        if r.diverged:
-            print("stopped: the training loss is no longer finite (diverged)", flush=True)
+    if config.workers > 1:
+        return train_on_workers(config, schedule, data, device)
+    print_epochs(build_run(config, data, device), schedule)
+    return 0
+
+
+def train_on_workers(config: TrialConfig, schedule: dict[int, dict], data, device) -> int:
+    """workers > 1: the run on that many local processes (gloo on CPU; on CUDA one GPU each), rank 0 printing;
+    the same numbers as the trial's workers gave, as a replay of one worker gives a one-worker trial's."""
+    import torch
+    import torch.multiprocessing as mp
+
+    from trainable.distributed import free_port
+
+    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    if device.type == "cuda" and gpus < config.workers:
+        print(f"error: workers: this run needs {config.workers} GPUs (one per worker, as its search had), and this "
+              f"machine has {gpus}; run it on a node with {config.workers}, or on the CPU with "
+              "CUDA_VISIBLE_DEVICES= (gloo; the numbers then differ from the GPU's)", file=sys.stderr)
+        return 2
+    # spawn: a fresh interpreter per worker, as the trial's Ray actors were; the data is pickled to each
+    mp.spawn(replay_worker, args=(config, schedule, data, device.type, free_port()), nprocs=config.workers)
     return 0
 
 

@@ -38,6 +38,7 @@ from trainable.watchdog import Watchdog
 if TYPE_CHECKING:  # the canonical loop's modules (torchvision, torchmetrics: seconds of a trial process's
     # start) are imported by tune_trial when it runs: a function trainable's trials never need them
     from trainable.data import Data
+    from trainable.loop import Run
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,8 @@ class TrialStart:
     started_at: float  #: when run_trial began
     fetch_seconds: float  #: the data from the object store (0 for a reused actor that holds it)
     checkpoint_every: int = 1
+    data: ray.ObjectRef | None = None  #: the data's reference, for a trial's other workers to fetch
+    trial_timeout: float | None = None  #: experiment.trial_timeout: also bounds a wait on another worker
 
 
 # Per actor process: a reused actor runs trials one after another, never two at once. Tune forces
@@ -101,7 +104,7 @@ def run_trial(config: dict[str, Any], *, data: DataHandle, trial_function: Calla
         _fetched.clear()  # another search's data: drop it
         _fetched[key] = ray.get(data.ref)
         fetch_seconds = time.time() - started_at
-    _start = TrialStart(ready_at, started_at, fetch_seconds, checkpoint_every)
+    _start = TrialStart(ready_at, started_at, fetch_seconds, checkpoint_every, data.ref, trial_timeout)
     before = GlobalState.capture()
     try:
         with Watchdog(trial_timeout, f"trial #{config.get('trial_number')}") as _watchdog:
@@ -192,8 +195,7 @@ def mark_report() -> None:
 
 def tune_trial(config: dict[str, Any], *, data: Data) -> None:
     """A Tune function trainable: one trial, a report and (every checkpoint_every epochs) a checkpoint per epoch."""
-    global _last_end
-    from trainable.loop import build_run, train_and_evaluate  # here: see the TYPE_CHECKING import above
+    from trainable.loop import build_run  # here: see the TYPE_CHECKING import above
 
     start = trial_start()
     trial = TrialConfig.from_mapping(config)
@@ -202,15 +204,24 @@ def tune_trial(config: dict[str, Any], *, data: Data) -> None:
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    run = build_run(trial, data, device)
     checkpoint = tune.get_checkpoint()
-    if checkpoint is not None:  # Tune restarted this trial (failure or resume)
-        state = newest_readable_state(checkpoint)
+    # Tune restarted this trial (failure or resume): every worker continues from this state
+    state = newest_readable_state(checkpoint) if checkpoint is not None else None
+    with Workers(trial.workers, config, state, device, start) as world:
+        run = build_run(trial, data, device, world)
         note = run.load_state_dict(state) if state is not None else None
         if note:
             print(f"hpsearch: {note}", file=sys.stderr, flush=True)
+        report_epochs(trial, run, device, start)
+
+
+def report_epochs(trial: TrialConfig, run: Run, device: torch.device, start: TrialStart) -> None:
+    """Train `run` to its end, reporting each epoch (and a checkpoint every checkpoint_every) to Tune."""
+    global _last_end
+    from trainable.loop import train_and_evaluate
+
     placement = Placement(node=ray.get_runtime_context().get_node_id()[:12], hostname=socket.gethostname(),
-                          device=str(device), accelerator_ids=assigned_accelerators())
+                          device=str(device), accelerator_ids=assigned_accelerators(), world_size=trial.workers)
     # Each row accounts for the slot time since the previous row's report was made (the first,
     # since run_trial began), so a trial's rows add up to its time in the slot.
     fetch_seconds, setup_seconds = start.fetch_seconds, time.time() - start.started_at - start.fetch_seconds
@@ -237,3 +248,103 @@ def tune_trial(config: dict[str, Any], *, data: Data) -> None:
                    checkpoint=tune.Checkpoint.from_directory(folder) if keep else None)
             report_seconds = time.time() - reporting
             fetch_seconds = setup_seconds = 0.0  # once per trial, on its first row
+
+
+# ---- a trial of several workers (resources.workers; trainable/distributed.py) ------------------
+
+class Workers:
+    """A trial's other workers (ranks 1..N-1) as Ray actors in the trial's placement group, one per bundle
+    (this trial's actor, rank 0, holds bundle 0), joined with rank 0 in one process group.
+
+    Entered: the workers started, given the state to continue from, and the group joined; the World of rank 0
+    comes back. Left: the group left and the workers ended, whatever happened (a stop by Tune, an error); a
+    worker's error is raised as the trial's. A killed trial actor takes its workers with it (Ray ends the
+    actors a process owns when it dies), and Tune's restart starts new ones from the last checkpoint.
+    One worker: nothing is started, no process group (SINGLE), as a trial always ran.
+    """
+
+    def __init__(self, workers: int, config: dict[str, Any], state: Any, device: torch.device,
+                 start: TrialStart, run: Callable[..., None] | None = None):
+        """`run(config, data, state, world, device)`: what each other worker runs once it joined the group: the
+        canonical loop (loop_rank, the default), or a function trainable's (trainable/function.py run_rank)."""
+        self.workers, self.config, self.state, self.device, self.start = workers, config, state, device, start
+        self.run = run or loop_rank
+        self.actors: list[Any] = []
+        self.running: list[ray.ObjectRef] = []
+
+    def __enter__(self):
+        from trainable.distributed import SINGLE, World, free_port, join
+
+        if self.workers == 1:
+            return SINGLE
+        group = ray.util.get_current_placement_group()
+        if group is None or len(group.bundle_specs) < self.workers:
+            raise RuntimeError(f"workers: this trial has {self.workers} workers but its actor holds "
+                               f"{0 if group is None else len(group.bundle_specs)} placement group bundle(s); "
+                               "run it through the search (python -m search), which reserves one per worker")
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        address, port = ray.util.get_node_ip_address(), free_port()
+        timeout = self.start.trial_timeout or 1800.0
+        state = ray.put(self.state)
+        for rank in range(1, self.workers):
+            bundle = group.bundle_specs[rank]
+            actor = RankWorker.options(
+                num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0), max_restarts=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
+            ).remote()
+            self.actors.append(actor)
+            self.running.append(actor.run.remote(self.run, self.config, self.start.data, state, address, port, rank,
+                                                 timeout))
+        join(World(0, self.workers), address, port, self.device, timeout)
+        return World(0, self.workers)
+
+    def __exit__(self, kind, error, trace) -> None:
+        from trainable.distributed import leave
+
+        if not self.actors:
+            return
+        try:
+            if kind is None:  # rank 0 ended well: so do the others (their error is the trial's) or they are moot
+                done, left = ray.wait(self.running, num_returns=len(self.running), timeout=60)
+                ray.get(done)
+                if left:  # a function whose ranks disagree on when to stop: rank 0 made every report
+                    print(f"hpsearch: {len(left)} worker(s) still ran a minute after rank 0 ended; ended them",
+                          file=sys.stderr, flush=True)
+            elif isinstance(error, Exception):  # a lost peer shows in rank 0 as a gloo error: say the worker's own
+                done, _ = ray.wait(self.running, num_returns=len(self.running), timeout=5)
+                for finished in done:
+                    ray.get(finished)
+        finally:
+            for actor in self.actors:
+                ray.kill(actor)
+            leave()
+
+
+@ray.remote
+class RankWorker:
+    """One worker of a trial besides rank 0: the canonical loop on its share of each batch, reporting nothing."""
+
+    def run(self, what: Callable[..., None], config: dict[str, Any], data: Data, state: Any, address: str,
+            port: int, rank: int, timeout: float) -> None:
+        from trainable.distributed import World, join, leave
+
+        device = trial_device()
+        world = World(rank, int(config["workers"]))
+        join(world, address, port, device, timeout)
+        try:
+            what(config, data, state, world, device)
+        finally:
+            leave()  # closes this worker's connections: rank 0 gets an error at once, not a hang
+
+
+def loop_rank(config: dict[str, Any], data: Data, state: Any, world: Any, device: torch.device) -> None:
+    """The canonical loop on a worker of rank > 0: its share of each batch, reporting nothing."""
+    from trainable.loop import build_run, train_and_evaluate
+
+    trial = TrialConfig.from_mapping(config)
+    run = build_run(trial, data, device, world)
+    if state is not None:  # the checkpoint rank 0 read: every worker continues from it
+        run.load_state_dict(state)
+    for _ in train_and_evaluate(run):
+        pass

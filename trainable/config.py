@@ -155,12 +155,16 @@ class TrialConfig:
         "training", metrics_are_valid, "must map torchmetrics class names to their keyword arguments, e.g. "
         "{MulticlassF1Score: {average: macro}, MeanAbsoluteError: {}}", searchable=False))
     #: extra torchmetrics, reported as train_<name> and val_<name> (trainable/metrics.py metric_column)
-    # run: set by the driver for each trial (seed from experiment.seed, threads from resources.cpus)
+    # run: set by the driver for each trial (seed from experiment.seed, threads from resources.cpus, workers
+    # from resources.workers)
     seed: int = field(default=0, metadata=fact("driver", lambda v: 0 <= v <= MAX_INT, "must be in [0, 2**63)",
                                                searchable=False))  #: seeds weight init and shuffling
     num_threads: int | None = field(default=None, metadata=fact(
         "driver", lambda v: v is None or 0 < v <= 1024, "must be in [1, 1024] (or null for torch's default)",
         searchable=False))  #: torch CPU threads; None keeps torch's default
+    workers: int = field(default=1, metadata=fact(
+        "driver", lambda v: 1 <= v <= 1024, "must be in [1, 1024]", searchable=False))
+    #: data-parallel processes the run trains on (resources.workers; trainable/distributed.py); 1: one process
     trial_number: int | None = field(default=None, metadata=fact(
         "driver", lambda v: v is None or 0 <= v <= MAX_INT, "must be >= 0 (or null outside a search)",
         searchable=False))  #: the trial's number in its search (Optuna's); the key to compare searches on

@@ -5,7 +5,8 @@ The function is the user's whole loop, and never imports Ray:
     def train(config: dict, report, checkpoint: dict | None = None) -> None
 
 - `config`: the space file's searched and fixed keys under their own names, plus `seed` and
-  `trial_number`;
+  `trial_number` (and, with `resources.workers` above 1, `rank` and `world_size`: the function runs on
+  every worker, rank 0's reports and checkpoints count; trainable/distributed.py prepare_model, shard);
 - `report(**metrics, checkpoint=None)`: once per epoch (or step); the names are the function's
   own, every objective and constraint metric among them (checked on each report), none a name
   the run folder uses for itself (a config key, `status`, Tune's `done`, ...: Reporter), and
@@ -22,6 +23,7 @@ does when an objective is NaN or infinite (DIVERGED) or the function raises (ERR
 
 from __future__ import annotations
 
+import functools
 import math
 import socket
 import sys
@@ -36,7 +38,7 @@ from trainable.errors import ConfigError, problem
 
 TRAINABLE_KEY = "trainable"  #: the space file's top-level key, and the config key that carries the reference
 # the driver's per trial: a free name of the space file cannot take them
-DRIVER_KEYS = ("seed", "trial_number", "num_threads")
+DRIVER_KEYS = ("seed", "trial_number", "num_threads", "workers")
 RESERVED = (TRAINABLE_KEY, *DRIVER_KEYS)
 # what the wrapper adds to every report; the function's metrics may not use these names
 FUNCTION_REPORT_COLUMNS = ["epoch", "epoch_seconds", "diverged"]
@@ -59,6 +61,7 @@ class FunctionConfig:
     seed: int = 0
     trial_number: int | None = None
     num_threads: int | None = None
+    workers: int = 1  #: resources.workers: the processes the function runs on, data-parallel (docs/gpus.md)
 
     @property
     def epochs(self) -> int | None:
@@ -70,17 +73,19 @@ class FunctionConfig:
     def from_mapping(cls, values: Mapping[str, Any]) -> "FunctionConfig":
         rest = {k: v for k, v in values.items() if k not in RESERVED}
         return cls(values[TRAINABLE_KEY], rest, int(values.get("seed") or 0), values.get("trial_number"),
-                   values.get("num_threads"))
+                   values.get("num_threads"), int(values.get("workers") or 1))
 
     def to_flat(self) -> dict[str, Any]:
         return {TRAINABLE_KEY: self.trainable, **plain(dict(self.values)), "seed": self.seed,
-                "num_threads": self.num_threads, "trial_number": self.trial_number}
+                "num_threads": self.num_threads, "trial_number": self.trial_number, "workers": self.workers}
 
     to_dict = to_flat  # free names are flat: nothing nests
 
-    def for_function(self) -> dict[str, Any]:
-        """What the user's function gets as `config`."""
-        return {**plain(dict(self.values)), "seed": self.seed, "trial_number": self.trial_number}
+    def for_function(self, rank: int = 0) -> dict[str, Any]:
+        """What the user's function gets as `config`; with several workers also its `rank` and `world_size`
+        (trainable/distributed.py: prepare_model, shard)."""
+        workers = {"rank": rank, "world_size": self.workers} if self.workers > 1 else {}
+        return {**plain(dict(self.values)), "seed": self.seed, "trial_number": self.trial_number, **workers}
 
 
 def trial_config(values: Mapping[str, Any]) -> TrialConfig | FunctionConfig:
@@ -280,7 +285,8 @@ def tune_function(config: dict[str, Any], *, data: Any = None, metrics: Sequence
         if saved is not None:
             epoch, state = saved["epoch"], saved["state"]
     placement = Placement(node=ray.get_runtime_context().get_node_id()[:12], hostname=socket.gethostname(),
-                          device=str(device), accelerator_ids=adapter.assigned_accelerators())
+                          device=str(device), accelerator_ids=adapter.assigned_accelerators(),
+                          world_size=trial.workers)
     first = [True]
 
     def send(row: dict[str, Any], epoch: int, checkpoint: Mapping[str, Any] | None) -> None:
@@ -303,15 +309,38 @@ def tune_function(config: dict[str, Any], *, data: Any = None, metrics: Sequence
     given = trial.for_function()
     reporter = Reporter(metrics, send, epoch, config={**given, **trial.to_flat()},
                         reserved=frozenset(reserved) | tune_keys(), objectives=objectives)
-    try:
-        function(given, reporter, checkpoint=state)
-    except _Diverged:
-        return  # the last row says diverged: the trial ends DIVERGED, as the canonical loop's does
+    # several workers: the others start from the same checkpoint, in the trial's process group (adapter.Workers)
+    with adapter.Workers(trial.workers, config, (epoch, state), device, start,
+                         functools.partial(run_rank, metrics=metrics, objectives=objectives)):
+        try:
+            function(given, reporter, checkpoint=state)
+        except _Diverged:
+            return  # the last row says diverged: the trial ends DIVERGED, as the canonical loop's does
     if reporter.diverged:  # the function caught _Diverged itself (a bare except) and returned
         return
     if reporter.epoch == 0:  # Tune would end the whole search on its strict metric check: this trial ends ERROR
         raise MetricNotReported(f"experiment.metric: must be among the metrics the function reports (none: "
                                 f"it returned without calling report), got {', '.join(metrics)}")
+
+
+def run_rank(config: Mapping[str, Any], data: Any, saved: tuple[int, Any], world: Any, device: Any, *,
+             metrics: Sequence[str], objectives: int) -> None:
+    """A function trainable's worker of rank > 0 (adapter.RankWorker): the user's function from the trial's
+    checkpoint, its reports checked as rank 0's are, and dropped: rank 0 reports and checkpoints."""
+    import torch
+
+    trial = FunctionConfig.from_mapping(config)
+    function = resolve_function(trial.trainable)
+    if trial.num_threads:
+        torch.set_num_threads(trial.num_threads)
+    epoch, state = saved
+    given = trial.for_function(world.rank)
+    reporter = Reporter(metrics, lambda row, epoch, checkpoint: None, epoch, config={**given, **trial.to_flat()},
+                        objectives=objectives)
+    try:
+        function(given, reporter, checkpoint=state)
+    except _Diverged:
+        return
 
 
 def function_trial(metrics: str | Sequence[str], objectives: int | None = None,
@@ -333,6 +362,12 @@ def replay(config: Mapping[str, Any], metric: str | Sequence[str] | None) -> int
         function = resolve_function(trial.trainable)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    if trial.workers > 1:  # its numbers depend on the workers: one process would replay another run
+        print(f"error: workers: this trial ran on {trial.workers} workers (resources.workers), and a function "
+              f"trainable replays on one process only; run it again as a search of one trial with "
+              f"resources.workers {trial.workers} (the canonical loop's best.yaml replays on {trial.workers} "
+              "local processes)", file=sys.stderr)
         return 2
     print(f"trainable: {trial.trainable} | seed: {trial.seed}", flush=True)
 

@@ -21,6 +21,7 @@ from torchmetrics import Metric
 from trainable.batches import Batches, InMemoryBatches, make_loader
 from trainable.config import MUTABLE, TrialConfig, schedule_period
 from trainable.data import Arrays, Data, Standardize
+from trainable.distributed import SINGLE, ShardedBatches, World, summed, wrap_model
 from trainable.factories import build_model
 from trainable.measures import ACCURACY, LossFunction, accuracy_metric, build_loss, build_metrics, fit_outputs
 from trainable.report import EpochRecord
@@ -32,11 +33,12 @@ Metrics = Mapping[str, Metric]  #: column name without train_/val_ (acc, f1_scor
 
 def train(model: nn.Module, batches: Batches, loss_fn: LossFunction, optimizer: torch.optim.Optimizer,
           metrics: Metric | Metrics, device: torch.device,
-          clip_norm: float | None = None) -> tuple[float, Any]:
+          clip_norm: float | None = None, *, distributed: bool = False) -> tuple[float, Any]:
     """One epoch of training; returns (mean loss weighted by batch size, the metrics' values).
 
     `metrics`: a mapping of names to metrics, whose values come back as a dict; or one metric
-    (accuracy), whose value comes back as a float.
+    (accuracy), whose value comes back as a float. `distributed`: this is one worker of several
+    (distributed.py); the loss and the metrics are over every worker's examples.
     """
     model.train()
     # summed on the device: a .item() per batch would force a sync each step
@@ -56,6 +58,9 @@ def train(model: nn.Module, batches: Batches, loss_fn: LossFunction, optimizer: 
         seen += len(y)
         kept.append(keep_for(metrics, outputs.detach()))
         targets.append(y)
+    if distributed:  # torchmetrics sums its states over the workers itself, in compute()
+        loss_sum, total = summed(loss_sum, torch.tensor(float(seen), device=device))
+        return (loss_sum / total).item(), compute(metrics, kept, targets)
     return (loss_sum / seen).item(), compute(metrics, kept, targets)
 
 
@@ -124,6 +129,8 @@ class Run:
     # where the weights come from: the seed that drew them and, per epoch, the trial that trained
     # it and the MUTABLE values it used (PBT copies another trial's weights; best.yaml replays this)
     lineage: dict[str, Any] = field(default_factory=dict)
+    world: World = SINGLE  #: this process's rank among the run's workers (distributed.py)
+    train_model: nn.Module | None = None  #: the model wrapped for data-parallel training; None: `model` itself
 
     def state_dict(self) -> dict[str, Any]:
         # plain tensors and numbers only, so torch.load(weights_only=True) can read it
@@ -198,14 +205,24 @@ def make_batches(config: TrialConfig, arrays: Arrays, standardize: Standardize |
                            shuffle=shuffle, drop_last=drop_last, generator=generator)
 
 
-def build_run(config: TrialConfig, data: Data, device: torch.device) -> Run:
-    """Seed, then build model, optimizer, cosine schedule and batch sources for `config`."""
+def build_run(config: TrialConfig, data: Data, device: torch.device, world: World = SINGLE) -> Run:
+    """Seed, then build model, optimizer, cosine schedule and batch sources for `config`.
+
+    `world`: this worker's rank among config.workers, its process group joined (distributed.py); the
+    training batches are then its share, the model wrapped in DistributedDataParallel."""
+    if world.size != config.workers:
+        raise ValueError(f"workers: the config asks for {config.workers}, but this run has {world.size}")
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
     generator = set_seed(config.seed)
     # weight init draws from the seeded global RNG
     model = build_model(config, data.input_shape, data.num_classes).to(device)
     optimizer = make_optimizer(config, model)
+    train_batches = make_batches(config, data.train, data.standardize, device, shuffle=True, generator=generator) \
+        if not world.distributed else sharded_batches(config, data, device, world)
+    val_metric = build_metrics(config, data.num_classes, device)
+    for metric in val_metric.values():  # every worker validates on the whole set: nothing to sum across workers
+        metric.sync_on_compute = metric._to_sync = False
     return Run(
         config=config,
         device=device,
@@ -216,13 +233,23 @@ def build_run(config: TrialConfig, data: Data, device: torch.device) -> Run:
         # stepped once per epoch, so T_max counts epochs; unset, it follows epochs (one half cosine)
         scheduler=torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=schedule_period(config)),
         generator=generator,
-        train_batches=make_batches(config, data.train, data.standardize, device, shuffle=True, generator=generator),
+        train_batches=train_batches,
         val_batches=make_batches(config, data.val, data.standardize, device, shuffle=False, generator=None),
         loss_fn=build_loss(config.loss),
         train_metric=build_metrics(config, data.num_classes, device),
-        val_metric=build_metrics(config, data.num_classes, device),
+        val_metric=val_metric,
         lineage={"seed": config.seed, "epochs": []},
+        world=world,
+        train_model=wrap_model(model, device) if world.distributed else None,
     )
+
+
+def sharded_batches(config: TrialConfig, data: Data, device: torch.device, world: World) -> ShardedBatches:
+    """This worker's share of the training batches (distributed.py): DistributedSampler seeded with the trial's seed."""
+    pin = config.pin_memory if config.pin_memory is not None else device.type == "cuda"
+    return ShardedBatches(data.train, config.batch_size, device, world, config.seed, standardize=data.standardize,
+                          drop_last=config.drop_last, source=config.source, num_workers=config.num_workers,
+                          pin_memory=pin, persistent_workers=config.persistent_workers)
 
 
 def train_and_evaluate(run: Run, schedule: Mapping[int, Mapping[str, Any]] | None = None) -> Iterator[EpochRecord]:
@@ -238,8 +265,11 @@ def train_and_evaluate(run: Run, schedule: Mapping[int, Mapping[str, Any]] | Non
             set_hyperparameters(run, schedule[run.epoch + 1])
         start = time.perf_counter()
         epoch_lr = run.optimizer.param_groups[0]["lr"]
-        train_loss, train_values = train(run.model, run.train_batches, run.loss_fn, run.optimizer,
-                                      run.train_metric, run.device, run.config.clip_norm)
+        if isinstance(run.train_batches, ShardedBatches):  # the epoch's order: (seed, epoch), so a resume keeps it
+            run.train_batches.set_epoch(run.epoch)
+        train_loss, train_values = train(run.train_model or run.model, run.train_batches, run.loss_fn, run.optimizer,
+                                         run.train_metric, run.device, run.config.clip_norm,
+                                         distributed=run.world.distributed)
         run.scheduler.step()  # after this epoch's optimizer.step() calls
         trained = time.perf_counter()
         val_loss, val_values = evaluate(run.model, run.val_batches, run.loss_fn, run.val_metric, run.device)

@@ -69,7 +69,8 @@ class Placement:
     node: str  #: Ray node id (first 12 characters)
     hostname: str
     device: str  #: torch device, e.g. cpu or cuda:0
-    accelerator_ids: str  #: GPU ids Ray assigned, "0,1"; "" for none
+    accelerator_ids: str  #: GPU ids Ray assigned, "0,1"; "" for none (rank 0's, where a trial has several workers)
+    world_size: int = 1  #: the workers the trial trained on (resources.workers; trainable/distributed.py)
 
 
 @dataclass(frozen=True)

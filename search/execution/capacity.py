@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 
 import ray
+from ray.tune import PlacementGroupFactory
 
 from search.execution.ray_internals import autoscaler_status
 from search.spec.schema import Resources
@@ -58,14 +59,31 @@ def has_autoscaler(private: bool = False) -> bool:
     return any(not name.startswith("node_") for name in node_types or ()) or version not in (None, "", "0")
 
 
-def trials_fit(node_resources: dict[str, float], resources: Resources) -> int:
-    """Trials of `resources` that one node with `node_resources` (Ray's CPU/GPU counts) holds at once."""
+def trial_resources(resources: Resources, gpus: float) -> dict[str, float] | PlacementGroupFactory:
+    """What Tune reserves for one trial: `resources.cpus` CPU and `gpus` GPU; for several workers, a placement
+    group of one such bundle per worker, placed as one unit (resources.placement: PACK fills as few nodes as
+    hold them, SPREAD puts them on different nodes where it can). Bundle 0 holds the trial's actor (rank 0);
+    trainable/adapter.py starts the other ranks in the others. One worker: the plain request, as always."""
+    if resources.workers == 1:
+        return {"cpu": resources.cpus, "gpu": gpus}
+    bundle = {"CPU": resources.cpus, **({"GPU": gpus} if gpus else {})}
+    return PlacementGroupFactory([dict(bundle) for _ in range(resources.workers)],
+                                 strategy=resources.placement.upper())
+
+
+def workers_fit(node_resources: dict[str, float], resources: Resources) -> int:
+    """Workers of `resources` (cpus, gpus each) that one node with `node_resources` holds at once."""
     fits = round(node_resources.get("CPU", 0) * UNIT) // round(resources.cpus * UNIT)
     if resources.gpus:
         # a fraction must fit inside one GPU: 0.4 GPU is 2 trials per GPU, not 2.5
         gpus, share = round(node_resources.get("GPU", 0) * UNIT), round(resources.gpus * UNIT)
         fits = min(fits, gpus // UNIT * (UNIT // share) + gpus % UNIT // share)
     return fits
+
+
+def trials_fit(node_resources: dict[str, float], resources: Resources) -> int:
+    """Trials of `resources` (resources.workers workers each) that one node with `node_resources` holds at once."""
+    return workers_fit(node_resources, resources) // resources.workers
 
 
 def alive_nodes() -> list[dict[str, float]]:
@@ -88,12 +106,19 @@ def check_capacity(resources: Resources, private: bool = False) -> int:
     capacity, not what is free at this moment, so the same space gives the same trials (the
     searcher's order depends on the trials at once).
     """
-    counts = trials_per_node(resources)
-    total = sum(counts.values())
+    # a trial's workers may span nodes (PACK and SPREAD are Ray's soft strategies): count workers, then trials
+    total = sum(workers_fit(node, resources) for node in alive_nodes()) // resources.workers
     autoscaler = has_autoscaler(private)
     if total == 0 and not autoscaler:
         nodes = alive_nodes()
         largest = max(nodes, key=lambda r: (r.get("GPU", 0), r.get("CPU", 0)), default={})
+        if resources.workers > 1:
+            held = sum(workers_fit(node, resources) for node in nodes)
+            raise CapacityError(
+                f"resources.workers: must be at most the workers of {resources.cpus:g} CPU and {resources.gpus:g} "
+                f"GPU each that this cluster holds at once ({held}, over {len(nodes)} node(s)), and no autoscaler "
+                f"will add nodes, got {resources.workers}. Lower resources.workers or resources.cpus, or set "
+                f"{AUTOSCALER_SETTING}=1 if an autoscaler Ray cannot see adds nodes.")
         raise CapacityError(
             f"resources: each trial asks for {resources.cpus:g} CPU and {resources.gpus:g} GPU, "
             f"but no node of this cluster has that much (the largest has {largest.get('CPU', 0):g} CPU "

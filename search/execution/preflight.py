@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 import yaml
 
-from search.execution.capacity import CapacityError, trials_fit
+from search.execution.capacity import CapacityError, trials_fit, workers_fit
 from search.execution.session import EarlyRay
 from search.outputs.export import read_checkpoint
 from search.outputs.finish import Outcome
@@ -243,6 +243,12 @@ def check_local_capacity(space: Space) -> None:
     if resources.gpus == "auto":  # measured when the search starts (search/execution/gpu_probe.py)
         return
     machine = {"CPU": float(len(os.sched_getaffinity(0))), "GPU": float(torch.cuda.device_count())}
+    if resources.workers > 1 and trials_fit(machine, resources) == 0:
+        raise CapacityError(f"resources.workers: must be at most the workers of {resources.cpus:g} CPU and "
+                            f"{resources.gpus:g} GPU each that this machine holds for a local Ray "
+                            f"({workers_fit(machine, resources)}: {machine['CPU']:g} CPU, {machine['GPU']:g} GPU), "
+                            f"got {resources.workers}. Lower resources.workers or resources.cpus, or run on a "
+                            "cluster (--address).")
     if trials_fit(machine, resources) == 0:
         raise CapacityError(f"resources: each trial asks for {resources.cpus:g} CPU and {resources.gpus:g} GPU, "
                             f"but this machine has {machine['CPU']:g} CPU and {machine['GPU']:g} GPU for a local "

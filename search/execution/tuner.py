@@ -17,6 +17,7 @@ from ray import tune
 from ray.tune.logger import JsonLoggerCallback, TBXLoggerCallback
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
+from search.execution.capacity import trial_resources
 from search.execution.disk_guard import DiskGuard
 from search.execution.progress import Progress, flush_all
 from search.execution.ray_internals import quick_stop
@@ -36,6 +37,7 @@ from search.store.storage import is_uri
 from trainable.adapter import DataHandle, run_trial
 from trainable.data import Data
 from trainable.function import METRIC_NAMES
+from trainable.report import GPU_MEMORY_COLUMNS, PHASE_COLUMNS, PLACEMENT_COLUMNS
 
 MLFLOW_DB = "mlflow.db"
 
@@ -91,13 +93,20 @@ def tracker_callbacks(space: Space, folder: RunFolder) -> list:
     return callbacks
 
 
+# What every report carries for results.parquet alone: where the trial ran and where its slot time went
+# (trainable/report.py), and a function trainable's list of its metric names (a list of strings, which
+# Tune's logger would try as a histogram and warn about once per search). Not curves to look at.
+BOOKKEEPING = frozenset([METRIC_NAMES, *PLACEMENT_COLUMNS, *GPU_MEMORY_COLUMNS, *PHASE_COLUMNS, "finished_at"])
+
+
 class EventFiles(TBXLoggerCallback):
-    """experiment.loggers with tensorboard: Tune's TensorBoard logger, given the metrics only. A function
-    trainable's reports also list its metric names (METRIC_NAMES, for results.parquet's columns), which
-    Tune's logger would try as a histogram of strings and warn about once per search."""
+    """experiment.loggers with tensorboard: Tune's TensorBoard logger, given the metrics only (not
+    BOOKKEEPING, about half of a report's values). With them, bench/per_report.py measured this logger
+    at 2.5x the wall time per report of plain Tune's on the driver's controller thread; without, 1.4x
+    (docs/performance.md). The bookkeeping stays in results.parquet."""
 
     def log_trial_result(self, iteration, trial, result) -> None:
-        super().log_trial_result(iteration, trial, {k: v for k, v in result.items() if k != METRIC_NAMES})
+        super().log_trial_result(iteration, trial, {k: v for k, v in result.items() if k not in BOOKKEEPING})
 
 
 class NoEventFiles(TBXLoggerCallback):
@@ -197,7 +206,7 @@ def build_tuner(space: Space, folder: RunFolder, data: Data | None, trial_functi
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, data=DataHandle.put(None if data is None else data.for_trials()), trial_function=trial_function,
                              checkpoint_every=experiment.checkpoint_every, trial_timeout=experiment.trial_timeout),
-        {"cpu": space.resources.cpus, "gpu": gpus})
+        trial_resources(space.resources, gpus))
     if resume:  # the searcher and the stopper come back from Tune's record (search/searching/budget.py)
         return tune.Tuner.restore(folder.path, trainable=trainable, resume_unfinished=True, resume_errored=True)
     pbt = experiment.scheduler == "pbt"  # Ray's PBT takes no searcher: the population is drawn up front (search/searching/pbt.py)

@@ -294,18 +294,42 @@ def training_metric_problems(experiment: Experiment, fixed: Mapping[str, Any]) -
 
 
 class Resources(Section):
-    """What one trial reserves from Ray."""
+    """What one trial reserves from Ray: `workers` times (cpus, gpus), placed as one unit."""
 
     # Ray counts resources in units of 1/10000; below 0.01 CPU a trial is a rounding error
     cpus: Annotated[float, rule("must be a number in [0.01, 1024]", lambda v: _finite(v) and 0.01 <= v <= 1024)] = 1.0
-    #: CPUs per trial (also its torch thread count, at least 1)
-    # a trial trains on one device (the loop has no data parallelism), so more than one GPU would idle
+    #: CPUs per worker (also its torch thread count, at least 1); a trial of N workers holds N times this
+    # a worker trains on one device, so more than one GPU per worker would idle
     gpus: Annotated[float | Literal["auto"], rule(
         "must be 0, a fraction in [0.01, 1] (0.25 packs four trials per GPU; a trial uses one GPU at most) "
         "or auto (measured)", lambda v: v == AUTO or (_finite(v) and (v == 0 or 0.01 <= v <= 1)))] = 0.0
-    #: GPUs per trial: 0, a fraction <= 1, or auto (search/execution/gpu_probe.py)
+    #: GPUs per worker: 0, a fraction <= 1, or auto (search/execution/gpu_probe.py)
     spread: Annotated[bool, rule("must be true or false")] = True
     #: raise the fraction when the trials at once would leave GPUs idle (search/execution/capacity.py)
+    workers: Annotated[int, rule("must be an integer in [1, 1024]", lambda v: 1 <= v <= 1024)] = 1
+    #: processes per trial, data-parallel (torch DistributedDataParallel: gloo on CPU, nccl on GPU); each
+    #: worker holds cpus and gpus; a trial's workers are placed as one unit (trainable/distributed.py)
+    placement: Annotated[Literal["pack", "spread"], rule("must be pack or spread")] = "pack"
+    #: how a trial's workers are placed: pack (as few nodes as fit them) or spread (one per node where it can)
+
+
+def worker_problems(resources: Resources, batch_sizes: Collection[tuple[str, Any]]) -> list[str]:
+    """resources.workers against the rest: a global batch split evenly (each worker takes batch_size / workers
+    of every batch), and whole GPUs (NCCL takes one GPU per process; two workers cannot share one)."""
+    workers = resources.workers
+    if workers == 1:
+        return []
+    problems = [problem(key, f"must be divisible by resources.workers ({workers}): each worker takes "
+                             f"batch_size / workers examples of every batch", value)
+                for key, value in batch_sizes
+                if isinstance(value, int) and not isinstance(value, bool) and value % workers]
+    if resources.gpus == AUTO:
+        problems.append(problem("resources.gpus", f"auto is not measured for more than one worker "
+                                                  f"(resources.workers {workers}); give 0 or 1", AUTO))
+    elif 0 < resources.gpus < 1:
+        problems.append(problem("resources.gpus", f"must be 0 or 1 with resources.workers {workers}: NCCL "
+                                                  "needs a GPU of its own for each worker", resources.gpus))
+    return problems
 
 
 class DataRoot(Section):

@@ -3,7 +3,8 @@
 A space file has five optional sections and a required `space` (defaults below):
 
     experiment: name, metric, mode, num_samples, max_concurrent, seed, scheduler, ...
-    resources:  cpus, gpus, spread     (per trial; gpus may be fractional, e.g. 0.25, or auto)
+    resources:  cpus, gpus, spread, workers, placement   (cpus and gpus per worker; gpus may be fractional,
+                e.g. 0.25, or auto; workers: data-parallel processes per trial, placed pack or spread)
     model:      factory (mlp, cnn, FILE.py:CALLABLE, package.module:CALLABLE) + its keyword arguments
     data:       root, dataset (built-in or FILE.py:FUNCTION), args + the trial config's data fields
     training:   fixed trial config fields (epochs, optimizer, lr, ...)
@@ -34,7 +35,7 @@ from search.spec.objectives import problems as objective_problems
 from search.spec.overrides import set_keys
 from search.spec.schema import (STOP_WHEN_RULE, DataRoot, Experiment, Resources, Searched, bad_targets, entry_problems,
                                 field_value, label, parse_searched, stop_when_valid, training_metric_problems,
-                                validated)
+                                validated, worker_problems)
 from trainable.config import (FACTORY_KEY, FIELDS, MODEL, MOVED, MUTABLE, TrialConfig, absolute_reference,
                               cross_field_problems, fields_in, is_plain_data, is_reference, keyword_of, model_key,
                               plain, searchable, section)
@@ -61,8 +62,9 @@ class Space:
     def trial_defaults(self) -> TrialConfig | FunctionConfig:
         """The trial config with the fixed fields set and searched ones at their defaults."""
         if self.trainable:
-            return FunctionConfig(self.trainable, dict(self.fixed))
-        return TrialConfig.from_mapping(self.fixed)
+            return FunctionConfig(self.trainable, dict(self.fixed), workers=self.resources.workers)
+        # workers is the driver's (resources.workers), a config field so that best.yaml replays with as many
+        return TrialConfig.from_mapping({**self.fixed, "workers": self.resources.workers})
 
 
 def _section(raw: Mapping[str, Any], name: str, problems: list[str]) -> dict[str, Any]:
@@ -97,6 +99,7 @@ def _key_problem(sec: str, key: Any, value: Any) -> str:
     name = DATA_KEYS.get(key, key) if sec == "data" else key
     elsewhere = section(name) if name in FIELDS and name not in ("model", "model_args") else None
     rule = (f"moved to {MOVED_KEYS[key]}" if key in MOVED_KEYS else
+            "is set by resources.workers" if name == "workers" else
             "is set by the driver per trial" if elsewhere == "driver" else
             f"belongs in the {elsewhere} section" if elsewhere and elsewhere != sec else
             f"unknown key (known: {', '.join(_section_keys(sec))})")
@@ -185,6 +188,7 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
     else:
         fixed, searched, data_root = _canonical_keys(raw, base, problems)
     problems += when_problems(searched, fixed)
+    problems += worker_problems(resources, batch_sizes(fixed, searched, function))
     if function:
         problems += _own_metric_problems(experiment, [*fixed, *(d.name for d in searched)])
     if not function:
@@ -204,6 +208,21 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
     if problems:
         raise ConfigError(problems, source)
     return Space(experiment, resources, data_root, fixed, tuple(searched), source, trainable=reference)
+
+
+def batch_sizes(fixed: Mapping[str, Any], searched: list[Searched], function: bool) -> list[tuple[str, Any]]:
+    """Every batch_size a trial may get, each with the key that gives it: the fixed one (the canonical loop's
+    default where none is given; a function's only if it has one), a choice's values, an int range's low and
+    step (every drawn value is a multiple of what divides both)."""
+    for d in searched:
+        if d.name == "batch_size":
+            if d.is_choice:
+                return [(f"space.batch_size.values[{i}]", v) for i, v in enumerate(d.values)]
+            step = getattr(d.distribution, "step", None)
+            return [("space.batch_size.low", d.low), ("space.batch_size.step", 1 if step is None else step)]
+    if function:
+        return [("training.batch_size", fixed["batch_size"])] if "batch_size" in fixed else []
+    return [("training.batch_size", fixed.get("batch_size", FIELDS["batch_size"].default))]
 
 
 def _epochs(reference: str | None, fixed: Mapping[str, Any], function: bool) -> int | None:

@@ -135,7 +135,7 @@ def results_schema(space: Space) -> pa.Schema:
         else:
             out.append(pa.field(name, types[kind(field_of(name))]))
     report_types = {"epoch": pa.int64(), "params": pa.int64(), "diverged": pa.bool_(), "node": pa.string(), "hostname": pa.string(),
-                    "device": pa.string(), "accelerator_ids": pa.string()}
+                    "device": pa.string(), "accelerator_ids": pa.string(), "world_size": pa.int64()}
     out += [pa.field(c, report_types.get(c, pa.float64())) for c in report_columns(space) + SEARCH_COLUMNS]
     out.append(pa.field(FEASIBLE, pa.bool_()))  # the trial's point meets experiment.constraints
     # the `when:` of conditional keys, so that every writer and reader of rows nulls the keys a trial did not draw

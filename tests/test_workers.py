@@ -1,0 +1,187 @@
+"""Trials on several workers (resources.workers; trainable/distributed.py, docs/gpus.md).
+
+What a user sees: the key checked before Ray starts; a 2-worker search on this 2-core machine (gloo) whose
+rows say world size 2 and whose best.yaml replays on 2 workers to the same val_acc; the same tables at
+max_concurrent 1 and 2 on a 4-CPU cluster (ray.cluster_utils.Cluster); and a 2-worker trial killed
+mid-epoch that resumes from its checkpoint on both workers, to the numbers of a run never killed.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from ray.cluster_utils import Cluster
+
+from search.driver import run_search
+from search.execution.capacity import trial_resources, trials_fit, workers_fit
+from search.spec.schema import Resources
+from search.spec.space import parse_space
+from search.store.results import COMPLETED
+from tests.helpers import SMALL, assert_outputs_agree, small_space
+from trainable.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+# what a trial computed, per trial and epoch: equal across runs that promise the same numbers
+NUMBERS = ["trial_number", "epoch", "seed", "lr", "batch_size", "train_loss", "train_acc", "val_loss", "val_acc",
+           "epoch_lr"]
+
+
+def problems_of(**resources) -> list[str]:
+    raw = copy.deepcopy(SMALL)
+    raw["resources"] = resources
+    try:
+        parse_space(raw)
+    except ConfigError as error:
+        return error.problems
+    return []
+
+
+def test_the_workers_key_is_checked_with_the_rest():
+    assert problems_of(workers=0) == ["resources.workers: must be an integer in [1, 1024], got 0"]
+    # SMALL searches batch_size in [32, 64, 128]: 3 workers cannot split 32, 64 or 128 evenly
+    said = problems_of(workers=3)
+    assert [p.split(":")[0] for p in said] == [f"space.batch_size.values[{i}]" for i in range(3)]
+    assert "must be divisible by resources.workers (3)" in said[0] and said[0].endswith("got 32")
+    assert problems_of(workers=2, gpus=0.5) == [
+        "resources.gpus: must be 0 or 1 with resources.workers 2: NCCL needs a GPU of its own for each worker, "
+        "got 0.5"]
+    assert problems_of(workers=2) == [] and problems_of(workers=1, gpus=0.5) == []
+
+
+def test_capacity_counts_workers_times_resources():
+    two = Resources(cpus=1, workers=2)
+    assert workers_fit({"CPU": 4}, two) == 4 and trials_fit({"CPU": 4}, two) == 2
+    assert trials_fit({"CPU": 2}, Resources(cpus=1, workers=3)) == 0
+    assert trials_fit({"CPU": 8, "GPU": 2}, Resources(cpus=1, gpus=1, workers=2)) == 1
+    group = trial_resources(Resources(cpus=1, gpus=1, workers=2, placement="spread"), 1)
+    assert group.bundles == [{"CPU": 1, "GPU": 1}] * 2 and group.strategy == "SPREAD"
+    assert trial_resources(Resources(cpus=0.5), 0) == {"cpu": 0.5, "gpu": 0}  # one worker: as before
+
+
+def test_more_workers_than_this_machine_holds_exit_2_before_ray(tmp_path, data_root):
+    raw = copy.deepcopy(SMALL)
+    raw["resources"] = {"cpus": 1, "workers": 3}
+    raw["space"]["batch_size"] = {"distribution": "choice", "values": [33, 66]}
+    raw["data"]["root"] = str(data_root)
+    (space := tmp_path / "space.yaml").write_text(yaml.safe_dump(raw))
+    done = subprocess.run([sys.executable, "-m", "search", "check", "--space", str(space)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert "resources.workers: must be at most the workers of 1 CPU and 0 GPU each" in done.stderr
+    assert "got 3" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_a_two_worker_search_reports_world_size_2_and_replays_on_2_workers(ray_local, tmp_path, data_root):
+    space = small_space(tmp_path, data_root, resources={"cpus": 1, "workers": 2},
+                        experiment={"num_samples": 2, "max_concurrent": 1}, training={"epochs": 1},
+                        data={"train_size": 1000, "val_size": 300})
+    outcome = run_search(space, name="two")
+    frame = outcome.results
+    assert set(frame["status"]) == {COMPLETED} and frame["trial_id"].nunique() == 2
+    assert (frame["world_size"] == 2).all() and (frame["workers"] == 2).all()
+    best = yaml.safe_load((Path(outcome.path) / "best.yaml").read_text())
+    assert best["workers"] == 2
+    replay = subprocess.run([sys.executable, "-m", "trainable", "--config", str(Path(outcome.path) / "best.yaml"),
+                             "--data-root", str(data_root)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert replay.returncode == 0, replay.stderr
+    assert "workers: 2" in replay.stdout
+    last = [line for line in replay.stdout.splitlines() if line.startswith(f"Epoch [{best['result']['epoch']}/")]
+    assert f"val_acc {best['result']['val_acc']:.4f}" in last[0], (replay.stdout, best["result"])
+
+
+# A model file as a user writes one, with a kill switch: on rank 0, at its `kill_at`-th training step after its
+# first validation (epoch 2, after epoch 1's checkpoint), it makes `marker` and SIGKILLs its own process (the
+# trial's actor), mid-epoch; a process that finds the marker runs on.
+KILLER = '''
+import os
+import signal
+
+import torch.distributed as dist
+from torch import nn
+
+
+class Net(nn.Sequential):
+    def __init__(self, kill_at=0, marker="", num_classes=10):
+        super().__init__(nn.Flatten(), nn.Linear(784, 32), nn.ReLU(), nn.Linear(32, num_classes))
+        self.kill_at, self.marker, self.validated, self.steps = kill_at, marker, False, 0
+
+    def forward(self, x):
+        self.validated = self.validated or not self.training
+        if self.training and self.validated and self.kill_at and dist.is_initialized() and dist.get_rank() == 0:
+            self.steps += 1
+            if self.steps == self.kill_at and not os.path.exists(self.marker):
+                open(self.marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+        return super().forward(x)
+'''
+
+
+@pytest.fixture(scope="module")
+def four_cpus():
+    """A Ray cluster of 4 CPUs on this machine: two 2-worker trials at once."""
+    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 4, "include_dashboard": False})
+    yield cluster
+    cluster.shutdown()
+
+
+def search_on(cluster: Cluster, tmp_path: Path, data_root: Path, name: str, max_concurrent: int,
+              kill_at: int = 0) -> pd.DataFrame:
+    (tmp_path / "net.py").write_text(KILLER)
+    raw = copy.deepcopy(SMALL)
+    # lag 0 fixes what each trial is asked on, so any max_concurrent gives the same trials (docs/reproducibility.md)
+    raw["experiment"].update(num_samples=2, max_concurrent=max_concurrent, lag=0, storage_path=str(tmp_path / "runs"))
+    raw["resources"] = {"cpus": 1, "workers": 2}
+    raw["model"] = {"factory": "net.py:Net", "kill_at": kill_at, "marker": str(tmp_path / f"{name}.killed")}
+    raw["data"] = {"train_size": 1000, "val_size": 300, "root": str(data_root)}
+    raw["space"] = {"lr": SMALL["space"]["lr"], "batch_size": {"distribution": "choice", "values": [32, 64]}}
+    (space := tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(raw))
+    done = subprocess.run([sys.executable, "-m", "search", "--space", str(space), "--address", cluster.address,
+                           "--name", name], cwd=REPO, capture_output=True, text=True, timeout=500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run = tmp_path / "runs" / name
+    assert_outputs_agree(run)
+    frame = pd.read_parquet(run / "results.parquet")
+    assert set(frame["status"]) == {COMPLETED} and (frame["world_size"] == 2).all()
+    return frame
+
+
+def numbers(frame: pd.DataFrame) -> pd.DataFrame:
+    """Each trial's epochs once (a resumed trial's last report of an epoch) and what it computed."""
+    return (frame.drop_duplicates(["trial_number", "epoch"], keep="last")[NUMBERS]
+            .sort_values(["trial_number", "epoch"]).reset_index(drop=True))
+
+
+@pytest.mark.slow
+def test_a_search_killed_at_max_concurrent_2_resumes_on_both_workers_to_the_table_at_1(
+        four_cpus, tmp_path, data_root):
+    # two searches, not three: the one killed at max_concurrent 2 must give the table of the one never
+    # killed at max_concurrent 1 (each search here costs about 40 s of the suite's time)
+    one = search_on(four_cpus, tmp_path, data_root, "one", max_concurrent=1)
+    killed = search_on(four_cpus, tmp_path, data_root, "killed", max_concurrent=2, kill_at=3)
+    assert (tmp_path / "killed.killed").exists(), "a trial was killed"
+    starts = killed.groupby("trial_number")["started_at"].apply(lambda s: int(s.notna().sum()))
+    assert sorted(starts) == [1, 2], "one trial ran twice: killed, then restarted"
+    rerun = killed[killed["trial_number"] == starts.idxmax()]
+    assert len(rerun) == rerun["epoch"].nunique() == 2, "it resumed at epoch 2 from epoch 1's checkpoint"
+    # rank 1's optimizer state (momentum) comes from the checkpoint too: otherwise the numbers would part
+    pd.testing.assert_frame_equal(numbers(killed), numbers(one))
+
+
+@pytest.mark.slow
+def test_a_function_trainable_runs_on_two_workers(ray_local, tmp_path):
+    """examples/own_loop_ddp: the user's loop gets rank and world_size, prepare_model and shard; rank 0 reports."""
+    raw = yaml.safe_load((REPO / "examples" / "own_loop_ddp" / "space.yaml").read_text())
+    raw["experiment"].update(num_samples=2, storage_path=str(tmp_path))
+    raw["training"]["epochs"] = 2
+    outcome = run_search(parse_space(raw, source=str(REPO / "examples" / "own_loop_ddp" / "space.yaml")), name="ddp")
+    frame = outcome.results
+    assert set(frame["status"]) == {COMPLETED} and frame["trial_id"].nunique() == 2
+    assert (frame["world_size"] == 2).all() and (frame["workers"] == 2).all()
+    assert sorted(frame.groupby("trial_number")["epoch"].apply(list)) == [[1, 2], [1, 2]], "one report an epoch"

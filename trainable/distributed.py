@@ -1,0 +1,169 @@
+"""Data-parallel training: one run on several workers (processes) with torch.distributed.
+
+Framework-free, as loop.py is: who starts the workers is the caller's business (adapter.py starts
+them as Ray actors in the trial's placement group; __main__.py as local processes). What a run of
+N workers promises, and how:
+
+- the same model on every worker: each seeds the same weight init, and DistributedDataParallel
+  broadcasts rank 0's weights once more when it wraps the model;
+- one global batch of `batch_size` split evenly: each worker takes `batch_size / workers` examples
+  (resources.workers must divide batch_size), DDP averages the gradients, so a step is the step
+  of one worker with the whole batch, up to the order of the additions;
+- the data split by torch's DistributedSampler, seeded with the trial's seed and set to the epoch:
+  the order of an epoch depends on (seed, epoch) only, so a resumed run shuffles as an
+  uninterrupted one did;
+- the training loss and metrics over every worker's examples (summed across workers); validation
+  on the whole validation set by every worker (the same numbers on each, and the ones one worker
+  would get: no example padded in, none counted twice);
+- reports and checkpoints from rank 0 only; a checkpoint restored on every worker (the states are
+  equal: every worker draws the same random numbers, since each takes the same number of examples).
+
+Backends: gloo on CPU, nccl on CUDA (one GPU per worker).
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DistributedSampler
+
+if TYPE_CHECKING:  # the canonical loop's data (torchvision: seconds of a process's start); a function's ranks
+    # import this module for its process group only (ShardedBatches imports them when it is built)
+    from trainable.data import Arrays, Standardize
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among a run's workers."""
+
+    rank: int = 0  #: 0 reports and checkpoints
+    size: int = 1  #: the number of workers (resources.workers); 1: no torch.distributed at all
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+
+SINGLE = World()
+
+
+def backend_for(device: torch.device) -> str:
+    """NCCL for CUDA tensors, gloo for CPU ones."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def free_port() -> int:
+    """A TCP port free on this host now, for rank 0's rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def join(world: World, address: str, port: int, device: torch.device, timeout_s: float = 1800.0) -> None:
+    """Join the run's process group (rank 0 hosts it at address:port); returns once all have joined.
+
+    The timeout also bounds every collective: a worker that died leaves the others an error, not a hang
+    (gloo sees a closed connection at once; a silent peer costs the timeout).
+    """
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend_for(device), init_method=f"tcp://{address}:{port}", rank=world.rank,
+                            world_size=world.size, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def leave() -> None:
+    """Leave the process group (a reused Ray actor runs the next trial in a fresh one)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_model(model: nn.Module, device: torch.device) -> nn.Module:
+    """DistributedDataParallel around `model` (its parameters stay the model's: a checkpoint saves the model).
+
+    DDP's default buffer handling: rank 0's buffers (batch norm's running statistics) are sent to the others
+    before each training forward pass, so every worker's model is rank 0's, the one checkpointed."""
+    ids = [device.index or 0] if device.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+
+def summed(*values: torch.Tensor) -> list[torch.Tensor]:
+    """Each tensor summed over the workers (one all-reduce)."""
+    flat = torch.stack([v.to(torch.float64) for v in values])
+    dist.all_reduce(flat)
+    return list(flat.unbind())
+
+
+class ShardedBatches:
+    """This worker's share of every training batch: DistributedSampler's order for the epoch, in batches of
+    batch_size / workers. `epoch` is set by the loop before each epoch (the sampler's set_epoch)."""
+
+    def __init__(self, arrays: Arrays, batch_size: int, device: torch.device, world: World, seed: int, *,
+                 standardize: Standardize | None, drop_last: bool, source: str, num_workers: int = 0,
+                 pin_memory: bool = False, persistent_workers: bool = False):
+        from trainable.batches import ArrayDataset, InMemoryBatches
+        from trainable.seed import seed_worker
+
+        # the sampler only draws indices: its dataset is a stand-in of the right length
+        self.sampler = DistributedSampler(range(len(arrays.labels)), num_replicas=world.size, rank=world.rank,
+                                          shuffle=True, seed=seed, drop_last=drop_last)
+        self.per_worker = batch_size // world.size
+        self.drop_last = drop_last
+        if source == "loader":
+            self.loader = torch.utils.data.DataLoader(
+                ArrayDataset(arrays, standardize), batch_size=self.per_worker, sampler=self.sampler,
+                drop_last=drop_last, num_workers=num_workers, pin_memory=pin_memory, worker_init_fn=seed_worker,
+                persistent_workers=persistent_workers and num_workers > 0)
+            self.memory = None
+        else:
+            self.loader = None
+            self.memory = InMemoryBatches(arrays, self.per_worker, device, standardize=standardize, shuffle=False)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        n, b = self.sampler.num_samples, self.per_worker
+        return n // b if self.drop_last else -(-n // b)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self.loader is not None:
+            yield from self.loader
+            return
+        order = torch.tensor(list(self.sampler), dtype=torch.long, device=self.memory.inputs.device)
+        for batch in range(len(self)):
+            index = order[batch * self.per_worker:(batch + 1) * self.per_worker]
+            yield self.memory.inputs[index], self.memory.labels[index]
+
+
+# ---- for your own training function (trainable: FILE.py:FUNCTION, resources.workers > 1) ----------------
+
+def rank() -> int:
+    """This worker's rank (0 reports and checkpoints); 0 outside a run of several workers."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    """The run's workers; 1 outside a run of several workers."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def prepare_model(model: nn.Module, device: torch.device) -> nn.Module:
+    """`model` on `device`, wrapped in DistributedDataParallel when the run has several workers (train with
+    what comes back; checkpoint `model` itself); unchanged otherwise, so one function serves both."""
+    model = model.to(device)
+    return wrap_model(model, device) if world_size() > 1 else model
+
+
+def shard(size: int, seed: int, epoch: int) -> list[int]:
+    """This worker's indices of a dataset of `size` examples for `epoch`: torch's DistributedSampler, shuffled
+    with (seed, epoch), so every worker takes a different share and a resumed epoch the same one; with one
+    worker, a permutation of all of them drawn the same way."""
+    sampler = DistributedSampler(range(size), num_replicas=world_size(), rank=rank(), shuffle=True, seed=seed)
+    sampler.set_epoch(epoch)
+    return list(sampler)
