@@ -117,6 +117,13 @@ class ReservedName(ValueError):
     """A metric named like a column the run folder uses for itself: the trial ends ERROR with this message."""
 
 
+class TooManyReports(ValueError):
+    """A report past the trial's `epochs`: the trial ends ERROR with this message. The searcher takes a
+    trial's value at its `epochs`-th report (search/searching/ordered.py: the next trial is asked then, and
+    takes the actor Tune would otherwise stop), so a later report could be better than the value optuna.journal
+    holds for the trial: refused instead of left to disagree with results.parquet and best.yaml."""
+
+
 class _Diverged(BaseException):
     """An objective is no longer finite: the wrapper ends the trial (DIVERGED), as the canonical loop does.
 
@@ -203,10 +210,11 @@ class Reporter:
 
     def __init__(self, metrics: str | Sequence[str] | None,
                  send: Callable[[dict[str, Any], int, Mapping[str, Any] | None], None], epoch: int = 0, *,
-                 config: Mapping[str, Any] = {}, reserved: Collection[str] = (), objectives: int | None = None):
+                 config: Mapping[str, Any] = {}, reserved: Collection[str] = (), objectives: int | None = None,
+                 limit: int | None = None):
         self.metrics = None if metrics is None else (metrics,) if isinstance(metrics, str) else tuple(metrics)
         self.objectives = None if self.metrics is None else self.metrics[:objectives or len(self.metrics)]
-        self.send, self.epoch = send, epoch
+        self.send, self.epoch, self.limit = send, epoch, limit  # limit: the trial's `epochs`, if set
         self.config = frozenset(config)
         self.reserved = frozenset(reserved) | {*FUNCTION_REPORT_COLUMNS, METRIC_NAMES, TRAINABLE_KEY,
                                                *DRIVER_KEYS} | self.config
@@ -217,6 +225,11 @@ class Reporter:
         if self.diverged:  # the function caught _Diverged and went on: nothing after the NaN counts
             raise _Diverged
         self._check_names(metrics)
+        if self.limit is not None and self.epoch >= self.limit:
+            raise TooManyReports(f"report(): this is report {self.epoch + 1}, past the trial's epochs "
+                                 f"({self.limit}): with `epochs` set a trial makes at most `epochs` reports (the "
+                                 "searcher takes its value at that report, ASHA counts its rungs in them); make "
+                                 "one report per epoch, or set epochs to the number of reports")
         values = {k: _number(k, v) for k, v in metrics.items() if k != "epoch"}
         self.epoch += 1
         now = time.time()
@@ -308,7 +321,7 @@ def tune_function(config: dict[str, Any], *, data: Any = None, metrics: Sequence
 
     given = trial.for_function()
     reporter = Reporter(metrics, send, epoch, config={**given, **trial.to_flat()},
-                        reserved=frozenset(reserved) | tune_keys(), objectives=objectives)
+                        reserved=frozenset(reserved) | tune_keys(), objectives=objectives, limit=trial.epochs)
     # several workers: the others start from the same checkpoint, in the trial's process group (adapter.Workers)
     with adapter.Workers(trial.workers, config, (epoch, state), device, start,
                          functools.partial(run_rank, metrics=metrics, objectives=objectives)):

@@ -12,6 +12,13 @@ search. A part whose trial that state does not hold is removed on resume
 (run_folder.drop_unrecorded_parts), as the trial runs again; a part not yet written when
 the driver dies is written from Tune's record when the search ends.
 
+The journal's live entries are batched: a trial's start and its epochs' values are handed to the
+writer thread at most once a second (JOURNAL_EVERY_S), and a trial that ends before its batch
+is written enters the journal whole, as it ended, in one entry. Each journal write takes a file
+lock and an append (~1 ms of the driver's CPU and several of its wall time on a loaded machine);
+one per report was the driver's biggest cost of its own per report (bench/per_report.py,
+docs/performance.md). A dashboard polls every few seconds, so it sees the same.
+
 On a terminal the progress is one line redrawn in place (done/total, running, best, ETA);
 elsewhere (CI logs, `| tee`) it is a plain line per epoch, with the elapsed time and the ETA.
 With `--quiet` (`search.run(quiet=True)`) it is one line per finished trial, on a terminal too:
@@ -23,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -45,6 +53,8 @@ from trainable.errors import ConfigError
 # Tune forces this module-level set: a resumed Tuner runs the Progress it unpickled, not one the
 # driver holds, so the driver cannot reach its threads through an instance.
 _writers: set[ThreadPoolExecutor] = set()
+
+JOURNAL_EVERY_S = 1.0  # the most a running trial's start or epoch waits to enter optuna.journal
 
 
 # `--quiet`: a choice of this command, not of the run, so neither in spec.yaml nor in the pickled callback:
@@ -108,10 +118,17 @@ class Progress(Callback):
         self._ended_before = len(self.ended)  # trials that ended before this process: not in its ETA
         self._paced_from: float | None = None  # when this process's first trial started: the ETA's pace
         self._quiet = _quiet  # one line per finished trial (quiet_progress)
+        # journal entries not yet handed on (module docstring): trial number -> its start
+        # (trial_id, config; None if written already) and epochs' values
+        self._live: dict[int, tuple[tuple[str, dict] | None, dict[int, float]]] = {}
+        self._live_lock = threading.Lock()  # the controller thread adds, the writer thread takes
+        self._live_due = False  # a batch is queued on the writer thread
+        self._live_at = 0.0  # when the last batch was written
+        self._wake = threading.Event()  # set: write the queued batch now (the search is ending)
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("_journal", "_journal_failed", "_ending", "_schema", "_writer", "_epochs", "_ended_before",
-                "_paced_from", "_quiet")
+                "_paced_from", "_quiet", "_live", "_live_lock", "_live_due", "_live_at", "_wake")
         return {k: v for k, v in self.__dict__.items() if k not in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -131,7 +148,14 @@ class Progress(Callback):
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         self.running.add(trial.trial_id)
         self._paced_from = self._paced_from or time.monotonic()
-        self._submit(self._to_journal, functools.partial(self._start_entry, trial.trial_id, dict(trial.config)))
+        number = trial.config.get("trial_number")
+        if number is None:  # not numbered: a journal entry by itself
+            self._submit(self._to_journal, functools.partial(self._start_entry, trial.trial_id, dict(trial.config)))
+            return
+        with self._live_lock:
+            # a restart (max_failures, a resume) starts its entry again; its epochs follow anew
+            self._live[int(number)] = ((trial.trial_id, dict(trial.config)), {})
+        self._queue_live()
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         self.ended.discard(trial.trial_id)  # a restarted trial is running again
@@ -141,7 +165,9 @@ class Progress(Callback):
         if value is not None and is_better(value, self.best, self.mode):
             self.best = value
         if value is not None and epoch is not None and number is not None:
-            self._submit(self._to_journal, lambda journal: journal.report(int(number), int(epoch), value))
+            with self._live_lock:
+                self._live.setdefault(int(number), (None, {}))[1][int(epoch)] = value
+            self._queue_live()
         if epoch is not None and trial.config.get("epochs"):
             self._epochs[trial.trial_id] = min(1.0, int(epoch) / int(trial.config["epochs"]))
         if self._quiet:  # its line comes when it ends (_write)
@@ -230,15 +256,43 @@ class Progress(Callback):
         if ending and sys.stdout.isatty() and not self._quiet:
             self._bar()
 
+    def _queue_live(self) -> None:
+        """A batch of live journal entries is queued on the writer thread unless one is already."""
+        with self._live_lock:
+            if self._live_due:
+                return
+            self._live_due = True
+        self._submit(self._write_live)
+
+    def _write_live(self) -> None:
+        """The live journal entries queued since the last batch, at most one batch per JOURNAL_EVERY_S."""
+        self._wake.wait(max(0.0, self._live_at + JOURNAL_EVERY_S - time.monotonic()))
+        with self._live_lock:
+            live, self._live, self._live_due = self._live, {}, False
+        self._live_at = time.monotonic()
+        for number in sorted(live):  # entries enter in trial-number order (search/outputs/journal.py)
+            start, epochs = live[number]
+            if start is not None:
+                self._to_journal(functools.partial(self._start_entry, *start))
+            if epochs:
+                self._to_journal(functools.partial(self._report_entry, number, epochs))
+
+    @staticmethod
+    def _report_entry(number: int, epochs: dict[int, float], journal: Journal) -> None:
+        for epoch, value in sorted(epochs.items()):
+            journal.report(number, epoch, value)
+
     def _submit(self, work, *args, **kwargs) -> None:
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpsearch-results")
             _writers.add(self._writer)
+            self._wake.clear()
         self._writer.submit(work, *args, **kwargs)
 
     def flush(self) -> None:
         """Wait until every ended trial's part and journal entry is written."""
         if self._writer is not None:
+            self._wake.set()  # a queued batch of live entries goes now, not after its second
             self._writer.shutdown(wait=True)
             _writers.discard(self._writer)
             self._writer = None
@@ -247,6 +301,10 @@ class Progress(Callback):
         self.ended.add(trial.trial_id)
         self.running.discard(trial.trial_id)
         self._epochs.pop(trial.trial_id, None)
+        number = trial.config.get("trial_number")
+        if number is not None:
+            with self._live_lock:  # its entry is written whole as it ended (_write), after any batch queued now
+                self._live.pop(int(number), None)
         self._ending.append((trial, error, len(self.ended)))
 
     @property

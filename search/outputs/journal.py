@@ -4,7 +4,8 @@ Optuna numbers a study's trials in the order they enter it, so entries enter in 
 order and Optuna's trial number is hpsearch's `trial_number` (also kept as a user attribute):
 `optuna-dashboard runs/<name>/optuna.journal` shows trial k as results.parquet's trial_number k.
 
-An entry's life, as the search goes (search/execution/progress.py hands each step to its writer thread):
+An entry's life, as the search goes (search/execution/progress.py hands the steps to its writer thread
+in batches, at most one a second: a trial that ends within it enters whole, as it ended, in one write):
 
 - the trial starts: RUNNING, with its params and user attributes trial_number, trial_id, seed
   and status RUNNING; a lower-numbered trial Tune has not started yet enters first, WAITING;

@@ -64,6 +64,35 @@ def max_trials_per_gpu(frame: pd.DataFrame) -> int:
     return most
 
 
+def slots_busy(frame: pd.DataFrame, slots: int) -> tuple[float, float] | None:
+    """The trials' span (the first epoch's start to the last report) and the share of it during which
+    `slots` trials were running at once, each trial from its first epoch's start to its last report
+    (results.parquet's finished_at and epoch_seconds); None without them."""
+    if not {"finished_at", "epoch_seconds"} <= set(frame.columns):
+        return None
+    timed = frame.dropna(subset=["finished_at", "epoch_seconds"])
+    if timed.empty:
+        return None
+    starts = (timed["finished_at"] - timed["epoch_seconds"]).groupby(timed["trial_id"]).min()
+    ends = timed["finished_at"].groupby(timed["trial_id"]).max()
+    events = sorted([(t, 1) for t in starts] + [(t, -1) for t in ends])  # an end before a start at a tie
+    running, last, full = 0, events[0][0], 0.0
+    for at, step in events:
+        if running >= slots:
+            full += at - last
+        running, last = running + step, at
+    span = float(ends.max() - starts.min())
+    return span, (full / span if span > 0 else 0.0)
+
+
+def slots_line(frame: pd.DataFrame, slots: int) -> str | None:
+    """"Slots: 2 trials running 93% of the trials' span (21.0 s)", for a search of more than one slot."""
+    busy = slots_busy(frame, slots) if slots > 1 and frame["trial_id"].nunique() > 1 else None
+    if busy is None:
+        return None
+    return f"Slots: {slots} trials running {100 * busy[1]:.0f}% of the trials' span ({busy[0]:.1f} s)"
+
+
 # results.parquet's phase columns, in the order a trial meets them, and what each one is
 PHASES = {
     "suggest_seconds": "the searcher's suggestion",
@@ -210,6 +239,9 @@ def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Tim
             f"      re-run: {rerun}",
         ]
     lines.append(wall_line(timing))
+    busy = slots_line(frame, timing.slots)
+    if busy:
+        lines.append(busy)
     breakdown = time_breakdown(frame)
     if breakdown:
         lines.append(breakdown)

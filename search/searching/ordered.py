@@ -19,15 +19,18 @@ So trial n waits only while one of trials 0 .. n-L-1 is unfinished; those waits 
 that ended short of its epochs (stopped at a rung, diverged) is told as `multifidelity` says
 (MULTIFIDELITY below): under halving, TPE gets it PRUNED with its curve (docs/schedulers.md).
 
-With `ends_at_epochs` (the canonical loop, which reports nothing after its last epoch) a trial is
-finished at its report of its last planned epoch, a step before Tune ends it. The value is the
-same either way; what changes is when a waiting trial can be asked. Tune decides whether to keep
+With `ends_at_epochs` (every search builds it so: search/searching/searcher.py) a trial is
+finished at its report of its last planned epoch, a step before Tune ends it. For the canonical
+loop, which reports nothing after it, the value is the same either way; a function trainable
+that reports past its `epochs` is told its best value up to them. What changes is when a waiting trial can be asked. Tune decides whether to keep
 an ended trial's actor for reuse when the trial ends, before it asks the searcher again, and keeps
 one idle actor at most: a trial that ends while its successor waits for an earlier trial's result
 parks its actor, and when that earlier trial then ended, its actor was stopped, although the
 searcher could now suggest two trials. The next trial then waited for a new actor (seconds of
 imports), and Tune gave it the first reused actor that came free instead, so the search went on
-one trial at a time (bench/default_search.py: the default search took 78 s, now 55-61 s).
+one trial at a time (bench/default_search.py: the default search took 78 s, now 55-61 s; a
+function trainable's 20 trials of 1-3 s ran two at a time 46% of their span after a trial that
+diverged ended early, bench/short_trials.py).
 Asked at the earlier trial's last report, the waiting trial takes the parked actor, and the
 earlier trial's actor is kept for the trial after it.
 

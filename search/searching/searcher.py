@@ -82,8 +82,11 @@ def make_searcher(space: Space, folder: RunFolder | None = None) -> Searcher:
                                  lag=experiment.max_concurrent, unseen=lag_of(experiment), enqueued=enqueued,
                                  warm=warm, objectives=objectives, multifidelity=multifidelity,
                                  epochs=space.trial_defaults().epochs,
-                                 # the canonical loop reports nothing after its last epoch; a function may
-                                 ends_at_epochs=not space.trainable)
+                                 # a trial is finished at its report of its last planned epoch (the canonical
+                                 # loop's last; a function's `epochs` report), so the trial waiting for it takes
+                                 # an actor Tune would otherwise stop (ordered.py). A function that reports past
+                                 # its `epochs` is told its best value up to them: still a function of the seed
+                                 ends_at_epochs=True)
     else:  # Tune's OptunaSearch loads the study made here, with the warm start told and the configs enqueued;
         # several objectives: it tells each trial's last result (the point, search/spec/objectives.py)
         storage = InMemoryStorage()

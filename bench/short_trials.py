@@ -1,0 +1,184 @@
+"""Short trials, 2 at a time: are both slots busy? hpsearch against plain Optuna n_jobs=2, side by side.
+
+The new user's task of issue 38: a tiny MLP regression on a synthetic problem, 20 trials x 40
+epochs of a few tens of milliseconds (trials of 1-3 s), 2 at a time. One function,
+`train(config, report, checkpoint=None)` (trainable/function.py's contract), written into a
+temporary folder, runs on both sides:
+
+- service: `python -m search --space space.yaml --quiet` (`trainable: mlp.py:train`, the
+  reproducible searcher, max_concurrent 2; `--scheduler asha` for ASHA);
+- optuna: a plain script, `study.optimize(objective, n_trials=20, n_jobs=2)` with a seeded TPE,
+  the objective calling the same function with a `report` that keeps the values.
+
+Each side is a subprocess timed from outside (its imports included); the sides alternate which
+runs first, round by round. Printed per side: the whole command's wall, the trials' span (the
+first epoch's start to the last report) and the share of that span during which two trials
+were running (from each trial's first epoch start and last report: results.parquet's
+finished_at and epoch_seconds for the service, the same times kept by the optuna side), then
+the ratio service / optuna.
+
+    .venv/bin/python bench/short_trials.py [--rounds 2] [--trials 20] [--epochs 40] [--scheduler asha]
+        [--lag 2 | --not-reproducible] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SLOTS = 2
+MLP = '''
+import torch
+
+
+def train(config, report, checkpoint=None):
+    generator = torch.Generator().manual_seed(1234)  # one problem for every trial
+    x = torch.randn(2048, 16, generator=generator)
+    y = (x[:, :4].sum(1, keepdim=True) + 0.1 * torch.randn(2048, 1, generator=generator)).tanh()
+    torch.manual_seed(config["seed"])
+    model = torch.nn.Sequential(torch.nn.Linear(16, config["hidden"]), torch.nn.ReLU(), torch.nn.Linear(config["hidden"], 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
+    for epoch in range(config["epochs"]):
+        for i in range(0, 1536, 64):
+            loss = torch.nn.functional.mse_loss(model(x[i:i + 64]), y[i:i + 64])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        with torch.no_grad():
+            val_loss = torch.nn.functional.mse_loss(model(x[1536:]), y[1536:]).item()
+        report(val_loss=val_loss)
+'''
+OPTUNA = '''
+import json, sys, time
+import optuna
+sys.path.insert(0, sys.argv[1])
+from mlp import train
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+spans = []
+
+
+def objective(trial):
+    config = {"lr": trial.suggest_float("lr", 1e-3, 0.3, log=True), "hidden": trial.suggest_categorical("hidden", [16, 32, 64]),
+              "epochs": int(sys.argv[3]), "seed": trial.number}
+    values, started = [], time.time()
+    train(config, lambda **m: values.append(m["val_loss"]))
+    spans.append((started, time.time()))
+    return min(values)
+
+
+study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=0))
+study.optimize(objective, n_trials=int(sys.argv[2]), n_jobs=2)
+json.dump({"spans": spans, "best": study.best_value}, open(sys.argv[4], "w"))
+'''
+
+
+def two_running(spans: list[tuple[float, float]]) -> tuple[float, float]:
+    """The trials' span (first start to last end) and the share of it with at least two trials running."""
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans], key=lambda e: (e[0], e[1]))
+    running, last, both = 0, events[0][0], 0.0
+    for at, step in events:
+        if running >= 2:
+            both += at - last
+        running, last = running + step, at
+    span = max(e for _, e in spans) - min(s for s, _ in spans)
+    return span, both / span if span else 0.0
+
+
+def service(folder: Path, trials: int, epochs: int, scheduler: str, experiment: dict) -> dict:
+    import pandas as pd
+    import yaml
+
+    space = {
+        "trainable": "mlp.py:train",
+        "experiment": {"name": "short", "metric": "val_loss", "mode": "min", "num_samples": trials,
+                       "max_concurrent": SLOTS, "seed": 0, "scheduler": scheduler,
+                       "storage_path": str(folder / "runs"), **experiment},
+        "resources": {"cpus": 1},
+        "training": {"epochs": epochs},
+        "space": {"lr": {"distribution": "float", "low": 1e-3, "high": 0.3, "log": True},
+                  "hidden": {"distribution": "choice", "values": [16, 32, 64]}},
+    }
+    (folder / "space.yaml").write_text(yaml.safe_dump(space))
+    log = folder / "service.log"
+    started = time.perf_counter()
+    with log.open("w") as handle:
+        code = subprocess.run([sys.executable, "-m", "search", "--space", str(folder / "space.yaml"), "--name", "short",
+                               "--quiet"], cwd=REPO, stdout=handle, stderr=subprocess.STDOUT).returncode
+    wall = time.perf_counter() - started
+    if code != 0:
+        raise SystemExit(f"the service failed (exit {code}); see {log}:\n{log.read_text()[-3000:]}")
+    frame = pd.read_parquet(folder / "runs" / "short" / "results.parquet")
+    spans = [((t["finished_at"] - t["epoch_seconds"]).min(), t["finished_at"].max()) for _, t in frame.groupby("trial_id")]
+    summary = [line for line in log.read_text().splitlines() if "running" in line or "waited" in line]
+    return {"wall": wall, "spans": spans, "best": float(frame["val_loss"].min()), "lines": summary}
+
+
+def optuna_side(folder: Path, trials: int, epochs: int) -> dict:
+    (folder / "objective.py").write_text(OPTUNA)
+    out = folder / "optuna.json"
+    started = time.perf_counter()
+    subprocess.run([sys.executable, str(folder / "objective.py"), str(folder), str(trials), str(epochs), str(out)],
+                   cwd=folder, check=True)
+    wall = time.perf_counter() - started
+    measured = json.loads(out.read_text())
+    return {"wall": wall, "spans": measured["spans"], "best": measured["best"], "lines": []}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--epochs", type=int, default=40)
+    parser.add_argument("--scheduler", default="fifo", choices=("fifo", "asha"))
+    parser.add_argument("--lag", type=int, help="the service's experiment.lag (default: max_concurrent - 1)")
+    parser.add_argument("--not-reproducible", action="store_true", help="the service's experiment.reproducible: false")
+    parser.add_argument("--keep", action="store_true")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="hpsearch-short-"))
+    runs: dict[str, list[dict]] = {"service": [], "optuna": []}
+    try:
+        for r in range(args.rounds):
+            folder = root / f"round-{r + 1}"
+            folder.mkdir()
+            (folder / "mlp.py").write_text(MLP)
+            order = ("service", "optuna") if r % 2 == 0 else ("optuna", "service")
+            for side in order:
+                experiment = {**({"lag": args.lag} if args.lag is not None else {}),
+                              **({"reproducible": False} if args.not_reproducible else {})}
+                runs[side].append(service(folder, args.trials, args.epochs, args.scheduler, experiment) if side == "service"
+                                  else optuna_side(folder, args.trials, args.epochs))
+            for side in ("service", "optuna"):
+                run = runs[side][-1]
+                span, share = two_running(run["spans"])
+                trial = statistics.mean(e - s for s, e in run["spans"])
+                print(f"round {r + 1} {side}: wall {run['wall']:.1f} s, trials' span {span:.1f} s, two running "
+                      f"{100 * share:.0f}% of it, mean trial {trial:.2f} s, best val_loss {run['best']:.4f}", flush=True)
+                for line in run["lines"]:
+                    print(f"      {line.strip()}")
+    finally:
+        if args.keep:
+            print(f"kept in {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    s = statistics.median(r["wall"] for r in runs["service"])
+    o = statistics.median(r["wall"] for r in runs["optuna"])
+    shares = {side: statistics.median(two_running(r["spans"])[1] for r in runs[side]) for side in runs}
+    print(f"\n{args.trials} trials x {args.epochs} epochs, {SLOTS} at a time, {args.scheduler}, medians of {args.rounds} round(s):")
+    print("| | whole command | two trials running (share of the trials' span) |\n|---|---:|---:|")
+    print(f"| hpsearch (`python -m search`) | {s:.1f} s | {100 * shares['service']:.0f}% |")
+    print(f"| plain Optuna n_jobs=2 | {o:.1f} s | {100 * shares['optuna']:.0f}% |")
+    print(f"| hpsearch / optuna | {s / o:.2f}x (goal <= 2x) | |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
