@@ -15,6 +15,10 @@ slot's start-up (its trial actor, Ray's placement) is paid once per 8 trials. It
 - memory per trial: the trials' own gpu_memory_allocated_mb and gpu_memory_reserved_mb
   (torch's peaks) and, from nvidia-smi, each trial process's peak (CUDA context included).
 
+Then, on a machine with two GPUs or more, one row of trials on 2 workers (resources.workers: 2,
+one whole GPU each, DDP over nccl, one trial at a time): its steady rate over one trial on one GPU.
+With one GPU it says why that row is not run (nccl takes a GPU per worker; docs/gpus.md).
+
     python bench/gpu_check.py [--data-root DIR] [--epochs 1] [--trials-per-slot 8]
 
 Takes about 4-6 minutes on one H200, at most --budget-s (450 s). Exit codes: 0 done; 1 no
@@ -42,6 +46,7 @@ sys.path.insert(0, str(REPO))  # run as a script from anywhere: the project's pa
 
 PACKINGS = (1, 2, 4, 8, "auto")  # trials per GPU
 AUTO_AT_ONCE = 8  # auto's search runs at most this many at once (its choice may be more)
+WORKERS = 2  # the several-workers row: a trial on this many GPUs (issue 39)
 
 
 def find_gpu() -> str | None:
@@ -157,6 +162,26 @@ def training_span(frame: pd.DataFrame) -> tuple[float, float]:
     return float((done["finished_at"] - done["epoch_seconds"]).min()), float(done["finished_at"].max())
 
 
+def row_of(label: str | int, slots: int, frame: pd.DataFrame, poller: "GpuPoller", gpus_per_trial: str) -> dict:
+    """One row of the table from a search's results.parquet and the GPU's samples while it ran."""
+    from search.outputs.summary import max_trials_per_gpu  # the project, imported only when it will run
+
+    trials = frame.drop_duplicates("trial_id")
+    start, end = training_span(frame)
+    return {
+        "trials/GPU": label,
+        "gpus/trial": gpus_per_trial,
+        "trials": f"{int((trials['status'] == 'COMPLETED').sum())}/{len(trials)}",
+        "at once": max_trials_per_gpu(frame),
+        "train span s": round(end - start, 1),
+        "steady trials/min": steady_rate(frame, slots),
+        "GPU util %": poller.mean_utilisation(start, end) if poller.available else math.nan,
+        "alloc MiB/trial": describe(per_trial_peak(frame, "gpu_memory_allocated_mb")),
+        "reserved MiB/trial": describe(per_trial_peak(frame, "gpu_memory_reserved_mb")),
+        "process MiB/trial": describe(poller.per_process()) if poller.available else "n/a",
+    }
+
+
 def describe(values: list[float]) -> str:
     if not values:
         return "n/a"
@@ -194,10 +219,11 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no CUDA GPU: torch sees no CUDA device, and bench/gpu_check.py measures trials on "
               "one real GPU. Run it on a machine with one (make gpu-check).", file=sys.stderr)
         return 1
-    from search.outputs.summary import max_trials_per_gpu  # the project, imported only when it will run
+    import torch
 
     # one GPU: with several, the search would spread trials over them and nothing would be packed
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpu_ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
     os.environ["CUDA_VISIBLE_DEVICES"] = visible.split(",")[0] if visible else "0"
     cpu_count = os.cpu_count() or 1
     deadline = time.monotonic() + args.budget_s
@@ -238,23 +264,13 @@ def main(argv: list[str] | None = None) -> int:
             devices = sorted(set(frame["device"].fillna("none").astype(str)))
             on_cuda = all(d.startswith("cuda") for d in devices)
             failed |= not on_cuda or bool((trials["status"] == "ERROR").any())
-            start, end = training_span(frame)
-            rows.append({
-                "trials/GPU": label,
-                "gpus/trial": f"{1 / slots:g}",
-                "trials": f"{int((trials['status'] == 'COMPLETED').sum())}/{len(trials)}",
-                "at once": max_trials_per_gpu(frame),
-                "train span s": round(end - start, 1),
-                "steady trials/min": steady_rate(frame, slots),
-                "GPU util %": poller.mean_utilisation(start, end) if poller.available else math.nan,
-                "alloc MiB/trial": describe(per_trial_peak(frame, "gpu_memory_allocated_mb")),
-                "reserved MiB/trial": describe(per_trial_peak(frame, "gpu_memory_reserved_mb")),
-                "process MiB/trial": describe(poller.per_process()) if poller.available else "n/a",
-            })
+            rows.append(row_of(label, slots, frame, poller, f"{1 / slots:g}"))
             print(f"{label} per GPU: {len(trials)} trials in {wall:.0f} s (devices: {', '.join(devices)})",
                   flush=True)
             if not on_cuda:
                 print(f"{label} per GPU: a trial did not run on cuda ({', '.join(devices)})", flush=True)
+
+        failed |= workers_row(gpu_ids, args, storage, deadline, rows)
 
     if rows:
         print()
@@ -265,6 +281,35 @@ def main(argv: list[str] | None = None) -> int:
               "torch.cuda.max_memory_allocated / max_memory_reserved; process MiB/trial: median (max) peak "
               "per trial process from nvidia-smi, CUDA context included.")
     return 1 if failed else 0
+
+
+def workers_row(gpu_ids: list[str], args: argparse.Namespace, storage: Path, deadline: float,
+                rows: list[dict]) -> bool:
+    """The row of trials on WORKERS workers, a whole GPU each, one trial at a time; True if it failed."""
+    label = f"{WORKERS} workers"
+    if len(gpu_ids) < WORKERS:
+        print(f"{label}: not run: a trial of {WORKERS} workers needs {WORKERS} GPUs (nccl takes one per worker), "
+              f"this machine shows {len(gpu_ids)}", flush=True)
+        return False
+    if time.monotonic() >= deadline:
+        print(f"{label}: not run, out of time", flush=True)
+        return True
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids[:WORKERS])
+    flags = ["--gpus-per-trial", "1", "--cpus-per-trial", "1", "--max-concurrent", "1",
+             "--num-samples", str(args.trials_per_slot), "--set", f"resources.workers={WORKERS}"]
+    with GpuPoller(gpu_ids[0]) as poller:  # rank 0's GPU
+        wall, code, log = run_search("workers", flags, args, storage, deadline)
+    results = storage / "workers" / "results.parquet"
+    if code != 0 or not results.exists():
+        tail = "\n".join(log.read_text().splitlines()[-25:])
+        print(f"{label}: search failed (exit code {code}); last lines of its output:\n{tail}", flush=True)
+        return True
+    frame = pd.read_parquet(results)
+    rows.append(row_of(label, 1, frame, poller, str(WORKERS)))
+    print(f"{label}: {frame['trial_id'].nunique()} trials in {wall:.0f} s (world sizes: "
+          f"{sorted(set(frame['world_size'].dropna().astype(int)))})", flush=True)
+    return bool((frame.drop_duplicates("trial_id")["status"] == "ERROR").any()) or \
+        not (frame["world_size"] == WORKERS).all()
 
 
 if __name__ == "__main__":

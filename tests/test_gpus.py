@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -227,9 +228,20 @@ def test_gpu_check_prints_its_table():
              "alloc MiB/trial": "150 (max 160)", "reserved MiB/trial": "180 (max 200)",
              "process MiB/trial": "700 (max 720)"} for k in (1, 2, 4, 8)]
     rows.append({**rows[1], "trials/GPU": "auto (2)"})
+    rows.append({**rows[0], "trials/GPU": "2 workers", "gpus/trial": "2", "steady trials/min": 24.0})
     table = gpu_check.format_table(rows)
+    assert "2 workers" in table and "1.50" in table  # one trial on 2 GPUs: its rate over one trial on one
     assert table.splitlines()[0].split()[:2] == ["trials/GPU", "gpus/trial"]
     assert "vs 1/GPU" in table and "2.83" in table  # 8 per GPU: sqrt(8) times the rate of 1
+
+
+def test_gpu_checks_workers_row_says_why_it_is_not_run_on_one_gpu(tmp_path, capsys):
+    gpu_check = load_gpu_check()
+    rows = []
+    failed = gpu_check.workers_row(["0"], gpu_check.parse_args([]), tmp_path, time.monotonic() + 60, rows)
+    assert not failed and rows == [] and not any(tmp_path.iterdir()), "nothing run, not a failure"
+    assert "2 workers: not run: a trial of 2 workers needs 2 GPUs (nccl takes one per worker), this machine " \
+           "shows 1" in capsys.readouterr().out
 
 
 def test_gpu_check_without_a_gpu_says_so_and_fails():
