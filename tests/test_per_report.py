@@ -87,4 +87,4 @@ def test_the_journal_holds_every_epoch_of_every_trial_and_the_summary_says_how_b
         rows = frame[(frame["trial_number"] == t.number) & frame["score"].notna()]
         finite = rows[rows["score"].map(lambda v: v == v)]
         assert t.intermediate_values == dict(zip(finite["epoch"].astype(int), finite["score"])), t.number
-    assert "Slots: 2 trials running " in outcome.summary and "% of the trials' span" in outcome.summary
+    assert "Slots: 2 trials training at once " in outcome.summary and "% of the training span" in outcome.summary

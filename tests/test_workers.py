@@ -54,6 +54,30 @@ def test_the_workers_key_is_checked_with_the_rest():
     assert problems_of(workers=2) == [] and problems_of(workers=1, gpus=0.5) == []
 
 
+def test_a_batch_size_a_trial_may_train_on_is_checked_where_a_condition_leaves_the_default():
+    raw = copy.deepcopy(SMALL)
+    raw["resources"] = {"cpus": 0.5, "workers": 3}
+    del raw["space"]["batch_size"]  # searched after the key its condition names
+    raw["space"]["optimizer"] = {"distribution": "choice", "values": ["sgd", "adamw"]}
+    # drawn for adamw only: an sgd trial trains on the default batch size (128), which 3 workers cannot split
+    raw["space"]["batch_size"] = {"distribution": "choice", "values": [96, 192], "when": {"optimizer": "adamw"}}
+    with pytest.raises(ConfigError) as said:
+        parse_space(raw)
+    assert said.value.problems == ["training.batch_size: must be divisible by resources.workers (3): each worker "
+                                   "takes batch_size / workers examples of every batch, got 128"]
+    raw["resources"]["workers"] = 2  # 2 workers split 96, 192 and the default 128
+    parse_space(raw)
+
+
+def test_pbt_is_refused_with_several_workers():
+    raw = copy.deepcopy(SMALL)
+    raw["resources"] = {"cpus": 1, "workers": 2}
+    raw["experiment"].update(scheduler="pbt")
+    with pytest.raises(ConfigError) as said:
+        parse_space(raw)
+    assert "resources.workers: must be 1 with experiment.scheduler pbt" in "\n".join(said.value.problems)
+
+
 def test_capacity_counts_workers_times_resources():
     two = Resources(cpus=1, workers=2)
     assert workers_fit({"CPU": 4}, two) == 4 and trials_fit({"CPU": 4}, two) == 2
@@ -185,3 +209,5 @@ def test_a_function_trainable_runs_on_two_workers(ray_local, tmp_path):
     assert set(frame["status"]) == {COMPLETED} and frame["trial_id"].nunique() == 2
     assert (frame["world_size"] == 2).all() and (frame["workers"] == 2).all()
     assert sorted(frame.groupby("trial_number")["epoch"].apply(list)) == [[1, 2], [1, 2]], "one report an epoch"
+    # python -m trainable replays a function on one process: the summary's re-run line says what does
+    assert "re-run: python -m search --space " in outcome.summary and "ran on 2 workers" in outcome.summary

@@ -33,6 +33,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DistributedSampler
 
+from trainable.errors import ConfigError, problem
+
 if TYPE_CHECKING:  # the canonical loop's data (torchvision: seconds of a process's start); a function's ranks
     # import this module for its process group only (ShardedBatches imports them when it is built)
     from trainable.data import Arrays, Standardize
@@ -112,6 +114,9 @@ class ShardedBatches:
         # the sampler only draws indices: its dataset is a stand-in of the right length
         self.sampler = DistributedSampler(range(len(arrays.labels)), num_replicas=world.size, rank=world.rank,
                                           shuffle=True, seed=seed, drop_last=drop_last)
+        if batch_size % world.size:  # the space file is checked for this; a best.yaml edited by hand is not
+            raise ConfigError([problem("batch_size", f"must be divisible by workers ({world.size}): each worker "
+                                                     "takes batch_size / workers examples of every batch", batch_size)])
         self.per_worker = batch_size // world.size
         self.drop_last = drop_last
         if source == "loader":

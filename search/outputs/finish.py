@@ -223,7 +223,12 @@ def resume_command(space: Space, folder: RunFolder, address: str | None = None) 
 
 
 def rerun_command(path: str, space: Space) -> str:
-    """The command that replays best.yaml, with the data root the search used."""
+    """The command that replays best.yaml, with the data root the search used. A function on several workers
+    does not replay on one process (python -m trainable refuses it): a search of its one config does."""
+    if space.trainable and space.resources.workers > 1:
+        return (f"python -m search --space {space.source} --num-samples 1 with the config of {path} fixed "
+                f"(python -m trainable replays a function on one process, and this one ran on "
+                f"{space.resources.workers} workers)")
     where = path if not is_uri(path) else "best.yaml"
     return f"python -m trainable --config {where}" + (f" --data-root {space.data_root}" if space.data_root else "")
 

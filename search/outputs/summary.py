@@ -86,11 +86,14 @@ def slots_busy(frame: pd.DataFrame, slots: int) -> tuple[float, float] | None:
 
 
 def slots_line(frame: pd.DataFrame, slots: int) -> str | None:
-    """"Slots: 2 trials running 93% of the trials' span (21.0 s)", for a search of more than one slot."""
+    """"Slots: 2 trials training at once 93% of the training span (21.0 s ...)", for more than one slot. The span
+    runs from the first epoch's start to the last report: a trial's start-up (its actor, its data, its model, its
+    other workers) is not in it, nor counted as training; the phases line says where that time went."""
     busy = slots_busy(frame, slots) if slots > 1 and frame["trial_id"].nunique() > 1 else None
     if busy is None:
         return None
-    return f"Slots: {slots} trials running {100 * busy[1]:.0f}% of the trials' span ({busy[0]:.1f} s)"
+    return (f"Slots: {slots} trials training at once {100 * busy[1]:.0f}% of the training span ({busy[0]:.1f} s, "
+            "the first epoch's start to the last report; start-ups not counted)")
 
 
 # results.parquet's phase columns, in the order a trial meets them, and what each one is

@@ -189,6 +189,11 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
         fixed, searched, data_root = _canonical_keys(raw, base, problems)
     problems += when_problems(searched, fixed)
     problems += worker_problems(resources, batch_sizes(fixed, searched, function))
+    if experiment.scheduler == "pbt" and resources.workers > 1:
+        # a trial that takes another's checkpoint goes on shuffling with its own seed on each worker, while
+        # best.yaml replays every epoch with the best trial's: the replay would not give its val_acc
+        problems.append(problem("resources.workers", "must be 1 with experiment.scheduler pbt (several workers "
+                                                     "per pbt trial are not built yet)", resources.workers))
     if function:
         problems += _own_metric_problems(experiment, [*fixed, *(d.name for d in searched)])
     if not function:
@@ -213,16 +218,21 @@ def parse_space(raw: Mapping[str, Any], source: str = "<memory>") -> Space:
 def batch_sizes(fixed: Mapping[str, Any], searched: list[Searched], function: bool) -> list[tuple[str, Any]]:
     """Every batch_size a trial may get, each with the key that gives it: the fixed one (the canonical loop's
     default where none is given; a function's only if it has one), a choice's values, an int range's low and
-    step (every drawn value is a multiple of what divides both)."""
+    step (every drawn value is a multiple of what divides both). A batch_size searched under `when:` adds the
+    fixed one: a trial whose condition fails trains on it."""
+    if function:
+        default = [("training.batch_size", fixed["batch_size"])] if "batch_size" in fixed else []
+    else:
+        default = [("training.batch_size", fixed.get("batch_size", FIELDS["batch_size"].default))]
     for d in searched:
         if d.name == "batch_size":
             if d.is_choice:
-                return [(f"space.batch_size.values[{i}]", v) for i, v in enumerate(d.values)]
-            step = getattr(d.distribution, "step", None)
-            return [("space.batch_size.low", d.low), ("space.batch_size.step", 1 if step is None else step)]
-    if function:
-        return [("training.batch_size", fixed["batch_size"])] if "batch_size" in fixed else []
-    return [("training.batch_size", fixed.get("batch_size", FIELDS["batch_size"].default))]
+                drawn = [(f"space.batch_size.values[{i}]", v) for i, v in enumerate(d.values)]
+            else:
+                step = getattr(d.distribution, "step", None)
+                drawn = [("space.batch_size.low", d.low), ("space.batch_size.step", 1 if step is None else step)]
+            return drawn + (default if d.when else [])
+    return default
 
 
 def _epochs(reference: str | None, fixed: Mapping[str, Any], function: bool) -> int | None:
