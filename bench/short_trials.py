@@ -34,6 +34,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # run as a script from anywhere: the project's packages
+
+from search.outputs.summary import busy_share, trial_spans  # noqa: E402  (the summary's own Slots: figure)
+
 SLOTS = 2
 MLP = '''
 import torch
@@ -81,18 +85,6 @@ json.dump({"spans": spans, "best": study.best_value}, open(sys.argv[4], "w"))
 '''
 
 
-def two_running(spans: list[tuple[float, float]]) -> tuple[float, float]:
-    """The trials' span (first start to last end) and the share of it with at least two trials running."""
-    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans], key=lambda e: (e[0], e[1]))
-    running, last, both = 0, events[0][0], 0.0
-    for at, step in events:
-        if running >= 2:
-            both += at - last
-        running, last = running + step, at
-    span = max(e for _, e in spans) - min(s for s, _ in spans)
-    return span, both / span if span else 0.0
-
-
 def service(folder: Path, trials: int, epochs: int, scheduler: str, experiment: dict) -> dict:
     import pandas as pd
     import yaml
@@ -117,8 +109,8 @@ def service(folder: Path, trials: int, epochs: int, scheduler: str, experiment: 
     if code != 0:
         raise SystemExit(f"the service failed (exit {code}); see {log}:\n{log.read_text()[-3000:]}")
     frame = pd.read_parquet(folder / "runs" / "short" / "results.parquet")
-    spans = [((t["finished_at"] - t["epoch_seconds"]).min(), t["finished_at"].max()) for _, t in frame.groupby("trial_id")]
-    summary = [line for line in log.read_text().splitlines() if "running" in line or "waited" in line]
+    spans = trial_spans(frame)
+    summary = [line for line in log.read_text().splitlines() if line.startswith("Slots:") or "waited" in line]
     return {"wall": wall, "spans": spans, "best": float(frame["val_loss"].min()), "lines": summary}
 
 
@@ -158,7 +150,7 @@ def main() -> int:
                                   else optuna_side(folder, args.trials, args.epochs))
             for side in ("service", "optuna"):
                 run = runs[side][-1]
-                span, share = two_running(run["spans"])
+                span, share = busy_share(run["spans"], SLOTS)
                 trial = statistics.mean(e - s for s, e in run["spans"])
                 print(f"round {r + 1} {side}: wall {run['wall']:.1f} s, trials' span {span:.1f} s, two running "
                       f"{100 * share:.0f}% of it, mean trial {trial:.2f} s, best val_loss {run['best']:.4f}", flush=True)
@@ -171,7 +163,7 @@ def main() -> int:
             shutil.rmtree(root, ignore_errors=True)
     s = statistics.median(r["wall"] for r in runs["service"])
     o = statistics.median(r["wall"] for r in runs["optuna"])
-    shares = {side: statistics.median(two_running(r["spans"])[1] for r in runs[side]) for side in runs}
+    shares = {side: statistics.median(busy_share(r["spans"], SLOTS)[1] for r in runs[side]) for side in runs}
     print(f"\n{args.trials} trials x {args.epochs} epochs, {SLOTS} at a time, {args.scheduler}, medians of {args.rounds} round(s):")
     print("| | whole command | two trials running (share of the trials' span) |\n|---|---:|---:|")
     print(f"| hpsearch (`python -m search`) | {s:.1f} s | {100 * shares['service']:.0f}% |")

@@ -88,3 +88,17 @@ def test_the_journal_holds_every_epoch_of_every_trial_and_the_summary_says_how_b
         finite = rows[rows["score"].map(lambda v: v == v)]
         assert t.intermediate_values == dict(zip(finite["epoch"].astype(int), finite["score"])), t.number
     assert "Slots: 2 trials training at once " in outcome.summary and "% of the training span" in outcome.summary
+
+
+def test_the_slots_share_is_the_time_that_many_trials_overlap_over_their_span():
+    import pandas as pd
+
+    from search.outputs.summary import busy_share, trial_spans
+
+    # trial a: epochs 0-4 and 4-10; b: 2-8; c: 9-12 (finished_at minus epoch_seconds is each epoch's start)
+    frame = pd.DataFrame({"trial_id": ["a", "a", "b", "c"], "finished_at": [4.0, 10.0, 8.0, 12.0],
+                          "epoch_seconds": [4.0, 6.0, 6.0, 3.0]})
+    spans = trial_spans(frame)
+    assert sorted(spans) == [(0.0, 10.0), (2.0, 8.0), (9.0, 12.0)]
+    assert busy_share(spans, 2) == (12.0, pytest.approx(7 / 12))  # two at once over 2-8 and 9-10
+    assert busy_share(spans, 3) == (12.0, 0.0)

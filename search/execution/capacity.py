@@ -91,12 +91,6 @@ def alive_nodes() -> list[dict[str, float]]:
     return [node.get("Resources", {}) for node in ray.nodes() if node.get("Alive")]
 
 
-def trials_per_node(resources: Resources) -> dict[str, int]:
-    """How many trials each alive node can hold at once (node id -> count)."""
-    return {node["NodeID"]: trials_fit(node.get("Resources", {}), resources)
-            for node in ray.nodes() if node.get("Alive")}
-
-
 def check_capacity(resources: Resources, private: bool = False) -> int:
     """Trials the cluster's nodes hold at once; raise CapacityError if that is 0 for good.
 

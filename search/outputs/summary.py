@@ -64,24 +64,26 @@ def max_trials_per_gpu(frame: pd.DataFrame) -> int:
     return most
 
 
-def slots_busy(frame: pd.DataFrame, slots: int) -> tuple[float, float] | None:
-    """The trials' span (the first epoch's start to the last report) and the share of it during which
-    `slots` trials were running at once, each trial from its first epoch's start to its last report
-    (results.parquet's finished_at and epoch_seconds); None without them."""
+def trial_spans(frame: pd.DataFrame) -> list[tuple[float, float]]:
+    """Each trial's (first epoch's start, last report), from results.parquet's finished_at and epoch_seconds;
+    [] without them."""
     if not {"finished_at", "epoch_seconds"} <= set(frame.columns):
-        return None
+        return []
     timed = frame.dropna(subset=["finished_at", "epoch_seconds"])
-    if timed.empty:
-        return None
     starts = (timed["finished_at"] - timed["epoch_seconds"]).groupby(timed["trial_id"]).min()
     ends = timed["finished_at"].groupby(timed["trial_id"]).max()
-    events = sorted([(t, 1) for t in starts] + [(t, -1) for t in ends])  # an end before a start at a tie
+    return [(float(starts[t]), float(ends[t])) for t in starts.index]
+
+
+def busy_share(spans: list[tuple[float, float]], slots: int) -> tuple[float, float]:
+    """The span of `spans` (first start to last end) and the share of it during which `slots` of them ran at once."""
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])  # an end before a start at a tie
     running, last, full = 0, events[0][0], 0.0
     for at, step in events:
         if running >= slots:
             full += at - last
         running, last = running + step, at
-    span = float(ends.max() - starts.min())
+    span = max(e for _, e in spans) - min(s for s, _ in spans)
     return span, (full / span if span > 0 else 0.0)
 
 
@@ -89,9 +91,10 @@ def slots_line(frame: pd.DataFrame, slots: int) -> str | None:
     """"Slots: 2 trials training at once 93% of the training span (21.0 s ...)", for more than one slot. The span
     runs from the first epoch's start to the last report: a trial's start-up (its actor, its data, its model, its
     other workers) is not in it, nor counted as training; the phases line says where that time went."""
-    busy = slots_busy(frame, slots) if slots > 1 and frame["trial_id"].nunique() > 1 else None
-    if busy is None:
+    spans = trial_spans(frame) if slots > 1 else []
+    if len(spans) < 2:
         return None
+    busy = busy_share(spans, slots)
     return (f"Slots: {slots} trials training at once {100 * busy[1]:.0f}% of the training span ({busy[0]:.1f} s, "
             "the first epoch's start to the last report; start-ups not counted)")
 
