@@ -318,6 +318,19 @@ def test_numbers_in_scientific_notation_are_numbers(tmp_path):
     assert apply_overrides({}, args)["space"]["lr"]["high"] == 0.5
 
 
+def test_strings_that_read_as_numbers_are_written_quoted_and_read_back_as_written(tmp_path):
+    """What the run folder writes reads back unchanged: a trial id such as 11755e63 (hex digits that
+    happen to spell a number in scientific notation) was written bare and read back as 1.1755e+67."""
+    from trainable.yaml_file import dump_yaml
+
+    written = {"trial_id": "11755e63", "choice": "1e5", "signed": "-2E-3", "plain": "abc123", "number": 1e-05,
+               "nested": {"ids": ["0e1", "12345678"]}}
+    path = tmp_path / "best.yaml"
+    path.write_text(dump_yaml(written))
+    assert read_yaml_mapping(path) == written
+    assert list(read_yaml_mapping(path)) == list(written), "keys stay in their order"
+
+
 def test_the_canonical_loop_and_a_function_get_the_same_answer_from_one_parse_path(tmp_path):
     """One parse path: a rule on the experiment and its schedule holds for both kinds of trial. A
     reproducible asha whose checkpoint_every does not divide grace_period is refused for both, in

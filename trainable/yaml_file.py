@@ -98,12 +98,24 @@ class Loader(yaml.SafeLoader):
                 None, None, f"cannot read this value: {error}", node.start_mark) from None
 
 
-Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"""^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-               |[0-9][0-9_]*[eE][-+]?[0-9]+|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""", re.X),
-    list("-+0123456789."),
-)
+class Dumper(yaml.SafeDumper):
+    """SafeDumper that quotes every string Loader would read as something else.
+
+    PyYAML's dumper quotes a string only where its own (YAML 1.1) rules would read it as another
+    type, so the trial id 11755e63 went out bare and came back through Loader as 1.1755e+67.
+    Giving the dumper Loader's float rule makes what one writes the other reads back the same.
+    """
+
+
+FLOAT = re.compile(r"""^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+               |[0-9][0-9_]*[eE][-+]?[0-9]+|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""", re.X)
+for _kind in (Loader, Dumper):
+    _kind.add_implicit_resolver("tag:yaml.org,2002:float", FLOAT, list("-+0123456789."))
+
+
+def dump_yaml(data: Any) -> str:
+    """`data` as YAML text, keys in their order, that read_yaml_mapping reads back unchanged."""
+    return yaml.dump(data, Dumper=Dumper, sort_keys=False)
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:

@@ -44,6 +44,7 @@ from trainable.function import resolve_function
 from trainable.metrics import reports_accuracy
 from trainable.measures import check_measures
 from trainable.report import CheckpointError
+from trainable.yaml_file import dump_yaml
 
 # tracker -> (module it needs, the pip extra that installs it)
 TRACKER_PACKAGES = {"mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}
@@ -268,12 +269,12 @@ def check_space(space: Space, *, address: str | None = None) -> str:
         check_local_capacity(space)
     if data is None:
         return (f"# The resolved spec of {space.source}: defaults and flags applied; checks passed (the function "
-                f"{space.trainable} imports)\n" + yaml.safe_dump(to_raw(space), sort_keys=False))
+                f"{space.trainable} imports)\n" + dump_yaml(to_raw(space)))
     shape = ", ".join(map(str, data.input_shape))
     return (f"# The resolved spec of {space.source}: defaults and flags applied; checks passed (data: "
             f"{len(data.train)} train, {len(data.val)} val, {0 if data.test is None else len(data.test)} test, "
             f"inputs ({shape}), {targets(data.num_classes, space.trial_defaults().loss)}; the model on two inputs)\n"
-            + yaml.safe_dump(to_raw(space), sort_keys=False))
+            + dump_yaml(to_raw(space)))
 
 
 def targets(width: int, loss: str) -> str:

@@ -39,6 +39,7 @@ from trainable.factories import build_model
 from trainable.function import METRIC_NAMES, FunctionConfig, load_state
 from trainable.metrics import epoch_metrics, reports_accuracy
 from trainable.report import CHECKPOINT_FILE, CheckpointError, load_checkpoint
+from trainable.yaml_file import dump_yaml
 
 #: --format -> the ending of the default output file
 FORMATS = {"state_dict": ".pt", "torchscript": ".torchscript.pt", "pt2": ".pt2", "onnx": ".onnx"}
@@ -288,7 +289,7 @@ def write(model, meta: dict[str, Any], fmt: str, output: str) -> None:
     # frozen weights: a traced model with grad-requiring weights fails under torch.inference_mode
     model.requires_grad_(False)
     example = torch.zeros(2, *meta["input_shape"])
-    text = yaml.safe_dump(meta, sort_keys=False)
+    text = dump_yaml(meta)
     if fmt == "state_dict":
         torch.save({"format": EXPORT_FORMAT, **meta, "state_dict": model.state_dict()}, output)
         return

@@ -14,7 +14,6 @@ from typing import Any
 
 import pandas as pd
 import pyarrow.fs as pafs
-import yaml
 
 from search.outputs.journal import Journal, local_journal_path
 from search.outputs.pareto import checkpoints_by_epoch, write_pareto
@@ -40,6 +39,7 @@ from trainable.function import load_state
 from trainable.loop import metrics_on
 from trainable.metrics import METRICS, epoch_metrics
 from trainable.report import CheckpointError, load_checkpoint
+from trainable.yaml_file import dump_yaml
 
 NO_SUCCESS_EXIT = 3  #: the CLI's exit code for a search that ran but where every trial failed or diverged
 
@@ -209,7 +209,7 @@ def best_yaml(entry: dict[str, Any], path: str, space: Space) -> str:
                  f"# It prints {shown} {result[shown]:.4f} on epoch {result['epoch']} "
                  "(same machine).\n"
                  f"# test_*: the checkpoint of that epoch on the dataset's test part (null if it has none).\n"))
-    return header + yaml.safe_dump({**entry["config"], "result": result}, sort_keys=False)
+    return header + dump_yaml({**entry["config"], "result": result})
 
 
 def resume_command(space: Space, folder: RunFolder, address: str | None = None) -> str:
@@ -383,7 +383,7 @@ def with_time(outcome: Outcome, phases: Phases, folder: RunFolder) -> Outcome:
     summary and in the run folder's timing.yaml."""
     timing = Timing(phases.wall_seconds, outcome.timing.training_seconds, outcome.timing.slots)
     try:
-        folder.storage.write(f"{folder.name}/{TIMING_FILE}", yaml.safe_dump(phases.record(), sort_keys=False).encode())
+        folder.storage.write(f"{folder.name}/{TIMING_FILE}", dump_yaml(phases.record()).encode())
     except OSError:  # a full disk: the summary still says it
         pass
     summary = outcome.summary.replace(wall_line(outcome.timing), wall_line(timing, phases.line()), 1)

@@ -21,7 +21,6 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
-import yaml
 from ray.tune import Checkpoint
 
 from search.spec.objectives import Objectives, pareto_front
@@ -30,6 +29,7 @@ from search.store.results import config_from_row, results_schema, trial_id_of
 from search.store.retention import on_storage
 from search.store.run_folder import RunFolder
 from trainable.metrics import OBJECTIVES, score
+from trainable.yaml_file import dump_yaml
 
 PARETO_FILE = "pareto.yaml"
 
@@ -86,7 +86,7 @@ def write_pareto(folder: RunFolder, space: Space, frame: pd.DataFrame, objective
             "objectives": dict(zip(objectives.metrics, objectives.modes)),
             "constraints": [str(c) for c in objectives.constraints],
             "trials": entries}
-    folder.storage.write(f"{folder.name}/{PARETO_FILE}", (header + yaml.safe_dump(body, sort_keys=False)).encode())
+    folder.storage.write(f"{folder.name}/{PARETO_FILE}", (header + dump_yaml(body)).encode())
     trials = frame["trial_id"].nunique()
     numbers = ", ".join(f"#{e['trial_number']}" for e in entries) or "none"
     # the summary adds "; no best.yaml" to the last line

@@ -45,7 +45,7 @@ from search.spec.space import Space
 from search.store.results import RESULTS_FILE
 from search.store.run_folder import RunFolder, run_folder_name
 from search.store.storage import Storage
-from trainable.yaml_file import read_yaml_mapping
+from trainable.yaml_file import dump_yaml, read_yaml_mapping
 
 # not .json: a resume copies the run folder's .json and .pkl files into Tune's staging folder, and
 # Tune's later uploads of that folder would bring an old copy back over a newer one
@@ -169,7 +169,7 @@ class Budget:
             self._write(self.ended)
 
     def _write(self, record: dict[str, Any]) -> None:
-        self.folder.storage.write(f"{self.folder.name}/{ENDED_FILE}", yaml.safe_dump(record, sort_keys=False).encode())
+        self.folder.storage.write(f"{self.folder.name}/{ENDED_FILE}", dump_yaml(record).encode())
 
 
 class BudgetedSearch(Searcher):

@@ -43,7 +43,7 @@ from search.store.results import RESULTS_FILE, is_json, part_bytes, results_sche
 from search.store.searcher_record import RECORD_FILE, record_from_json
 from search.store.storage import Storage, is_uri
 from trainable.errors import ConfigError, problem
-from trainable.yaml_file import Loader
+from trainable.yaml_file import Loader, dump_yaml
 
 if TYPE_CHECKING:  # Ray Tune is imported where a run's state is read (RunFolder.analysis)
     from ray import tune
@@ -176,7 +176,7 @@ class RunFolder:
         changed = ", and the\n# changes of its resumes (run.resumed_with)." if run.get("resumed_with") else ".\n#"
         header = (f"# The resolved spec of search {self.name}: {space.source} after defaults and flags{changed} "
                   f"--resume runs this file, not the space file. Do not edit: a resume refuses an edited spec.\n")
-        text = yaml.safe_dump({RUN_SECTION: run, **raw}, sort_keys=False)
+        text = dump_yaml({RUN_SECTION: run, **raw})
         self.storage.write(f"{self.name}/{SPEC_FILE}", (header + text).encode())
         return run
 
