@@ -26,7 +26,8 @@ from ray.cluster_utils import Cluster
 
 from search.execution.capacity import spread_gpus
 from search.driver import run_search
-from search.execution.gpu_probe import Round, choose_trials_per_gpu, largest_config, probe, rounds_to_try
+from search.execution.gpu_probe import (Round, choose_trials_per_gpu, copies_wanted, largest_config, probe,
+                                        rounds_to_try)
 from search.store.results import COMPLETED
 from search.spec.schema import Resources
 from search.spec.space import parse_space
@@ -188,6 +189,17 @@ def test_the_knee_is_the_most_trials_that_fit_and_still_pay(rounds, total_mb, ch
 
 def test_rounds_double_up_to_what_the_cpus_allow():
     assert rounds_to_try(1) == [1] and rounds_to_try(6) == [1, 2, 4] and rounds_to_try(100) == [1, 2, 4, 8, 16]
+
+
+def test_the_probe_stops_at_the_trials_the_search_runs_at_once_on_a_gpu():
+    """Rounds past what the search can run at once per GPU are waited for and never used (on the H200,
+    the default space's probe went on to 16 copies for max_concurrent 2)."""
+    assert copies_wanted(max_concurrent=2, num_samples=16, gpus=1) == 2
+    assert copies_wanted(max_concurrent=3, num_samples=16, gpus=1) == 4, "up to the round that holds all 3"
+    assert copies_wanted(max_concurrent=16, num_samples=100, gpus=8) == 2, "spread over the cluster's GPUs"
+    assert copies_wanted(max_concurrent=8, num_samples=2, gpus=1) == 2, "no more than the trials there are"
+    assert copies_wanted(max_concurrent=4, num_samples=10, gpus=0) == 4, "a GPU an autoscaler will add counts as one"
+    assert rounds_to_try(copies_wanted(2, 16, 1)) == [1, 2]
 
 
 def test_the_probe_takes_the_largest_batch_and_model():

@@ -392,7 +392,8 @@ def test_on_the_accelerator_batches_live_there_and_runs_repeat(small_data):
     run = build_run(config, small_data, device)
     assert run.train_batches.inputs.device.type == device.type
     assert run.train_batches.labels.device.type == device.type
-    X, y = next(iter(run.train_batches))
+    # the validation batches: a look at the training ones would draw a shuffle and change the run
+    X, y = next(iter(run.val_batches))
     assert X.device.type == y.device.type == device.type
     assert next(run.model.parameters()).device.type == device.type
 

@@ -25,6 +25,9 @@ from __future__ import annotations
 import itertools
 import math
 import multiprocessing
+import os
+import pickle
+import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Iterator
@@ -162,10 +165,12 @@ def _forever(batches) -> Iterator:
         yield from batches
 
 
-def _copy(flat: dict[str, Any], data: Data, barrier, results, window_s: float) -> None:
+def _copy(flat: dict[str, Any], data_file: str, barrier, results, window_s: float) -> None:
     """One copy of the probe, in its own process: warm up, wait for all, train window_s, report."""
     figures: dict[str, Any] = {}
     try:
+        with open(data_file, "rb") as stream:
+            data = pickle.load(stream)
         config = TrialConfig.from_mapping(flat)
         device = get_default_device()
         cuda = device.type == "cuda"
@@ -201,15 +206,20 @@ def _copy(flat: dict[str, Any], data: Data, barrier, results, window_s: float) -
         results.put({**figures, "error": f"{type(error).__name__}: {str(error)[:300]}"})
 
 
-def measure_round(flat: dict[str, Any], data: Data, copies: int,
+def measure_round(flat: dict[str, Any], data_file: str, copies: int,
                   window_s: float = WINDOW_S) -> tuple[Round, dict[str, Any] | None]:
     """Train `copies` copies at once, each in a fresh process (spawned: no CUDA state is inherited).
+
+    The copies read the data from `data_file` (a pickled Data): a spawned process's arguments go
+    through a pipe it reads only once its imports are done, so passing the arrays themselves made
+    each start() wait for the copy before it, and the copies started one by one (12 s apart on an
+    H200 node: a round of 4 took 53 s where its copies' training took 4).
 
     Returns the round and the CUDA device the copies saw ({"device": name, "total_mb": ...}; None: none).
     """
     context = multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(copies), context.Queue()
-    processes = [context.Process(target=_copy, args=(flat, data, barrier, results, window_s), daemon=True)
+    processes = [context.Process(target=_copy, args=(flat, data_file, barrier, results, window_s), daemon=True)
                  for _ in range(copies)]
     for process in processes:
         process.start()
@@ -245,24 +255,37 @@ def probe(flat: dict[str, Any], data: Data, max_copies: int, window_s: float = W
     """
     rounds: list[Round] = []
     seen: dict[str, Any] = {"device": "cpu", "total_mb": None}
-    for copies in rounds_to_try(max_copies):
-        if not fits(copies, rounds, seen["total_mb"]):
-            break  # predicted from one copy alone: not worth starting
-        measured, now = measure_round(flat, data, copies, window_s)
-        rounds.append(measured)
-        seen = now or seen
-        if choose_trials_per_gpu(rounds, seen["total_mb"]).trials_per_gpu != copies:
-            break
+    with tempfile.TemporaryDirectory(prefix="hpsearch-probe-") as folder:
+        data_file = os.path.join(folder, "data.pickle")
+        with open(data_file, "wb") as stream:
+            pickle.dump(data, stream, protocol=pickle.HIGHEST_PROTOCOL)
+        for copies in rounds_to_try(max_copies):
+            if not fits(copies, rounds, seen["total_mb"]):
+                break  # predicted from one copy alone: not worth starting
+            measured, now = measure_round(flat, data_file, copies, window_s)
+            rounds.append(measured)
+            seen = now or seen
+            if choose_trials_per_gpu(rounds, seen["total_mb"]).trials_per_gpu != copies:
+                break
     return {**seen, "max_copies": max_copies, "window_s": window_s, "config": flat,
             "rounds": [asdict(r) for r in rounds]}
 
 
-def probe_on_this_node(flat: dict[str, Any], data: Data, cpus_per_trial: float) -> dict[str, Any]:
-    """The Ray task's body: as many copies as this node's CPUs allow per GPU, then probe()."""
+def probe_on_this_node(flat: dict[str, Any], data: Data, cpus_per_trial: float, wanted: int) -> dict[str, Any]:
+    """The Ray task's body: as many copies as this node's CPUs allow per GPU, and no more than `wanted`
+    (the trials per GPU the search can run at once), then probe()."""
     node_id = ray.get_runtime_context().get_node_id()
     node = next((n.get("Resources", {}) for n in ray.nodes() if n["NodeID"] == node_id), {})
     per_gpu = node.get("CPU", 1) / max(node.get("GPU", 1), 1) / cpus_per_trial
-    return probe(flat, data, max(1, math.floor(per_gpu)))
+    return probe(flat, data, max(1, min(math.floor(per_gpu), wanted)))
+
+
+def copies_wanted(max_concurrent: int, num_samples: int, gpus: float) -> int:
+    """The most trials per GPU worth measuring: the trials the search runs at once, over the GPUs, rounded
+    up to the probe's next round (1, 2, 4, ...). Each round costs a fresh process per copy (seconds on a
+    GPU), so measuring 16 at once for a search that runs 2 is time the user waits for nothing."""
+    per_gpu = math.ceil(min(max_concurrent, num_samples) / max(1.0, gpus))
+    return 2 ** math.ceil(math.log2(max(1, per_gpu)))
 
 
 def lease_returned(free_before: dict[str, float], bound_s: float = 5.0) -> None:
@@ -296,9 +319,15 @@ def resolve_auto(space: Space, data: Data, folder: RunFolder, *, resume: bool, p
         folder.write_probe({"choice": asdict(choice), "gpus_per_trial": 0.0})
         return resources.model_copy(update={"gpus": 0.0}), "auto: no GPU in the cluster, so CPU trials (gpus 0)"
     config = largest_config(space, data.input_shape, data.num_classes).to_flat()
+    experiment = space.experiment
+    gpus = sum(n.get("GPU", 0) for n in alive_nodes())
+    wanted = copies_wanted(experiment.max_concurrent, experiment.num_samples, gpus)
+    # rounds of fresh processes, seconds each: said before, so a quiet terminal is not taken for a hang
+    print(f"GPUs: auto: measuring how many trials share a GPU well (1 to {wanted} at once: max_concurrent "
+          f"{experiment.max_concurrent} over {gpus:g} GPU(s)), about 20 s a round ...", flush=True)
     task = ray.remote(probe_on_this_node).options(num_gpus=1, num_cpus=resources.cpus, max_retries=0)
     free_before = ray.available_resources()
-    pending = task.remote(config, data.for_trials(), resources.cpus)
+    pending = task.remote(config, data.for_trials(), resources.cpus, wanted)
     try:
         figures = ray.get(pending, timeout=PROBE_TIMEOUT_S)
         lease_returned(free_before)
