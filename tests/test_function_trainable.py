@@ -304,3 +304,29 @@ def test_progress_shows_a_report_past_epochs_without_a_total():
     from search.execution.progress import of_epochs
 
     assert [of_epochs(3, 5), of_epochs(5, 5), of_epochs(6, 5), of_epochs(2, None)] == ["/5", "/5", "", ""]
+
+
+NO_CHECKPOINTS = '''
+def train(config, report, checkpoint=None):
+    for epoch in range(config["epochs"]):
+        report(score=config["lr"] * (epoch + 1))
+'''
+
+
+@pytest.mark.slow
+def test_a_finished_search_of_a_function_that_keeps_no_checkpoint_resumes_without_starting_ray(ray_local, tmp_path):
+    """best.yaml's checkpoint is null where the function saved none: --resume of the finished run says so from
+    the run folder (it started Ray and ran Tune's restore again: 37 s at 1,000 no-op trials)."""
+    from search.driver import run_search
+
+    raw = toy_space(tmp_path, max_concurrent=1, num_samples=2, max_failures=0)
+    (tmp_path / "toy.py").write_text(NO_CHECKPOINTS)
+    space = parse_space(raw, source=str(tmp_path / "space.yaml"))
+    outcome = run_search(space, name="plain")
+    best = yaml.safe_load((Path(outcome.path) / "best.yaml").read_text())["result"]
+    assert best["checkpoint"] is None
+    assert best["note"] == (f"epoch {best['epoch']} of trial #{best['trial_number']}: it kept no checkpoint (its function's "
+                            "report(checkpoint=...), num_to_keep); its config replays without one")
+    again = run_search(space, name="plain", resume=True)
+    assert "Search plain is finished: all 2 of experiment.num_samples 2 trials ended (2 completed)" in again.summary
+    assert "(Ray was not started)" in again.summary

@@ -311,7 +311,8 @@ def finished(space: Space, folder: RunFolder) -> bool:
         best = yaml.safe_load(folder.storage.read(f"{folder.name}/{BEST_FILE}") or b"null")
         if best["result"].get("trials") != len(saved):  # written before the last trials ended: stale
             return False
-        read_checkpoint(folder, best["result"]["checkpoint"])
+        if best["result"]["checkpoint"] is not None:  # None: none was kept (a function that saves none)
+            read_checkpoint(folder, best["result"]["checkpoint"])
     except (OSError, ValueError, TypeError, KeyError, CheckpointError):  # derived files to derive again
         return False
     journal = folder.storage.read(f"{folder.name}/{JOURNAL_FILE}")

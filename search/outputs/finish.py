@@ -152,11 +152,13 @@ def best_with_test(grid, rows: pd.DataFrame, data: Data | None, needs_checkpoint
             notes.insert(0, f"the best epoch with a checkpoint: {unsaved} better one(s) had none kept "
                             "(pbt replays the schedule a checkpoint records)")
         if saved is None:
-            why = f"its checkpoint does not read ({skipped[-1]})" if skipped else \
-                "it kept no checkpoint (experiment.checkpoint_every, num_to_keep)"
-            what = "the function's checkpoint" if data is None else "test metrics and export"
-            return row, None, "; ".join([f"epoch {int(row['epoch'])} of trial #{row['trial_number']}: {why}; "
-                                         f"no {what} (its config replays without one)", *notes])
+            kept = "its function's report(checkpoint=...), num_to_keep" if data is None else \
+                "experiment.checkpoint_every, num_to_keep"
+            why = f"its checkpoint does not read ({skipped[-1]})" if skipped else f"it kept no checkpoint ({kept})"
+            what = "its config replays without one" if data is None else \
+                "no test metrics and export (its config replays without one)"
+            return row, None, "; ".join([f"epoch {int(row['epoch'])} of trial #{row['trial_number']}: {why}; {what}",
+                                         *notes])
         # trial_<id>/checkpoint_<k>: Tune numbers checkpoints, not epochs
         row = pd.concat([row, pd.Series({"checkpoint": "/".join(checkpoint.path.rstrip("/").split("/")[-2:])})])
         if data is None:  # a function trainable: its data, and any test split, are its own
