@@ -15,6 +15,8 @@ each timed suggestion's trial then finishes, so the next sees one more result. C
 - old: the study rebuilt per suggestion (tests/test_ordered_scale.py keeps that code as the
   oracle of the kept study); checked to suggest what the kept study suggests;
 - new: the kept study, with TPE_SETTINGS, then with one TPE setting changed at a time;
+- the kept study with TPE's search space worked out by each suggestion's own sampler, as before
+  the search space was kept with the study (OrderedSearch._with_kept_space);
 - TPE not started (n_startup_trials above n: random draws) and the random sampler: the
   searcher's cost without TPE's model.
 
@@ -47,10 +49,20 @@ SPACE_FILE = REPO / "spaces" / "mnist.yaml"
 EPOCHS = 2
 NEW = "new: kept study, TPE_SETTINGS"
 OLD = "old: study rebuilt per suggestion"
+
+
+class OwnSpaceSearch(OrderedSearch):
+    """The kept study with a search space worked out again by each suggestion's sampler (before 2026-12-04)."""
+
+    def _with_kept_space(self, sampler):
+        return sampler
+
+
 # label -> (searcher class, sampler, TPE settings)
 CASES: dict[str, tuple[type[OrderedSearch], str, dict[str, Any]]] = {
     OLD: (RebuildingSearch, "tpe", TPE_SETTINGS),
     NEW: (OrderedSearch, "tpe", TPE_SETTINGS),
+    "search space per suggestion (before)": (OwnSpaceSearch, "tpe", TPE_SETTINGS),
     "n_ei_candidates=8": (OrderedSearch, "tpe", {**TPE_SETTINGS, "n_ei_candidates": 8}),
     "n_ei_candidates=96": (OrderedSearch, "tpe", {**TPE_SETTINGS, "n_ei_candidates": 96}),
     "multivariate=False": (OrderedSearch, "tpe", {**TPE_SETTINGS, "multivariate": False}),
@@ -113,7 +125,8 @@ def measure(space: Space, state: Path, reps: int) -> dict[str, float]:
         for case, s in searchers.items():
             seconds, configs[case] = step(s)
             times[case].append(1000 * seconds)
-        assert configs[OLD] == configs[NEW], "the kept study suggests what the rebuilt one did"
+        assert configs[OLD] == configs[NEW] == configs["search space per suggestion (before)"], \
+            "the kept study suggests what the rebuilt one did"
     return {case: statistics.median(t) for case, t in times.items()}
 
 
