@@ -28,6 +28,7 @@ which runs first from one N to the next. Also measured, per N:
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import subprocess
 import sys
@@ -158,7 +159,10 @@ def run_side(side: str, n: int, folder: Path) -> dict:
     again, again_code, _ = timed([sys.executable, "-m", "search", "--space", str(space), "--name", "service",
                                   "--resume"], folder / "resume.log")
     said = [line for line in (folder / "resume.log").read_text().splitlines() if line.strip()]
-    size = lambda name: (run / name).stat().st_size / 2**20 if (run / name).exists() else float("nan")  # noqa: E731
+
+    def size(name: str) -> float:
+        return (run / name).stat().st_size / 2**20 if (run / name).exists() else math.nan
+
     return {"wall": wall, "memory_mib": memory, "end": sum(phases[p] for p in END), "shutdown": phases["shutdown"],
             "trials_phase": phases["trials"], "rows": len(frame), "trials": frame["trial_id"].nunique(),
             "completed": int((frame.drop_duplicates("trial_id")["status"] == "COMPLETED").sum()),
@@ -216,8 +220,6 @@ def main() -> int:
     last = results[sizes[-1]]["service"]
     print(f"\n--resume of the last run said: {last['resume_said']}")
     if len(sizes) >= 2:
-        import math
-
         a, b = sizes[-2], sizes[-1]
         growth = math.log(results[b]["service"]["end"] / results[a]["service"]["end"]) / math.log(b / a)
         print(f"growth exponent of the service's end, N={a} -> {b}: {growth:.2f} (1.00: linear)")
