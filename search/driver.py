@@ -44,9 +44,9 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
     check_storage(storage)
     with ExitStack() as held:  # the run folder, then Ray: released in reverse order
         # a resume runs its spec.yaml, whatever the space file says now
-        space, folder, data = prepare(space, storage, name, resume, held, early_ray)
-        if resume and (done := finished_run(space, folder, phases)) is not None:
-            return done  # every trial ended and the outputs read: said without starting Ray
+        space, folder, data, done = prepare(space, storage, name, resume, held, early_ray)
+        if done is not None:  # a resume: every trial ended and the outputs read; said without starting Ray
+            return finished_run(space, folder, phases, done)
         experiment = space.experiment
         if space.trainable:  # the user's function instead of the canonical loop (trainable/function.py)
             objectives = objectives_of(experiment)

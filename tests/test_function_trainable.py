@@ -3,6 +3,7 @@ checkpoint contract without Ray, and one search of a toy function end to end."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import torch
 import yaml
 
 from search.spec.space import parse_space
+from search.store.run_folder import STATUSES_FILE, RunFolder, _saved_trials
+from search.store.storage import Storage
 from trainable.errors import ConfigError
 from trainable.function import (MetricNotReported, Reporter, ReservedName, _Diverged, load_state, replay, resolve_function,
                                 save_state)
@@ -327,6 +330,16 @@ def test_a_finished_search_of_a_function_that_keeps_no_checkpoint_resumes_withou
     assert best["checkpoint"] is None
     assert best["note"] == (f"epoch {best['epoch']} of trial #{best['trial_number']}: it kept no checkpoint (its function's "
                             "report(checkpoint=...), num_to_keep); its config replays without one")
+    # Tune's statuses as the end read them: the resume reads them there, not Tune's record (20 s at 10,000 trials)
+    folder = RunFolder(Storage.at(str(tmp_path / "runs")), "plain")
+    statuses = json.loads((Path(outcome.path) / STATUSES_FILE).read_text())["statuses"]
+    assert statuses == {t: status for t, (status, _) in folder.saved_trials().items()} and len(statuses) == 2
+    _saved_trials.cache_clear()
     again = run_search(space, name="plain", resume=True)
     assert "Search plain is finished: all 2 of experiment.num_samples 2 trials ended (2 completed)" in again.summary
     assert "(Ray was not started)" in again.summary
+    assert _saved_trials.cache_info().misses == 0, "the resume read Tune's record"
+    # a snapshot of Tune's after the end (a resume that ran, a copy) makes statuses.json stale: the record answers
+    [state] = Path(outcome.path).glob("experiment_state-*.json")
+    state.write_text(state.read_text() + " ")
+    assert folder.saved_statuses() == statuses and _saved_trials.cache_info().misses == 1

@@ -183,7 +183,7 @@ def spec_for_resume(space: Space, folder: RunFolder) -> tuple[Space, dict[str, A
     if space.data_root is not None and space.data_root != stored.data_root:
         stored = replace(stored, data_root=space.data_root)  # where the files are, not what they are
     changes = resume_changes(space, stored)  # time_budget, stop_when, num_samples (search/searching/budget.py)
-    if "num_samples" in changes and changes["num_samples"] < (held := len(folder.saved_trials())):
+    if "num_samples" in changes and changes["num_samples"] < (held := len(folder.saved_statuses())):
         # Tune runs every trial its record holds, so a lower total would be recorded and not kept
         raise ConfigError([problem("experiment.num_samples", f"on --resume is the new total, and must be at "
                                    f"least the {held} trials this run already holds", changes["num_samples"])])
@@ -207,9 +207,10 @@ def record_changes(folder: RunFolder, stored: Space, run: dict[str, Any], change
     return run
 
 
-def prepare(space: Space, storage: Storage, name: str | None, resume: bool,
-            held: ExitStack, early_ray: EarlyRay | None = None) -> tuple[Space, RunFolder, Data]:
-    """The space to run (a resume's is its spec.yaml), its claimed folder and its data, checked.
+def prepare(space: Space, storage: Storage, name: str | None, resume: bool, held: ExitStack,
+            early_ray: EarlyRay | None = None) -> tuple[Space, RunFolder, Data, tuple[pd.DataFrame, dict] | None]:
+    """The space to run (a resume's is its spec.yaml), its claimed folder, its data, checked, and for a
+    resume with nothing left to run, what `finished` read (else None).
 
     The run folder is held (RunFolder.held) until `held` closes: one process searches a run at a time.
     """
@@ -222,20 +223,23 @@ def prepare(space: Space, storage: Storage, name: str | None, resume: bool,
     data = check_search(space)
     if not resume:  # a refused warm start fails here, before the run folder is claimed
         read_warm_start(space)
+    done = None
     if resume:
         check_same_data(run, data, folder)
-        folder.check_record()
-        rerun = folder.drop_unrecorded_parts()
-        if rerun:
-            print(f"note: {len(rerun)} trial(s) ended after Tune's last snapshot of this run; they run again "
-                  f"with the same trial numbers, configs and seeds", file=sys.stderr, flush=True)
+        # a finished run's outputs all read (finished): nothing to check part by part, nothing runs again
+        if (done := finished(space, folder)) is None:
+            folder.check_record()
+            rerun = folder.drop_unrecorded_parts()
+            if rerun:
+                print(f"note: {len(rerun)} trial(s) ended after Tune's last snapshot of this run; they run again "
+                      f"with the same trial numbers, configs and seeds", file=sys.stderr, flush=True)
     else:
         folder = claim(folder, automatic=name is None)
         held.enter_context(folder.held("--name"))
         folder.write_spec(space, data_fingerprint(data))
-    if early_ray is not None and not (resume and finished(space, folder)):  # a finished run's resume starts no Ray
+    if early_ray is not None and done is None:  # a finished run's resume starts no Ray
         early_ray.checks_passed()  # the CLI's local Ray begins only now when user code had to be checked
-    return space, folder, data
+    return space, folder, data, done
 
 
 def check_local_capacity(space: Space) -> None:
@@ -297,35 +301,35 @@ def released_on_failure(folder: RunFolder, *, resume: bool):
 
 
 
-def finished(space: Space, folder: RunFolder) -> bool:
-    """Nothing for a resume to run or repair: every trial TERMINATED in Tune's record (an errored one is
-    retried), each with its record, and results.parquet, best.yaml's checkpoint and the journal read."""
-    saved = folder.saved_trials()
-    if len(saved) < space.experiment.num_samples or any(s != "TERMINATED" for s, _ in saved.values()):
-        return False
-    if any(folder.storage.read(f"{folder.name}/trial_{t}/result.json") is None for t in saved):
-        return False  # a trial folder is gone: the resume rebuilds its rows and says so
+def finished(space: Space, folder: RunFolder) -> tuple[pd.DataFrame, dict[str, Any]] | None:
+    """results.parquet and best.yaml where a resume has nothing to run or repair: every trial TERMINATED
+    in Tune's record (an errored one is retried), each with its record, and results.parquet, best.yaml's
+    checkpoint and the journal read; else None."""
+    saved = folder.saved_statuses()  # statuses.json while Tune's state is the one the search's end read
+    if len(saved) < space.experiment.num_samples or any(s != "TERMINATED" for s in saved.values()):
+        return None
+    if folder.records_missing(list(saved)):
+        return None  # a trial folder is gone: the resume rebuilds its rows and says so
     try:
-        if pd.read_parquet(f"{folder.path}/{RESULTS_FILE}")["trial_id"].nunique() != len(saved):
-            return False
+        frame = pd.read_parquet(f"{folder.path}/{RESULTS_FILE}")
+        if set(frame["trial_id"]) != set(saved):
+            return None
         best = yaml.safe_load(folder.storage.read(f"{folder.name}/{BEST_FILE}") or b"null")
         if best["result"].get("trials") != len(saved):  # written before the last trials ended: stale
-            return False
+            return None
         if best["result"]["checkpoint"] is not None:  # None: none was kept (a function that saves none)
             read_checkpoint(folder, best["result"]["checkpoint"])
     except (OSError, ValueError, TypeError, KeyError, CheckpointError):  # derived files to derive again
-        return False
-    journal = folder.storage.read(f"{folder.name}/{JOURNAL_FILE}")
-    return is_uri(folder.path) or (journal is not None and journal.endswith(b"\n"))
-
-
-def finished_run(space: Space, folder: RunFolder, phases: Phases):
-    """The Outcome of a --resume with nothing left to run, read from the run folder without starting Ray;
-    None unless `finished`."""
-    if not finished(space, folder):
         return None
-    frame = pd.read_parquet(f"{folder.path}/{RESULTS_FILE}")
-    best = yaml.safe_load(folder.storage.read(f"{folder.name}/{BEST_FILE}"))
+    journal = folder.storage.read(f"{folder.name}/{JOURNAL_FILE}")
+    if not is_uri(folder.path) and (journal is None or not journal.endswith(b"\n")):
+        return None
+    return frame, best
+
+
+def finished_run(space: Space, folder: RunFolder, phases: Phases, done: tuple[pd.DataFrame, dict[str, Any]]):
+    """The Outcome of a --resume with nothing left to run (`done`: what `finished` read), said without starting Ray."""
+    frame, best = done
     result, metric = best["result"], space.experiment.metric
     summary = (f"Search {folder.name} is finished: all {frame['trial_id'].nunique()} of experiment.num_samples "
                f"{space.experiment.num_samples} trials ended "

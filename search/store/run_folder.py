@@ -10,6 +10,9 @@
     best.yaml        the best trial's config and outcome, derived from the record
     gpu_probe.json   resources.gpus: auto: the probe's figures and the choice (search/execution/gpu_probe.py);
                      written once, before the trials, and what --resume keeps
+    statuses.json    every trial's status in Tune's record, as the end of the search found it, with the
+                     names, sizes and times of Tune's state files then: a --resume finds a finished run
+                     without reading Tune's record while those files are unchanged
 
 Derived files are rewritten from the record, never merged with an older copy of themselves.
 """
@@ -40,6 +43,7 @@ import yaml
 
 from search.spec.schema import run_name_problem
 from search.spec.space import Space, parse_space, to_raw
+from search.store.results import RECORD_FILE as TRIAL_RECORD
 from search.store.results import RESULTS_FILE, is_json, part_bytes, results_schema
 from search.store.searcher_record import RECORD_FILE, record_from_json
 from search.store.storage import Storage, is_uri
@@ -52,6 +56,7 @@ if TYPE_CHECKING:  # Ray Tune is imported where a run's state is read (RunFolder
 SPEC_FILE = "spec.yaml"
 BEST_FILE = "best.yaml"
 PROBE_FILE = "gpu_probe.json"
+STATUSES_FILE = "statuses.json"
 LOCK_FILE = ".lock"  # held by the process that searches the run (RunFolder.held)
 RUN_SECTION = "run"  # spec.yaml's record of where and with what the run started; not part of the space
 
@@ -220,7 +225,8 @@ class RunFolder:
 
         It reads every trial's result.json too (ExperimentAnalysis has no way to skip them): about
         2.4 ms per trial of two reports, 2.4 s at 1,000 trials and 20 s at 10,000 (parsing Tune's state
-        file ourselves took 0.1 s), paid when a search ends and once when it resumes (_saved_trials).
+        file ourselves took 0.1 s); Tune's trials as objects take most of the time and over 1 GB. Paid when a
+        stopped search ends, and when a resume finds no statuses.json of Tune's present state (_statuses).
         """
         from ray import tune  # here: `report`, `runs`, `export` and `compare` start without Ray Tune
 
@@ -244,6 +250,44 @@ class RunFolder:
             return dict(_saved_trials(self, self._state_stamp()))  # a copy: the kept one stays as Tune wrote it
         except ValueError:
             return {}
+
+    def saved_statuses(self) -> dict[str, str]:
+        """Trial id -> status as Tune last saved them; {} if there is no readable state."""
+        try:
+            return self._statuses()
+        except ValueError:
+            return {}
+
+    def _statuses(self) -> dict[str, str]:
+        """saved_statuses, ValueError where Tune's record does not read. statuses.json answers while Tune's
+        state files are the ones the end of the search found (Tune wrote them, and they read then): reading
+        the record takes 20 s and over 1 GB at 10,000 trials, and a --resume asks four times."""
+        stamp = self._state_stamp()
+        kept = self.storage.read(f"{self.name}/{STATUSES_FILE}")
+        if stamp and kept is not None:
+            try:
+                record = json.loads(kept)
+                if [tuple(s) for s in record["experiment_state"]] == list(stamp):
+                    return dict(record["statuses"])
+            except (ValueError, KeyError, TypeError):  # damaged: Tune's record answers
+                pass
+        return {trial_id: status for trial_id, (status, _) in _saved_trials(self, stamp).items()}
+
+    def keep_statuses(self, statuses: dict[str, str]) -> None:
+        """statuses.json: every trial's status as the end of the search found it in Tune's record (or, where
+        Tune ran to its end, in the trials it returned), with Tune's state files as they are now, after its
+        last save; nothing where there is no state or no trial."""
+        stamp = self._state_stamp()
+        if stamp and statuses:
+            self.storage.write(f"{self.name}/{STATUSES_FILE}",
+                               json.dumps({"experiment_state": stamp, "statuses": statuses}).encode())
+
+    def records_missing(self, trial_ids) -> list[str]:
+        """The trials among `trial_ids` whose folder has no result.json (Tune's record of its reports),
+        in one listing of the run folder's trial folders' files."""
+        fs, base = self._fs()
+        paths = [f"{base}/trial_{t}/{TRIAL_RECORD}" for t in trial_ids]  # tuner.trial_folder_name
+        return [t for t, info in zip(trial_ids, fs.get_file_info(paths)) if info.type == pafs.FileType.NotFound]
 
     def _state_stamp(self) -> tuple[tuple[str, int | None, int | None], ...]:
         """Tune's experiment-state files here, by name, size and modification time: a new snapshot
@@ -280,7 +324,7 @@ class RunFolder:
                "Restore the file from a copy, or start a new run (its finished trials stay in "
                "results.parquet and in the trial folders)")
         try:
-            _saved_trials(self, self._state_stamp())
+            self._statuses()
             record = self.storage.read(f"{self.name}/{RECORD_FILE}")
             if record is not None:
                 try:
@@ -318,7 +362,7 @@ class RunFolder:
         resume runs them again under new ids (with the same trial numbers, configs and seeds in
         a reproducible search) and writes their parts anew; kept, they would be counted twice.
         """
-        recorded = set(self.saved_trials())
+        recorded = set(self.saved_statuses())
         dropped = [t for t in self.ended_trials() if t not in recorded]
         fs, base = self._fs()
         for trial_id in dropped:
@@ -470,10 +514,10 @@ def _saved_trials(folder: RunFolder, stamp: tuple) -> dict[str, tuple[str, dict[
     """Trial id -> (status, config) of Tune's record in `folder` as of `stamp` (RunFolder._state_stamp);
     ValueError if it does not read.
 
-    Kept per stamp (the newest two: small, ids, statuses and configs) because a resume asks three
-    times before Tune starts (check_record, drop_unrecorded_parts, finished), and each read of Tune's
-    record reads every trial's result.json: at 10,000 trials the --resume of a finished run took
-    99 s, 20 s of it each read.
+    Kept per stamp (the newest two: small, ids, statuses and configs) because a resume of a run
+    without statuses.json asks three times before Tune starts (check_record, drop_unrecorded_parts,
+    finished), and each read of Tune's record reads every trial's result.json: at 10,000 trials the
+    --resume of a finished run took 99 s, 20 s of it each read.
     """
     return {trial.trial_id: (trial.status, trial.config if isinstance(trial.config, dict) else None)
             for trial in folder.analysis().trials}
