@@ -339,7 +339,7 @@ def test_a_finished_search_of_a_function_that_keeps_no_checkpoint_resumes_withou
     assert "Search plain is finished: all 2 of experiment.num_samples 2 trials ended (2 completed)" in again.summary
     assert "(Ray was not started)" in again.summary
     assert _saved_trials.cache_info().misses == 0, "the resume read Tune's record"
-    # a snapshot of Tune's after the end (a resume that ran, a copy) makes statuses.json stale: the record answers
+    # a snapshot of Tune's after the end (a resume that ran) makes statuses.json stale: the record answers
     [state] = Path(outcome.path).glob("experiment_state-*.json")
     state.write_text(state.read_text() + " ")
     assert folder.saved_statuses() == statuses and _saved_trials.cache_info().misses == 1

@@ -261,7 +261,7 @@ class RunFolder:
     def _statuses(self) -> dict[str, str]:
         """saved_statuses, ValueError where Tune's record does not read. statuses.json answers while Tune's
         state files are the ones the end of the search found (Tune wrote them, and they read then): reading
-        the record takes 20 s and over 1 GB at 10,000 trials, and a --resume asks four times."""
+        the record takes 20 s and over 1 GB at 10,000 trials, and a --resume asks up to four times."""
         stamp = self._state_stamp()
         kept = self.storage.read(f"{self.name}/{STATUSES_FILE}")
         if stamp and kept is not None:
@@ -283,8 +283,8 @@ class RunFolder:
                                json.dumps({"experiment_state": stamp, "statuses": statuses}).encode())
 
     def records_missing(self, trial_ids) -> list[str]:
-        """The trials among `trial_ids` whose folder has no result.json (Tune's record of its reports),
-        in one listing of the run folder's trial folders' files."""
+        """The trials among `trial_ids` whose folder has no result.json (Tune's record of its reports):
+        one call that looks each file up, without reading it (reading 10,000 of them took seconds)."""
         fs, base = self._fs()
         paths = [f"{base}/trial_{t}/{TRIAL_RECORD}" for t in trial_ids]  # tuner.trial_folder_name
         return [t for t, info in zip(trial_ids, fs.get_file_info(paths)) if info.type == pafs.FileType.NotFound]
