@@ -1,24 +1,28 @@
-"""Short trials, 2 at a time: are both slots busy? hpsearch against plain Optuna n_jobs=2, side by side.
+"""Short trials, 2 at a time: are both slots busy? hpsearch against plain Optuna n_jobs=2 and plain Tune, side by side.
 
 The new user's task of issue 38: a tiny MLP regression on a synthetic problem, 20 trials x 40
 epochs of a few tens of milliseconds (trials of 1-3 s), 2 at a time. One function,
 `train(config, report, checkpoint=None)` (trainable/function.py's contract), written into a
-temporary folder, runs on both sides:
+temporary folder, runs on every side:
 
 - service: `python -m search --space space.yaml --quiet` (`trainable: mlp.py:train`, the
   reproducible searcher, max_concurrent 2; `--scheduler asha` for ASHA);
 - optuna: a plain script, `study.optimize(objective, n_trials=20, n_jobs=2)` with a seeded TPE,
-  the objective calling the same function with a `report` that keeps the values.
+  the objective calling the same function with a `report` that keeps the values;
+- tune: a plain Ray Tune script, a Tuner over the same function (a `report` that is tune.report)
+  with OptunaSearch (the same seeded TPE) behind a ConcurrencyLimiter of 2, reuse_actors, 1 CPU a
+  trial, Tune's default loggers, as the Ray docs show it.
 
 Each side is a subprocess timed from outside (its imports included); the sides alternate which
 runs first, round by round. Printed per side: the whole command's wall, the trials' span (the
 first epoch's start to the last report) and the share of that span during which two trials
 were running (from each trial's first epoch start and last report: results.parquet's
-finished_at and epoch_seconds for the service, the same times kept by the optuna side), then
-the ratio service / optuna.
+finished_at and epoch_seconds for the service, the same times kept by the other sides), then
+each side's ratio to plain Optuna. The canonical loop is not a side: it trains a model.factory model
+on a data.dataset, not this function (bench/default_search.py compares it with plain Optuna on MNIST).
 
     .venv/bin/python bench/short_trials.py [--rounds 2] [--trials 20] [--epochs 40] [--scheduler asha]
-        [--lag 2 | --not-reproducible] [--keep]
+        [--lag 2 | --not-reproducible] [--sides service optuna tune] [--keep]
 """
 
 from __future__ import annotations
@@ -84,6 +88,42 @@ study.optimize(objective, n_trials=int(sys.argv[2]), n_jobs=2)
 json.dump({"spans": spans, "best": study.best_value}, open(sys.argv[4], "w"))
 '''
 
+TUNE = '''
+import json, sys, time
+import ray
+from ray import tune
+from ray.tune.search import ConcurrencyLimiter
+from ray.tune.search.optuna import OptunaSearch
+import optuna
+
+folder, trials, epochs, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+
+
+def trial(config):
+    sys.path.insert(0, folder)
+    from mlp import train
+
+    started = time.time()
+    train({**config, "epochs": epochs}, lambda **m: tune.report({**m, "started": started, "now": time.time()}))
+
+
+ray.init(address="local", include_dashboard=False, log_to_driver=False, num_cpus=2)
+try:
+    search = OptunaSearch(sampler=optuna.samplers.TPESampler(seed=0))
+    grid = tune.Tuner(
+        tune.with_resources(trial, {"cpu": 1}),
+        param_space={"lr": tune.loguniform(1e-3, 0.3), "hidden": tune.choice([16, 32, 64]), "seed": 0},
+        tune_config=tune.TuneConfig(metric="val_loss", mode="min", num_samples=trials, reuse_actors=True,
+                                    search_alg=ConcurrencyLimiter(search, max_concurrent=2)),
+        run_config=tune.RunConfig(name="plain", storage_path=folder + "/tune", verbose=0),
+    ).fit()
+    frames = [r.metrics_dataframe for r in grid]
+    spans = [(float(f["started"].iloc[0]), float(f["now"].iloc[-1])) for f in frames]
+    json.dump({"spans": spans, "best": min(float(f["val_loss"].min()) for f in frames)}, open(out, "w"))
+finally:
+    ray.shutdown()
+'''
+
 
 def service(folder: Path, trials: int, epochs: int, scheduler: str, experiment: dict) -> dict:
     import pandas as pd
@@ -125,6 +165,21 @@ def optuna_side(folder: Path, trials: int, epochs: int) -> dict:
     return {"wall": wall, "spans": measured["spans"], "best": measured["best"], "lines": []}
 
 
+def tune_side(folder: Path, trials: int, epochs: int) -> dict:
+    (folder / "plain_tune.py").write_text(TUNE)
+    out = folder / "tune.json"
+    started = time.perf_counter()
+    subprocess.run([sys.executable, str(folder / "plain_tune.py"), str(folder), str(trials), str(epochs), str(out)],
+                   cwd=folder, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wall = time.perf_counter() - started
+    measured = json.loads(out.read_text())
+    return {"wall": wall, "spans": measured["spans"], "best": measured["best"], "lines": []}
+
+
+SIDES = {"service": "hpsearch (`python -m search`)", "optuna": "plain Optuna n_jobs=2",
+         "tune": "plain Ray Tune + OptunaSearch"}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=1)
@@ -133,22 +188,27 @@ def main() -> int:
     parser.add_argument("--scheduler", default="fifo", choices=("fifo", "asha"))
     parser.add_argument("--lag", type=int, help="the service's experiment.lag (default: max_concurrent - 1)")
     parser.add_argument("--not-reproducible", action="store_true", help="the service's experiment.reproducible: false")
+    parser.add_argument("--sides", nargs="+", choices=tuple(SIDES), default=["service", "optuna"],
+                        help="which sides run (tune: minutes more a round)")
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()
+    if "optuna" not in args.sides:
+        parser.error("--sides: the ratios are to plain Optuna, so it runs")
     root = Path(tempfile.mkdtemp(prefix="hpsearch-short-"))
-    runs: dict[str, list[dict]] = {"service": [], "optuna": []}
+    runs: dict[str, list[dict]] = {side: [] for side in SIDES if side in args.sides}
     try:
         for r in range(args.rounds):
             folder = root / f"round-{r + 1}"
             folder.mkdir()
             (folder / "mlp.py").write_text(MLP)
-            order = ("service", "optuna") if r % 2 == 0 else ("optuna", "service")
+            order = list(runs) if r % 2 == 0 else list(reversed(runs))  # which runs first alternates
             for side in order:
                 experiment = {**({"lag": args.lag} if args.lag is not None else {}),
                               **({"reproducible": False} if args.not_reproducible else {})}
                 runs[side].append(service(folder, args.trials, args.epochs, args.scheduler, experiment) if side == "service"
-                                  else optuna_side(folder, args.trials, args.epochs))
-            for side in ("service", "optuna"):
+                                  else optuna_side(folder, args.trials, args.epochs) if side == "optuna"
+                                  else tune_side(folder, args.trials, args.epochs))
+            for side in runs:
                 run = runs[side][-1]
                 span, share = busy_share(run["spans"], SLOTS)
                 trial = statistics.mean(e - s for s, e in run["spans"])
@@ -161,14 +221,13 @@ def main() -> int:
             print(f"kept in {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
-    s = statistics.median(r["wall"] for r in runs["service"])
-    o = statistics.median(r["wall"] for r in runs["optuna"])
+    walls = {side: statistics.median(r["wall"] for r in runs[side]) for side in runs}
     shares = {side: statistics.median(busy_share(r["spans"], SLOTS)[1] for r in runs[side]) for side in runs}
     print(f"\n{args.trials} trials x {args.epochs} epochs, {SLOTS} at a time, {args.scheduler}, medians of {args.rounds} round(s):")
-    print("| | whole command | two trials running (share of the trials' span) |\n|---|---:|---:|")
-    print(f"| hpsearch (`python -m search`) | {s:.1f} s | {100 * shares['service']:.0f}% |")
-    print(f"| plain Optuna n_jobs=2 | {o:.1f} s | {100 * shares['optuna']:.0f}% |")
-    print(f"| hpsearch / optuna | {s / o:.2f}x (goal <= 2x) | |")
+    print("| | whole command | / plain Optuna | two trials running (share of the trials' span) |\n|---|---:|---:|---:|")
+    for side in runs:
+        goal = " (goal <= 2x)" if side == "service" else ""
+        print(f"| {SIDES[side]} | {walls[side]:.1f} s | {walls[side] / walls['optuna']:.2f}x{goal} | {100 * shares[side]:.0f}% |")
     return 0
 
 
