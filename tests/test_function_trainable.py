@@ -16,6 +16,7 @@ from search.spec.space import parse_space
 from search.store.run_folder import STATUSES_FILE, RunFolder, _saved_trials
 from search.store.storage import Storage
 from trainable.errors import ConfigError
+from trainable.report import PACKED_COLUMNS
 from trainable.function import (MetricNotReported, Reporter, ReservedName, _Diverged, load_state, replay, resolve_function,
                                 save_state)
 
@@ -330,6 +331,14 @@ def test_a_finished_search_of_a_function_that_keeps_no_checkpoint_resumes_withou
     assert best["checkpoint"] is None
     assert best["note"] == (f"epoch {best['epoch']} of trial #{best['trial_number']}: it kept no checkpoint (its function's "
                             "report(checkpoint=...), num_to_keep); its config replays without one")
+    # where each trial ran and where its slot time went reach results.parquet, and Tune keeps no running
+    # statistics of them (trainable/report.py PACKED: 1.5 KB of the driver's memory per number per trial)
+    [state] = Path(outcome.path).glob("experiment_state-*.json")
+    analysed = [set(json.loads(metadata)["metric_analysis"]) for _, metadata in json.loads(state.read_text())["trial_data"]]
+    assert len(analysed) == 2 and all("score" in a and not a & set(PACKED_COLUMNS) for a in analysed), analysed
+    first_rows = outcome.results.sort_values("epoch").groupby("trial_id").head(1)
+    assert first_rows[["node", "hostname", "device", "world_size", "ready_at", "started_at", "finished_at"]].notna().all(
+        axis=None), first_rows.T
     # Tune's statuses as the end read them: the resume reads them there, not Tune's record (20 s at 10,000 trials)
     folder = RunFolder(Storage.at(str(tmp_path / "runs")), "plain")
     statuses = json.loads((Path(outcome.path) / STATUSES_FILE).read_text())["statuses"]
@@ -340,6 +349,5 @@ def test_a_finished_search_of_a_function_that_keeps_no_checkpoint_resumes_withou
     assert "(Ray was not started)" in again.summary
     assert _saved_trials.cache_info().misses == 0, "the resume read Tune's record"
     # a snapshot of Tune's after the end (a resume that ran) makes statuses.json stale: the record answers
-    [state] = Path(outcome.path).glob("experiment_state-*.json")
     state.write_text(state.read_text() + " ")
     assert folder.saved_statuses() == statuses and _saved_trials.cache_info().misses == 1

@@ -32,7 +32,8 @@ from ray import tune
 from trainable.config import TrialConfig
 from trainable.device import get_default_device
 from trainable.isolation import GlobalState
-from trainable.report import CheckpointError, Phases, Placement, epoch_report, load_checkpoint, save_checkpoint
+from trainable.report import (CheckpointError, Phases, Placement, epoch_report, load_checkpoint, packed,
+                              save_checkpoint)
 from trainable.watchdog import Watchdog
 
 if TYPE_CHECKING:  # the canonical loop's modules (torchvision, torchmetrics: seconds of a trial process's
@@ -133,9 +134,10 @@ TUNE_STOP = "hpsearch_stopped_by_tune"
 
 
 def report(metrics: dict[str, Any], checkpoint: tune.Checkpoint | None = None) -> None:
-    """tune.report, with Tune's stop (a SystemExit) marked as Tune's."""
+    """tune.report (its bookkeeping columns packed: trainable/report.py `packed`), with Tune's stop (a
+    SystemExit) marked as Tune's."""
     try:
-        tune.report(metrics, checkpoint=checkpoint)
+        tune.report(packed(metrics), checkpoint=checkpoint)
         if _watchdog is not None:
             _watchdog.progress()  # the next epoch's time starts now
     except SystemExit as stop:

@@ -37,7 +37,7 @@ from search.store.storage import is_uri
 from trainable.adapter import DataHandle, run_trial
 from trainable.data import Data
 from trainable.function import METRIC_NAMES
-from trainable.report import GPU_MEMORY_COLUMNS, PHASE_COLUMNS, PLACEMENT_COLUMNS
+from trainable.report import GPU_MEMORY_COLUMNS, PACKED, PHASE_COLUMNS, PLACEMENT_COLUMNS
 
 MLFLOW_DB = "mlflow.db"
 
@@ -94,9 +94,10 @@ def tracker_callbacks(space: Space, folder: RunFolder) -> list:
 
 
 # What every report carries for results.parquet alone: where the trial ran and where its slot time went
-# (trainable/report.py), and a function trainable's list of its metric names (a list of strings, which
-# Tune's logger would try as a histogram and warn about once per search). Not curves to look at.
-BOOKKEEPING = frozenset([METRIC_NAMES, *PLACEMENT_COLUMNS, *GPU_MEMORY_COLUMNS, *PHASE_COLUMNS, "finished_at"])
+# (trainable/report.py's PACKED, a list; the columns one by one in an earlier release's record), and a
+# function trainable's list of its metric names (lists, which Tune's logger would try as a histogram and
+# warn about once per search). Not curves to look at.
+BOOKKEEPING = frozenset([METRIC_NAMES, PACKED, *PLACEMENT_COLUMNS, *GPU_MEMORY_COLUMNS, *PHASE_COLUMNS, "finished_at"])
 
 
 class EventFiles(TBXLoggerCallback):

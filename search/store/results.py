@@ -30,7 +30,7 @@ from trainable.config import FACTORY_KEY, FIELDS, TrialConfig, field_of, json_te
 from trainable.function import (DRIVER_KEYS, FUNCTION_REPORT_COLUMNS, METRIC_NAMES, TRAINABLE_KEY, FunctionConfig,
                                 is_function, trial_config)
 from trainable.metrics import epoch_metrics
-from trainable.report import EPOCH_COLUMNS, REPORT_COLUMNS
+from trainable.report import EPOCH_COLUMNS, REPORT_COLUMNS, unpacked
 from trainable.report import report_columns as epoch_report_columns
 
 RESULTS_FILE = "results.parquet"
@@ -202,7 +202,7 @@ def trial_rows(trial_id: str, config: Mapping[str, Any], reports: Iterable[Mappi
     PBT (search/searching/pbt.py) changes a trial's config between epochs.
     """
     trial = trial_config(config)
-    by_epoch = {int(r["epoch"]): r for r in reports if not _missing(r.get("epoch"))}
+    by_epoch = {int(r["epoch"]): unpacked(r) for r in reports if not _missing(r.get("epoch"))}
     ordered = [by_epoch[e] for e in sorted(by_epoch)]
     status = trial_status(trial, ordered, done=done, error=error)
     base = {"trial_id": trial_id, "status": status, **trial.to_flat()}
