@@ -109,6 +109,17 @@ def test_a_function_gets_several_objectives_and_constraints(tmp_path):
         ["score", "loss"], ["max", "min"], ["size <= 3"])
 
 
+def test_where_a_trial_ran_is_no_objective_or_constraint_of_a_function(tmp_path):
+    """A report hands Tune where the trial ran and its phases packed in one value: the search cannot read them."""
+    raw = toy_space(tmp_path)
+    raw["experiment"].update(constraints=["gpu_memory_allocated_mb <= 4000"])
+    assert "experiment.constraints: must name a metric of the function, not where a trial ran or when" in \
+        problems(raw, tmp_path) and "got 'gpu_memory_allocated_mb'" in problems(raw, tmp_path)
+    raw["experiment"].update(constraints=["gpu_memory_reserved_mb <= 4000"])  # a number of its own: read
+    assert [str(c) for c in parse_space(raw, source=str(tmp_path / "space.yaml")).experiment.constraints] == \
+        ["gpu_memory_reserved_mb <= 4000"]
+
+
 def test_a_first_report_without_the_metric_names_what_was_reported():
     report = Reporter("val_acc", send=lambda *a: None)
     with pytest.raises(MetricNotReported, match=r"experiment.metric: every metric the search needs \(val_acc\) "
@@ -348,6 +359,13 @@ def test_a_finished_search_of_a_function_that_keeps_no_checkpoint_resumes_withou
     assert "Search plain is finished: all 2 of experiment.num_samples 2 trials ended (2 completed)" in again.summary
     assert "(Ray was not started)" in again.summary
     assert _saved_trials.cache_info().misses == 0, "the resume read Tune's record"
+    # without Tune's tuner.pkl there is nothing to restore: the record answers, and says so
+    tuner = Path(outcome.path) / "tuner.pkl"
+    kept = tuner.read_bytes()
+    tuner.unlink()
+    with pytest.raises(ConfigError, match="no saved experiment state of Tune"):
+        folder.check_record()
+    tuner.write_bytes(kept)
     # a snapshot of Tune's after the end (a resume that ran) makes statuses.json stale: the record answers
     state.write_text(state.read_text() + " ")
     assert folder.saved_statuses() == statuses and _saved_trials.cache_info().misses == 1

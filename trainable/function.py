@@ -281,7 +281,7 @@ def tune_function(config: dict[str, Any], *, data: Any = None, metrics: Sequence
     from ray import tune
 
     from trainable import adapter
-    from trainable.report import PHASE_COLUMNS, Phases, Placement
+    from trainable.report import PACKED, PHASE_COLUMNS, Phases, Placement
 
     trial = FunctionConfig.from_mapping(config)
     function = resolve_function(trial.trainable)
@@ -321,7 +321,8 @@ def tune_function(config: dict[str, Any], *, data: Any = None, metrics: Sequence
 
     given = trial.for_function()
     reporter = Reporter(metrics, send, epoch, config={**given, **trial.to_flat()},
-                        reserved=frozenset(reserved) | tune_keys(), objectives=objectives, limit=trial.epochs)
+                        reserved=frozenset(reserved) | tune_keys() | {PACKED}, objectives=objectives,
+                        limit=trial.epochs)
     # several workers: the others start from the same checkpoint, in the trial's process group (adapter.Workers)
     with adapter.Workers(trial.workers, config, (epoch, state), device, start,
                          functools.partial(run_rank, metrics=metrics, objectives=objectives)):

@@ -305,8 +305,16 @@ def _own_metric_problems(experiment: Experiment, free_names: list[str]) -> list[
     named = [("experiment.metric", m) for m in names(experiment.metric)] + \
         [("experiment.constraints", c.metric) for c in objectives_of(experiment).constraints if c] + \
         [("experiment.stop_when", k) for k in experiment.stop_when or {}]
+    from trainable.report import PACKED, PACKED_COLUMNS  # here: the spec is read without torch
+
+    # where a trial ran and where its slot time went reach Tune packed in one value (trainable/report.py), so the
+    # search cannot read them from a report; gpu_memory_reserved_mb is a number of its own
+    bookkeeping = {PACKED, *PACKED_COLUMNS}
     return [problem(key, "must name a metric of the function, not a config key or a column of hpsearch's own "
-                         f"({', '.join(sorted(taken))})", name) for key, name in named if name in taken]
+                         f"({', '.join(sorted(taken))})", name) for key, name in named if name in taken] + \
+        [problem(key, "must name a metric of the function, not where a trial ran or when (results.parquet's "
+                      f"{', '.join(PACKED_COLUMNS)}: not read during a search; gpu_memory_reserved_mb is)", name)
+         for key, name in named if name in bookkeeping]
 
 
 def _own_names(metric: Any) -> bool:

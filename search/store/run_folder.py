@@ -262,6 +262,10 @@ class RunFolder:
         """saved_statuses, ValueError where Tune's record does not read. statuses.json answers while Tune's
         state files are the ones the end of the search found (Tune wrote them, and they read then): reading
         the record takes 20 s and over 1 GB at 10,000 trials, and a --resume asks up to four times."""
+        from ray import tune  # here: `report`, `runs`, `export` and `compare` start without Ray Tune
+
+        if not tune.Tuner.can_restore(self.path):  # whatever statuses.json and the cached record say
+            raise ValueError(f"no saved experiment state of Tune in {self.path}")
         stamp = self._state_stamp()
         kept = self.storage.read(f"{self.name}/{STATUSES_FILE}")
         if stamp and kept is not None:
