@@ -135,6 +135,21 @@ def test_search_run_stays_the_api_after_every_module_is_imported():
     assert search.run is run and search.load_best and search.restore
 
 
+def test_the_driver_imports_neither_torchvision_nor_torchmetrics_until_the_canonical_loop_needs_them():
+    """A function trainable's driver reads no built-in dataset and builds no metric: torchvision and torchmetrics
+    (about 250 MB of its memory and 3 s of its imports) come in only where a canonical loop's driver needs them."""
+    probe = ("import sys, search.driver, search.outputs.report, search.execution.preflight\n"
+             "print(sorted(m for m in ('torchvision', 'torchmetrics') if m in sys.modules))\n"
+             "from trainable.data import torchvision_class\n"
+             "from trainable.measures import metric_class\n"
+             "torchvision_class('mnist'), metric_class('MulticlassF1Score')\n"
+             "print(sorted(m for m in ('torchvision', 'torchmetrics') if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                          cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:2] == ["[]", "['torchmetrics', 'torchvision']"], done.stdout
+
+
 def test_old_module_paths_are_the_new_modules():
     """Tune unpickles a run's searcher, scheduler and callbacks by 0.1.0's module paths."""
     import importlib

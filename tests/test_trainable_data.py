@@ -19,7 +19,7 @@ from torchvision.datasets import cifar
 from trainable.batches import InMemoryBatches, make_loader
 from trainable.config import BUILTIN_DATASETS, SOURCES, TrialConfig
 from trainable.data import (BUILTIN_CLASSES, RAW_FILES, TORCHVISION_SETS, Arrays, Data, Standardize, load_data,
-                            load_dataset, prepare_inputs, split)
+                            load_dataset, prepare_inputs, split, torchvision_class)
 from trainable.errors import ConfigError, DataError
 from trainable.loop import build_run, make_batches, train_and_evaluate
 
@@ -71,7 +71,7 @@ def test_default_sizes_are_a_sixth_for_validation_and_the_rest_for_training(data
 def test_missing_files_give_a_data_error_naming_folder_and_files(name, tmp_path, monkeypatch):
     # a refused connection instead of the real mirrors: the same failure as offline, at once,
     # and no download on a machine that is online
-    cls = TORCHVISION_SETS[name][0]
+    cls = torchvision_class(name)
     if name == "cifar10":
         monkeypatch.setattr(cls, "url", "http://127.0.0.1:9/cifar-10-python.tar.gz")
     else:

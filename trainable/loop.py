@@ -12,11 +12,10 @@ import dataclasses
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import torch
 from torch import nn
-from torchmetrics import Metric
 
 from trainable.batches import Batches, InMemoryBatches, make_loader
 from trainable.config import MUTABLE, TrialConfig, schedule_period
@@ -27,8 +26,11 @@ from trainable.measures import ACCURACY, LossFunction, accuracy_metric, build_lo
 from trainable.report import EpochRecord
 from trainable.seed import global_rng_states, set_global_rng_states, set_seed
 
+if TYPE_CHECKING:
+    from torchmetrics import Metric  # imported where metrics are built (trainable/measures.py)
 
-Metrics = Mapping[str, Metric]  #: column name without train_/val_ (acc, f1_score, ...) -> its torchmetrics object
+
+Metrics = Mapping[str, "Metric"]  #: column name without train_/val_ (acc, f1_score, ...) -> its torchmetrics object
 
 
 def train(model: nn.Module, batches: Batches, loss_fn: LossFunction, optimizer: torch.optim.Optimizer,
@@ -85,14 +87,14 @@ def evaluate(model: nn.Module, batches: Batches, loss_fn: LossFunction, metrics:
 def keep_for(metrics: Metric | Metrics, outputs: torch.Tensor) -> torch.Tensor:
     """What the metrics need of a batch's outputs: accuracy alone needs the predicted classes only
     (a tenth of MNIST's logits to keep), other metrics the outputs (probabilities, regression values)."""
-    only_accuracy = isinstance(metrics, Metric) or set(metrics) == {ACCURACY}
+    only_accuracy = not isinstance(metrics, Mapping) or set(metrics) == {ACCURACY}  # one Metric: accuracy
     return outputs.argmax(dim=1) if only_accuracy and outputs.dim() > 1 else outputs
 
 
 def compute(metrics: Metric | Metrics, kept: list[torch.Tensor], targets: list[torch.Tensor]) -> Any:
     """Each metric over the epoch's kept outputs, updated once: torchmetrics costs ~75 us a call,
     10% of an MNIST epoch of this MLP if called per batch (bench/epoch.py)."""
-    single = isinstance(metrics, Metric)
+    single = not isinstance(metrics, Mapping)  # one Metric (accuracy), not several by name
     named = {ACCURACY: metrics} if single else metrics
     outputs, wanted = (torch.cat(kept), torch.cat(targets)) if kept else (None, None)
     values = {}

@@ -18,17 +18,20 @@ import inspect
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
-import torchmetrics
 from torch import nn
-from torchmetrics import Metric
-from torchmetrics.classification import MulticlassAccuracy
 
 from trainable.config import LOSSES, REGRESSION_LOSSES, TrialConfig, is_reference
 from trainable.errors import ConfigError, problem
 from trainable.metrics import metric_column, metric_problems, reports_accuracy
 
 if TYPE_CHECKING:
+    from torchmetrics import Metric
+    from torchmetrics.classification import MulticlassAccuracy
+
     from trainable.data import Data
+
+# torchmetrics is imported where a metric is built or checked: it takes about 100 MB and 1.4 s to import
+# (scipy.signal and torchvision with it), which a search of a function trainable's driver does not pay
 
 LOSS_KEY = "training.loss"
 METRICS_KEY = "training.metrics"
@@ -65,11 +68,16 @@ def accuracy_metric(num_classes: int, device: torch.device) -> MulticlassAccurac
     validate_args=False: the check runs torch.unique on every update, a device sync per
     batch; labels are checked once, when the dataset loads.
     """
+    from torchmetrics.classification import MulticlassAccuracy
+
     return MulticlassAccuracy(num_classes=num_classes, average="micro", validate_args=False).to(device)
 
 
 def metric_class(name: str) -> type[Metric]:
     """torchmetrics' class `name` (top level or torchmetrics.classification / regression); ConfigError if none."""
+    import torchmetrics
+    from torchmetrics import Metric
+
     for module in (torchmetrics, torchmetrics.classification, torchmetrics.regression):
         found = getattr(module, name, None)
         if isinstance(found, type) and issubclass(found, Metric):
