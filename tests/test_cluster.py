@@ -26,6 +26,7 @@ from ray.cluster_utils import Cluster
 from search.store.results import COMPLETED
 from tests.helpers import SMALL
 from tests.test_resume import wait_for
+from trainable.report import unpacked
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -180,7 +181,8 @@ def test_losing_a_worker_restarts_its_trials_from_checkpoints(cluster, tmp_path)
 
     def unfinished_trial_with_a_checkpoint():
         for result in run.glob("trial_*/result.json"):
-            lines = [json.loads(line) for line in result.read_text().splitlines() if line.strip()]
+            # Tune's record holds where a trial ran packed in one value (trainable/report.py)
+            lines = [unpacked(json.loads(line)) for line in result.read_text().splitlines() if line.strip()]
             # result.json comes with Tune's snapshots, a second or more behind; the trial writes its
             # checkpoints (one per epoch, checkpoint_<epoch - 1>) itself, so its newest says how far it is
             indices = [p.name.rpartition("_")[2] for p in result.parent.glob("checkpoint_*")]
