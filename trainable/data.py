@@ -30,9 +30,9 @@ import torch
 from trainable.config import REGRESSION_LOSSES, TrialConfig
 from trainable.errors import ConfigError, DataError, problem
 
-# built-in name -> (torchvision class, per-channel mean and std of its training part); the class by its
-# name in torchvision.datasets (`torchvision_class`): torchvision takes 160 MB and about 1.7 s to import, which
-# a search of a function trainable, whose driver reads no built-in dataset, does not pay
+# built-in name -> (its class's name in torchvision.datasets, per-channel mean and std of its training part);
+# `torchvision_class` imports the class where a dataset is read: torchvision takes 160 MB and about 1.7 s to
+# import, which a search of a function trainable, whose driver reads no built-in dataset, does not pay
 TORCHVISION_SETS: dict[str, tuple[str, tuple[float, ...], tuple[float, ...]]] = {
     "mnist": ("MNIST", (0.1307,), (0.3081,)),
     "fashion_mnist": ("FashionMNIST", (0.2860,), (0.3530,)),

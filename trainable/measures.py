@@ -25,13 +25,13 @@ from trainable.errors import ConfigError, problem
 from trainable.metrics import metric_column, metric_problems, reports_accuracy
 
 if TYPE_CHECKING:
+    # torchmetrics is imported where a metric is built or checked (accuracy_metric, metric_class): it takes
+    # about 100 MB and 1.4 s to import (scipy.signal and torchvision with it), which a search of a function
+    # trainable's driver does not pay
     from torchmetrics import Metric
     from torchmetrics.classification import MulticlassAccuracy
 
     from trainable.data import Data
-
-# torchmetrics is imported where a metric is built or checked: it takes about 100 MB and 1.4 s to import
-# (scipy.signal and torchvision with it), which a search of a function trainable's driver does not pay
 
 LOSS_KEY = "training.loss"
 METRICS_KEY = "training.metrics"
