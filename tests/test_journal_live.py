@@ -72,6 +72,43 @@ def test_an_entry_is_running_from_its_start_learns_each_epoch_and_ends_with_its_
     assert listed[0].user_attrs == {"trial_number": 0, "trial_id": "a", "seed": 7, "status": "COMPLETED"}
 
 
+def test_an_entry_above_a_trial_tune_has_not_started_waits_one_batch_for_it(tmp_path, monkeypatch):
+    """Tune starts two trials in the order their actors come up: #1 can start before #0. Written first, #1
+    makes #0 a WAITING placeholder that its start, epochs and end then fill in one write each (~15 writes
+    where one holds a short trial); kept back one batch, #1 follows #0's own entry. One batch only: a trial
+    can wait long for its resources, and the dashboard shows the running ones."""
+    from ray.tune.experiment import Trial
+
+    from search.execution import progress as progress_module
+
+    monkeypatch.setattr(progress_module, "JOURNAL_EVERY_S", 0.0)  # a batch at every controller step
+    space = journal_space()
+
+    def search(folder_name: str, zero_starts: bool) -> tuple[list, list[str], list[str]]:
+        folder = RunFolder(Storage.at(str(tmp_path)), folder_name)
+        Path(folder.path).mkdir()
+        progress = Progress(folder, space)
+        trials = [Trial("noop", config=config(n, 0.1 + n / 100), stub=True) for n in range(2)]
+        trials[1].set_status(Trial.RUNNING)
+        progress.on_trial_start(iteration=1, trials=trials, trial=trials[1])
+        progress.on_step_end(iteration=1, trials=trials)  # #0 is PENDING: #1 waits
+        if zero_starts:
+            trials[0].set_status(Trial.RUNNING)
+            progress.on_trial_start(iteration=2, trials=trials, trial=trials[0])
+        progress.on_step_end(iteration=2, trials=trials)
+        progress.flush()
+        listed = dashboard_trials(progress.journal.path, folder.name)
+        lines = Path(progress.journal.path).read_text().splitlines()
+        return ([(t.number, t.state.name, t.user_attrs.get("trial_id")) for t in listed], lines,
+                [t.trial_id for t in trials])
+
+    listed, lines, ids = search("j-20261130-101500", zero_starts=True)
+    assert listed == [(0, "RUNNING", ids[0]), (1, "RUNNING", ids[1])]
+    assert len(lines) == 3, "the study and one write per trial: no placeholder filled in later"
+    listed, lines, ids = search("j-20261130-101600", zero_starts=False)  # #0 still waits a batch later: #1 goes in
+    assert listed == [(0, "WAITING", None), (1, "RUNNING", ids[1])]
+
+
 def test_an_interrupted_trial_stays_running_and_its_resume_continues_the_same_entry(tmp_path):
     space = journal_space()
     folder = RunFolder(Storage.at(str(tmp_path)), "j-20261130-101500")

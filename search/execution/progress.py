@@ -12,12 +12,15 @@ search. A part whose trial that state does not hold is removed on resume
 (run_folder.drop_unrecorded_parts), as the trial runs again; a part not yet written when
 the driver dies is written from Tune's record when the search ends.
 
-The journal's live entries are batched: a trial's start and its epochs' values are handed to the
-writer thread at most once a second (JOURNAL_EVERY_S), and a trial that ends before its batch
-is written enters the journal whole, as it ended, in one entry. Each journal write takes a file
-lock and an append (~1 ms of the driver's CPU and several of its wall time on a loaded machine);
-one per report was the driver's biggest cost of its own per report (bench/per_report.py,
-docs/performance.md). A dashboard polls every few seconds, so it sees the same.
+The journal's entries are batched: a trial's start, its epochs' values and its end are handed to
+the writer thread at most once a second (JOURNAL_EVERY_S), at the end of a controller step, in
+trial-number order. A trial that ends before its batch enters the journal whole, as it ended, in
+one write, after the trials numbered below it that had started by then. Each journal write takes
+a file lock, an append and an fsync (~1 ms of the driver's CPU and several of its wall time); one
+per report was the driver's biggest cost of its own per report, and a trial that ended before a
+lower-numbered one still running (which then held a WAITING placeholder, filled in value by value)
+cost ~15 writes (bench/per_report.py, docs/performance.md). A dashboard polls every few seconds,
+so it sees the same.
 
 On a terminal the progress is one line redrawn in place (done/total, running, best, ETA);
 elsewhere (CI logs, `| tee`) it is a plain line per epoch, with the elapsed time and the ETA.
@@ -30,14 +33,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pyarrow.fs as pafs
 from ray.tune import Callback
+from ray.tune.experiment import Trial
 
 from search.outputs.journal import Journal
 from search.searching.study import RUNNING
@@ -54,7 +58,17 @@ from trainable.errors import ConfigError
 # driver holds, so the driver cannot reach its threads through an instance.
 _writers: set[ThreadPoolExecutor] = set()
 
-JOURNAL_EVERY_S = 1.0  # the most a running trial's start or epoch waits to enter optuna.journal
+JOURNAL_EVERY_S = 1.0  # the most a trial's start, epoch or end waits to be handed to the writer thread
+
+
+@dataclass
+class Live:
+    """What a trial's journal entry gains in the next batch (on Tune's thread, until it is handed on)."""
+
+    start: tuple[str, dict] | None = None  # (trial_id, config) if its start is not written yet
+    epochs: dict[int, float] = field(default_factory=dict)
+    ended: bool = False  # its entry is written whole, from the rows its results part holds (Progress._write)
+    held: bool = False  # kept back one batch already, for a lower-numbered trial Tune had not started (_hand_on)
 
 
 # `--quiet`: a choice of this command, not of the run, so neither in spec.yaml nor in the pickled callback:
@@ -118,17 +132,14 @@ class Progress(Callback):
         self._ended_before = len(self.ended)  # trials that ended before this process: not in its ETA
         self._paced_from: float | None = None  # when this process's first trial started: the ETA's pace
         self._quiet = _quiet  # one line per finished trial (quiet_progress)
-        # journal entries not yet handed on (module docstring): trial number -> its start
-        # (trial_id, config; None if written already) and epochs' values
-        self._live: dict[int, tuple[tuple[str, dict] | None, dict[int, float]]] = {}
-        self._live_lock = threading.Lock()  # the controller thread adds, the writer thread takes
-        self._live_due = False  # a batch is queued on the writer thread
-        self._live_at = 0.0  # when the last batch was written
-        self._wake = threading.Event()  # set: write the queued batch now (the search is ending)
+        self._live: dict[int, Live] = {}  # trial number -> its entry's next batch (module docstring)
+        self._live_at = 0.0  # when the last batch was handed on
+        # the writer thread's own: an ended trial's records (results.records), from its part's write until its batch
+        self._ended_rows: dict[int, list[dict[str, Any]]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("_journal", "_journal_failed", "_ending", "_schema", "_writer", "_epochs", "_ended_before",
-                "_paced_from", "_quiet", "_live", "_live_lock", "_live_due", "_live_at", "_wake")
+                "_paced_from", "_quiet", "_live", "_live_at", "_ended_rows")
         return {k: v for k, v in self.__dict__.items() if k not in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -152,10 +163,8 @@ class Progress(Callback):
         if number is None:  # not numbered: a journal entry by itself
             self._submit(self._to_journal, functools.partial(self._start_entry, trial.trial_id, dict(trial.config)))
             return
-        with self._live_lock:
-            # a restart (max_failures, a resume) starts its entry again; its epochs follow anew
-            self._live[int(number)] = ((trial.trial_id, dict(trial.config)), {})
-        self._queue_live()
+        # a restart (max_failures, a resume) starts its entry again; its epochs follow anew
+        self._live[int(number)] = Live(start=(trial.trial_id, dict(trial.config)))
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         self.ended.discard(trial.trial_id)  # a restarted trial is running again
@@ -165,9 +174,7 @@ class Progress(Callback):
         if value is not None and is_better(value, self.best, self.mode):
             self.best = value
         if value is not None and epoch is not None and number is not None:
-            with self._live_lock:
-                self._live.setdefault(int(number), (None, {}))[1][int(epoch)] = value
-            self._queue_live()
+            self._live.setdefault(int(number), Live()).epochs[int(epoch)] = value
         if epoch is not None and trial.config.get("epochs"):
             self._epochs[trial.trial_id] = min(1.0, int(epoch) / int(trial.config["epochs"]))
         if self._quiet:  # its line comes when it ends (_write)
@@ -255,27 +262,42 @@ class Progress(Callback):
             self._submit(self._write, trial.trial_id, trial.config, trial.local_path, error=error, line=line)
         if ending and sys.stdout.isatty() and not self._quiet:
             self._bar()
+        self._hand_on(trials, force=False)
 
-    def _queue_live(self) -> None:
-        """A batch of live journal entries is queued on the writer thread unless one is already."""
-        with self._live_lock:
-            if self._live_due:
-                return
-            self._live_due = True
-        self._submit(self._write_live)
+    def _hand_on(self, trials, *, force: bool) -> None:
+        """The journal's batch to the writer thread, at most once per JOURNAL_EVERY_S unless `force`d. Handed on
+        after the ended trials' parts (the same writer thread, in order), so their rows are there for it.
 
-    def _write_live(self) -> None:
-        """The live journal entries queued since the last batch, at most one batch per JOURNAL_EVERY_S."""
-        self._wake.wait(max(0.0, self._live_at + JOURNAL_EVERY_S - time.monotonic()))
-        with self._live_lock:
-            live, self._live, self._live_due = self._live, {}, False
-        self._live_at = time.monotonic()
-        for number in sorted(live):  # entries enter in trial-number order (search/outputs/journal.py)
-            start, epochs = live[number]
-            if start is not None:
-                self._to_journal(functools.partial(self._start_entry, *start))
-            if epochs:
-                self._to_journal(functools.partial(self._report_entry, number, epochs))
+        Optuna numbers entries in the order they enter, so an entry above a trial with none yet makes a WAITING
+        placeholder of it, filled in later one value per write. Tune starts two trials in the order their actors
+        come up, not always by number: an entry above a trial Tune has not started yet is kept back one batch,
+        for that trial's start to come first; one batch only, as a trial can wait long (for a GPU, a node)."""
+        now = time.monotonic()
+        if not self._live or not (force or now - self._live_at >= JOURNAL_EVERY_S):
+            return
+        waiting = [t.config.get("trial_number") for t in trials or () if t.status == Trial.PENDING] \
+            if not force else []
+        below = min((int(n) for n in waiting if n is not None), default=None)
+        batch = {n: e for n, e in self._live.items() if below is None or n <= below or e.held}
+        self._live = {n: e for n, e in self._live.items() if n not in batch}
+        for entry in self._live.values():
+            entry.held = True
+        self._live_at = now
+        if batch:
+            self._submit(self._write_live, batch)
+
+    def _write_live(self, live: dict[int, Live]) -> None:
+        """One batch of journal entries, in trial-number order (search/outputs/journal.py)."""
+        for number in sorted(live):
+            entry, written = live[number], self._ended_rows.pop(number, None)
+            if entry.ended:  # none written: its part did not write; the end of the search writes its entry
+                if written:
+                    self._to_journal(lambda journal, written=written: journal.put(journal.trial_of(written)))
+                continue
+            if entry.start is not None:
+                self._to_journal(functools.partial(self._start_entry, *entry.start))
+            if entry.epochs:
+                self._to_journal(functools.partial(self._report_entry, number, entry.epochs))
 
     @staticmethod
     def _report_entry(number: int, epochs: dict[int, float], journal: Journal) -> None:
@@ -286,13 +308,12 @@ class Progress(Callback):
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpsearch-results")
             _writers.add(self._writer)
-            self._wake.clear()
         self._writer.submit(work, *args, **kwargs)
 
     def flush(self) -> None:
         """Wait until every ended trial's part and journal entry is written."""
+        self._hand_on(None, force=True)  # the last batch goes now, not after its second
         if self._writer is not None:
-            self._wake.set()  # a queued batch of live entries goes now, not after its second
             self._writer.shutdown(wait=True)
             _writers.discard(self._writer)
             self._writer = None
@@ -302,9 +323,8 @@ class Progress(Callback):
         self.running.discard(trial.trial_id)
         self._epochs.pop(trial.trial_id, None)
         number = trial.config.get("trial_number")
-        if number is not None:
-            with self._live_lock:  # its entry is written whole as it ended (_write), after any batch queued now
-                self._live.pop(int(number), None)
+        if number is not None:  # its entry is written whole as it ended, in the next batch
+            self._live[int(number)] = Live(ended=True)
         self._ending.append((trial, error, len(self.ended)))
 
     @property
@@ -343,14 +363,18 @@ class Progress(Callback):
             reports = read_record(pafs.LocalFileSystem(), local_path)
             rows = mark_feasible(trial_rows(trial_id, config, reports, done=True, error=error),
                                  objectives_of(self.space.experiment))
-            self.folder.write_part(self.space, trial_id, rows, self.schema)
+            written = self.folder.write_part(self.space, trial_id, rows, self.schema).to_pylist()
         except Exception as problem:  # written again from Tune's record when the search ends
             self._say_ended(line, rows, trial_id, config, error)
             print(f"note: the results part of trial {trial_id} is not written yet ({type(problem).__name__}: "
                   f"{problem}); the end of the search writes it", file=sys.stderr, flush=True)
             return
         self._say_ended(line, rows, trial_id, config, error)
-        self._to_journal(lambda journal: self.add_to_journal(rows))
+        number = config.get("trial_number")
+        if number is None:  # not numbered: a journal entry by itself, now
+            self._to_journal(lambda journal: journal.put(journal.trial_of(written)))
+        else:
+            self._ended_rows[int(number)] = written  # its batch (_write_live) follows on this thread
 
     def _say_ended(self, line: tuple[str, str, str] | None, rows: list[dict[str, Any]] | None, trial_id: str,
                    config: dict[str, Any], error: bool) -> None:

@@ -266,8 +266,12 @@ def with_reported(schema: pa.Schema, rows: Iterable[Mapping[str, Any]]) -> pa.Sc
 
 
 def part_bytes(rows: list[dict[str, Any]], schema: pa.Schema) -> bytes:
+    return table_bytes(table(rows, schema))
+
+
+def table_bytes(written: pa.Table) -> bytes:
     buffer = io.BytesIO()
-    pq.write_table(table(rows, schema), buffer)
+    pq.write_table(written, buffer)
     return buffer.getvalue()
 
 

@@ -44,7 +44,7 @@ import yaml
 from search.spec.schema import run_name_problem
 from search.spec.space import Space, parse_space, to_raw
 from search.store.results import RECORD_FILE as TRIAL_RECORD
-from search.store.results import RESULTS_FILE, is_json, part_bytes, results_schema
+from search.store.results import RESULTS_FILE, is_json, results_schema, table, table_bytes
 from search.store.searcher_record import RECORD_FILE, record_from_json
 from search.store.storage import Storage, is_uri
 from trainable.errors import ConfigError, problem
@@ -414,13 +414,15 @@ class RunFolder:
         return frame
 
     def write_part(self, space: Space, trial_id: str, rows: list[dict[str, Any]],
-                   schema: pa.Schema | None = None) -> None:
-        """One trial's rows as its part of results.parquet (replacing an earlier part).
+                   schema: pa.Schema | None = None) -> pa.Table:
+        """One trial's rows as its part of results.parquet (replacing an earlier part); returns the part as
+        written, whose to_pylist() is results.records(rows, schema) (its journal entry's, made once).
 
         `schema`: results_schema(space), if the caller holds it (it takes ms to make, per trial).
         """
-        self.storage.write(f"{self.name}/{RESULTS_FILE}/{trial_id}.parquet",
-                           part_bytes(rows, schema or results_schema(space)))
+        part = table(rows, schema or results_schema(space))
+        self.storage.write(f"{self.name}/{RESULTS_FILE}/{trial_id}.parquet", table_bytes(part))
+        return part
 
     def read_part(self, trial_id: str, schema: pa.Schema) -> list[dict[str, Any]]:
         """The rows of a trial's results part as written ([] if there is none or it does not read)."""
