@@ -79,3 +79,21 @@ def test_a_trial_started_again_keeps_the_report_a_lagging_upload_missed(ray_loca
     # Tune's own logger takes the run folder's copy back over the driver's: epoch 2 is lost
     assert recorded_epochs(tmp_path, "tunes", JsonLoggerCallback()) == [1, 3, 4]
     assert recorded_epochs(tmp_path, "ours", KeepingJsonLogger()) == [1, 2, 3, 4]
+
+
+def test_a_record_of_any_release_reads_back_its_placement_and_phases_as_columns():
+    """result.json holds a report's placement and phase columns as one value (trainable/report.py PACKED):
+    JSON text now, a list of pairs in the first packing, the columns one by one before it. Each reads back
+    as the columns, and a report without any of them is left as it is."""
+    from trainable.report import PACKED, packed, unpacked
+
+    report = {"val_acc": 0.5, "epoch": 2, "node": "n1", "device": "cpu", "world_size": 1, "ready_at": 1.5,
+              "fetch_seconds": float("nan"), "finished_at": None}
+    sent = packed(report)
+    assert set(sent) == {"val_acc", "epoch", PACKED} and isinstance(sent[PACKED], str)
+    through_json = json.loads(json.dumps(sent))  # as Tune's JSON logger writes it and results.read_record reads it
+    for record in (through_json, {**sent, PACKED: json.loads(sent[PACKED])}, report):
+        back = unpacked(record)
+        assert back.keys() == report.keys() and back["node"] == "n1" and back["ready_at"] == 1.5, record
+        assert back["fetch_seconds"] != back["fetch_seconds"] and back["finished_at"] is None
+    assert unpacked({"val_acc": 0.5}) == {"val_acc": 0.5} and packed({"val_acc": 0.5}) == {"val_acc": 0.5}

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -97,29 +98,33 @@ GPU_MEMORY_COLUMNS = ["gpu_memory_allocated_mb", "gpu_memory_reserved_mb"]
 REPORT_COLUMNS = [*EPOCH_COLUMNS, "diverged", *PLACEMENT_COLUMNS, *GPU_MEMORY_COLUMNS, *PHASE_COLUMNS, "finished_at"]
 
 # Where a trial ran and where its slot time went: results.parquet's columns, which nothing of Tune's
-# reads, so a report hands them to Tune as one value, a list of [column, value] pairs (`packed`).
+# reads, so a report hands them to Tune as one value, [column, value] pairs as JSON text (`packed`).
 # Tune keeps, for the whole search, running statistics of every number in every trial's reports (max,
 # min, mean and two moving means, about 1.5 KB per number per trial) and redoes them, and their JSON,
 # with each report; nine of these columns are numbers (docs/performance.md has what they cost at
 # 10,000 trials). The metrics, epoch, diverged and gpu_memory_reserved_mb (a constraint may name it)
-# stay numbers of their own.
+# stay numbers of their own. Text rather than a list: Tune's JSON logger writes a result through json's
+# pure-Python encoder (json.dump to a file), for which a list of 13 pairs costs as much as the rest of
+# the report (bench/per_report.py: 0.044 against 0.024 ms per report), and its CSV logger and its
+# snapshots copy a string whole.
 PACKED = "placement_and_phases"
 PACKED_COLUMNS = [*PLACEMENT_COLUMNS, "gpu_memory_allocated_mb", *PHASE_COLUMNS, "finished_at"]
 _PACKED = frozenset(PACKED_COLUMNS)
 
 
 def packed(report: Mapping[str, Any]) -> dict[str, Any]:
-    """A report as it goes to Tune: PACKED_COLUMNS as one PACKED value (a list, which Tune keeps as it is)."""
+    """A report as it goes to Tune: PACKED_COLUMNS as one PACKED value (JSON text, which Tune keeps as it is)."""
     pairs = [[column, report[column]] for column in PACKED_COLUMNS if column in report]
-    return {**{k: v for k, v in report.items() if k not in _PACKED}, **({PACKED: pairs} if pairs else {})}
+    return {**{k: v for k, v in report.items() if k not in _PACKED}, **({PACKED: json.dumps(pairs)} if pairs else {})}
 
 
 def unpacked(report: Mapping[str, Any]) -> Mapping[str, Any]:
     """A report as Tune recorded it, with PACKED_COLUMNS as columns again (a record without PACKED, an
-    earlier release's, has them as columns already)."""
+    earlier release's, has them as columns already; one whose PACKED is a list, the first packing's)."""
     if PACKED not in report:
         return report
-    return {**{k: v for k, v in report.items() if k != PACKED}, **dict(report[PACKED])}
+    pairs = report[PACKED]
+    return {**{k: v for k, v in report.items() if k != PACKED}, **dict(json.loads(pairs) if isinstance(pairs, str) else pairs)}
 
 
 def report_columns(metric_columns: tuple[str, ...]) -> list[str]:

@@ -94,7 +94,7 @@ def tracker_callbacks(space: Space, folder: RunFolder) -> list:
 
 
 # What every report carries for results.parquet alone: where the trial ran and where its slot time went
-# (trainable/report.py's PACKED, a list; the columns one by one in an earlier release's record), and a
+# (trainable/report.py's PACKED, JSON text; the columns one by one in an earlier release's record), and a
 # function trainable's list of its metric names (lists, which Tune's logger would try as a histogram and
 # warn about once per search). Not curves to look at.
 BOOKKEEPING = frozenset([METRIC_NAMES, PACKED, *PLACEMENT_COLUMNS, *GPU_MEMORY_COLUMNS, *PHASE_COLUMNS, "finished_at"])
