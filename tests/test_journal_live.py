@@ -108,6 +108,23 @@ def test_an_entry_above_a_trial_tune_has_not_started_waits_one_batch_for_it(tmp_
     listed, lines, ids = search("j-20261130-101600", zero_starts=False)  # #0 still waits a batch later: #1 goes in
     assert listed == [(0, "WAITING", None), (1, "RUNNING", ids[1])]
 
+    # kept back once, an entry goes at the next batch even if it was replaced meanwhile (a restart: max_failures)
+    folder = RunFolder(Storage.at(str(tmp_path)), "j-20261130-101700")
+    Path(folder.path).mkdir()
+    progress = Progress(folder, space)
+    trials = [Trial("noop", config=config(n, 0.1 + n / 100), stub=True) for n in range(3)]
+    for trial in trials[1:]:
+        trial.set_status(Trial.RUNNING)
+        progress.on_trial_start(iteration=1, trials=trials, trial=trial)
+    progress.on_step_end(iteration=1, trials=trials)  # #0 PENDING: #1 and #2 wait
+    progress.on_trial_start(iteration=2, trials=trials, trial=trials[1])  # #1 starts again
+    progress.on_step_end(iteration=2, trials=trials)  # #0 still PENDING: both go, in order
+    progress.flush()
+    listed = dashboard_trials(progress.journal.path, folder.name)
+    assert [(t.number, t.state.name, t.user_attrs.get("trial_id")) for t in listed] == [
+        (0, "WAITING", None), (1, "RUNNING", trials[1].trial_id), (2, "RUNNING", trials[2].trial_id)]
+    assert len(Path(progress.journal.path).read_text().splitlines()) == 4, "the study, #0's placeholder, #1, #2"
+
 
 def test_an_interrupted_trial_stays_running_and_its_resume_continues_the_same_entry(tmp_path):
     space = journal_space()
@@ -279,3 +296,24 @@ def test_trials_a_scheduler_stopped_are_pruned_and_the_studys_best_is_best_yamls
     Journal(rebuilt, space).sync(pd.read_parquet(run / "results.parquet"))
     assert [entry(t) for t in dashboard_trials(Path(rebuilt.path) / JOURNAL_FILE, "pruned")] == \
         [entry(t) for t in listed]
+
+
+def test_what_a_progress_holds_is_written_when_tune_returns_without_ending_it(tmp_path):
+    """After a quick stop or a second Ctrl-C Tune returns without on_experiment_end; the driver's flush_all
+    still writes the batch a Progress holds, not only what its writer thread was handed."""
+    from ray.tune.experiment import Trial
+
+    from search.execution.progress import flush_all
+
+    folder = RunFolder(Storage.at(str(tmp_path)), "j-20261130-101800")
+    Path(folder.path).mkdir()
+    progress = Progress(folder, journal_space())
+    progress.setup()  # the journal exists from the start: the writer thread is up
+    trial = Trial("noop", config=config(0, 0.15), stub=True)
+    trial.set_status(Trial.RUNNING)
+    progress.on_trial_start(iteration=1, trials=[trial], trial=trial)
+    progress.on_trial_result(iteration=1, trials=[trial], trial=trial, result={"val_acc": 0.5, "epoch": 1})
+    flush_all()  # no controller step came after the start: its batch was not handed on
+    [listed] = dashboard_trials(progress.journal.path, folder.name)
+    assert (listed.state.name, listed.user_attrs["trial_id"], listed.intermediate_values) == (
+        "RUNNING", trial.trial_id, {1: 0.5})

@@ -52,11 +52,12 @@ from search.store.results import read_record, records, results_schema, trial_row
 from search.store.run_folder import RunFolder
 from trainable.errors import ConfigError
 
-# Every writer thread started here, so the driver can wait for them after Tune returns even
-# when Tune ended without on_experiment_end (a second Ctrl-C) or restored its own Progress.
-# Tune forces this module-level set: a resumed Tuner runs the Progress it unpickled, not one the
-# driver holds, so the driver cannot reach its threads through an instance.
-_writers: set[ThreadPoolExecutor] = set()
+# Every Progress with a writer thread started, so the driver can hand on their last journal batch
+# and wait for their threads after Tune returns, even when Tune ended without on_experiment_end (a
+# quick stop, a second Ctrl-C) or restored its own Progress. Tune forces this module-level set: a
+# resumed Tuner runs the Progress it unpickled, not one the driver holds, so the driver cannot reach
+# it through an instance of its own.
+_writers: set[Progress] = set()
 
 JOURNAL_EVERY_S = 1.0  # the most a trial's start, epoch or end waits to be handed to the writer thread
 
@@ -88,9 +89,10 @@ def quiet_progress(quiet: bool) -> Iterator[None]:
 
 
 def flush_all() -> None:
-    """Wait until every part and journal entry handed to a writer thread is written."""
+    """Write every part and journal entry a Progress holds or has handed to its writer thread (after Tune
+    returned: its controller thread, which adds to them, is this one)."""
     while _writers:
-        _writers.pop().shutdown(wait=True)
+        _writers.pop().flush()
 
 
 def clock(seconds: float) -> str:
@@ -164,7 +166,7 @@ class Progress(Callback):
             self._submit(self._to_journal, functools.partial(self._start_entry, trial.trial_id, dict(trial.config)))
             return
         # a restart (max_failures, a resume) starts its entry again; its epochs follow anew
-        self._live[int(number)] = Live(start=(trial.trial_id, dict(trial.config)))
+        self._live[int(number)] = Live(start=(trial.trial_id, dict(trial.config)), held=self._held(int(number)))
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         self.ended.discard(trial.trial_id)  # a restarted trial is running again
@@ -286,6 +288,11 @@ class Progress(Callback):
         if batch:
             self._submit(self._write_live, batch)
 
+    def _held(self, number: int) -> bool:
+        """Whether trial `number`'s entry was kept back a batch already (an entry that replaces it keeps that)."""
+        entry = self._live.get(number)
+        return entry is not None and entry.held
+
     def _write_live(self, live: dict[int, Live]) -> None:
         """One batch of journal entries, in trial-number order (search/outputs/journal.py)."""
         for number in sorted(live):
@@ -307,7 +314,7 @@ class Progress(Callback):
     def _submit(self, work, *args, **kwargs) -> None:
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpsearch-results")
-            _writers.add(self._writer)
+            _writers.add(self)
         self._writer.submit(work, *args, **kwargs)
 
     def flush(self) -> None:
@@ -315,7 +322,7 @@ class Progress(Callback):
         self._hand_on(None, force=True)  # the last batch goes now, not after its second
         if self._writer is not None:
             self._writer.shutdown(wait=True)
-            _writers.discard(self._writer)
+            _writers.discard(self)
             self._writer = None
 
     def _ended(self, trial, *, error: bool) -> None:
@@ -324,7 +331,7 @@ class Progress(Callback):
         self._epochs.pop(trial.trial_id, None)
         number = trial.config.get("trial_number")
         if number is not None:  # its entry is written whole as it ended, in the next batch
-            self._live[int(number)] = Live(ended=True)
+            self._live[int(number)] = Live(ended=True, held=self._held(int(number)))
         self._ending.append((trial, error, len(self.ended)))
 
     @property
