@@ -104,9 +104,10 @@ REPORT_COLUMNS = [*EPOCH_COLUMNS, "diverged", *PLACEMENT_COLUMNS, *GPU_MEMORY_CO
 # with each report; nine of these columns are numbers (docs/performance.md has what they cost at
 # 10,000 trials). The metrics, epoch, diverged and gpu_memory_reserved_mb (a constraint may name it)
 # stay numbers of their own. Text rather than a list: Tune's JSON logger writes a result through json's
-# pure-Python encoder (json.dump to a file), for which a list of 13 pairs costs as much as the rest of
-# the report (bench/per_report.py: 0.044 against 0.024 ms per report), and its CSV logger and its
-# snapshots copy a string whole.
+# pure-Python encoder (json.dump to a file), for which a list of 13 pairs cost as much as the rest of
+# the report (one report dumped as Tune's logger does: 0.044 ms, 0.024 with the text; bench/per_report.py
+# measured Tune's JSON logger at 0.149 then 0.090 ms of CPU per report), and a string is one object to
+# Tune's CSV logger and its snapshots where the list was 27.
 PACKED = "placement_and_phases"
 PACKED_COLUMNS = [*PLACEMENT_COLUMNS, "gpu_memory_allocated_mb", *PHASE_COLUMNS, "finished_at"]
 _PACKED = frozenset(PACKED_COLUMNS)
