@@ -32,6 +32,7 @@ from ray import tune
 from trainable.config import TrialConfig
 from trainable.device import get_default_device
 from trainable.isolation import GlobalState
+from trainable.measures import import_torchmetrics
 from trainable.report import (CheckpointError, Phases, Placement, epoch_report, load_checkpoint, packed,
                               save_checkpoint)
 from trainable.watchdog import Watchdog
@@ -106,6 +107,8 @@ def run_trial(config: dict[str, Any], *, data: DataHandle, trial_function: Calla
         _fetched[key] = ray.get(data.ref)
         fetch_seconds = time.time() - started_at
     _start = TrialStart(ready_at, started_at, fetch_seconds, checkpoint_every, data.ref, trial_timeout)
+    if trial_function is tune_trial:  # the canonical loop's metrics module, before the watchdog times an epoch
+        import_torchmetrics()
     before = GlobalState.capture()
     try:
         with Watchdog(trial_timeout, f"trial #{config.get('trial_number')}") as _watchdog:

@@ -62,6 +62,13 @@ def build_loss(reference: str) -> LossFunction:
     return resolve(reference, LOSS_KEY)
 
 
+def import_torchmetrics() -> None:
+    """Import torchmetrics (and the torchvision it brings) now. A canonical loop's trial calls this before its
+    first epoch is timed (trainable/adapter.py run_trial): on a loaded machine the import takes seconds, which
+    experiment.trial_timeout would count against the first epoch and stop a trial that does not hang."""
+    import torchmetrics  # noqa: F401
+
+
 def accuracy_metric(num_classes: int, device: torch.device) -> MulticlassAccuracy:
     """Plain accuracy (micro average: correct / total); torchmetrics' default is macro.
 
