@@ -57,7 +57,7 @@ from trainable.errors import ConfigError
 # quick stop, a second Ctrl-C) or restored its own Progress. Tune forces this module-level set: a
 # resumed Tuner runs the Progress it unpickled, not one the driver holds, so the driver cannot reach
 # it through an instance of its own.
-_writers: set[Progress] = set()
+_unflushed: set[Progress] = set()
 
 JOURNAL_EVERY_S = 1.0  # the most a trial's start, epoch or end waits to be handed to the writer thread
 
@@ -73,7 +73,7 @@ class Live:
 
 
 # `--quiet`: a choice of this command, not of the run, so neither in spec.yaml nor in the pickled callback:
-# a resumed Tuner runs the Progress it unpickled (see _writers), which reads it here (Progress._reset).
+# a resumed Tuner runs the Progress it unpickled (see _unflushed), which reads it here (Progress._reset).
 _quiet = False
 
 
@@ -91,8 +91,8 @@ def quiet_progress(quiet: bool) -> Iterator[None]:
 def flush_all() -> None:
     """Write every part and journal entry a Progress holds or has handed to its writer thread (after Tune
     returned: its controller thread, which adds to them, is this one)."""
-    while _writers:
-        _writers.pop().flush()
+    while _unflushed:
+        _unflushed.pop().flush()
 
 
 def clock(seconds: float) -> str:
@@ -277,9 +277,9 @@ class Progress(Callback):
         now = time.monotonic()
         if not self._live or not (force or now - self._live_at >= JOURNAL_EVERY_S):
             return
-        waiting = [t.config.get("trial_number") for t in trials or () if t.status == Trial.PENDING] \
-            if not force else []
-        below = min((int(n) for n in waiting if n is not None), default=None)
+        below = None if force else min((int(t.config["trial_number"]) for t in trials
+                                        if t.status == Trial.PENDING and t.config.get("trial_number") is not None),
+                                       default=None)
         batch = {n: e for n, e in self._live.items() if below is None or n <= below or e.held}
         self._live = {n: e for n, e in self._live.items() if n not in batch}
         for entry in self._live.values():
@@ -299,12 +299,17 @@ class Progress(Callback):
             entry, written = live[number], self._ended_rows.pop(number, None)
             if entry.ended:  # none written: its part did not write; the end of the search writes its entry
                 if written:
-                    self._to_journal(lambda journal, written=written: journal.put(journal.trial_of(written)))
+                    self._to_journal(functools.partial(self._ended_entry, written))
                 continue
             if entry.start is not None:
                 self._to_journal(functools.partial(self._start_entry, *entry.start))
             if entry.epochs:
                 self._to_journal(functools.partial(self._report_entry, number, entry.epochs))
+
+    @staticmethod
+    def _ended_entry(written: list[dict[str, Any]], journal: Journal) -> None:
+        """An ended trial's entry, whole, from its results part's records (RunFolder.write_part)."""
+        journal.put(journal.trial_of(written))
 
     @staticmethod
     def _report_entry(number: int, epochs: dict[int, float], journal: Journal) -> None:
@@ -314,7 +319,7 @@ class Progress(Callback):
     def _submit(self, work, *args, **kwargs) -> None:
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpsearch-results")
-            _writers.add(self)
+            _unflushed.add(self)
         self._writer.submit(work, *args, **kwargs)
 
     def flush(self) -> None:
@@ -322,7 +327,7 @@ class Progress(Callback):
         self._hand_on(None, force=True)  # the last batch goes now, not after its second
         if self._writer is not None:
             self._writer.shutdown(wait=True)
-            _writers.discard(self)
+            _unflushed.discard(self)
             self._writer = None
 
     def _ended(self, trial, *, error: bool) -> None:
@@ -379,7 +384,7 @@ class Progress(Callback):
         self._say_ended(line, rows, trial_id, config, error)
         number = config.get("trial_number")
         if number is None:  # not numbered: a journal entry by itself, now
-            self._to_journal(lambda journal: journal.put(journal.trial_of(written)))
+            self._to_journal(functools.partial(self._ended_entry, written))
         else:
             self._ended_rows[int(number)] = written  # its batch (_write_live) follows on this thread
 
@@ -397,4 +402,4 @@ class Progress(Callback):
 
     def add_to_journal(self, rows: list[dict[str, Any]]) -> None:
         """Put one ended trial in optuna.journal (a trial re-run after a resume replaces its entry)."""
-        self.journal.put(self.journal.trial_of(records(rows, self.schema)))
+        self._ended_entry(records(rows, self.schema), self.journal)
