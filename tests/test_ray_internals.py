@@ -59,3 +59,15 @@ def test_autoscaler_records_that_do_not_read_are_no_evidence_of_none(ray_local, 
                                   "ray._private.authentication.authentication_token_setup"])
 def test_the_loggers_quiet_filters_are_still_ray_modules(name):
     importlib.import_module(name)  # a renamed module would let its hint through again
+
+
+def test_tunes_loggers_still_keep_a_trials_file_and_writer_where_ours_reach_them():
+    """KeepingJsonLogger writes to the result.json Tune's JSON logger opened, EventFiles wraps the SummaryWriter
+    of Tune's TensorBoard logger (search/execution/tuner.py): both are reached by the attribute that holds them."""
+    from ray.tune.logger import JsonLoggerCallback, TBXLoggerCallback
+
+    assert ray_internals.record_file(JsonLoggerCallback(), object()) is None, "JsonLoggerCallback._trial_files moved"
+    assert ray_internals.event_writers(TBXLoggerCallback()) == {}, "TBXLoggerCallback._trial_writer moved"
+    source = inspect.getsource(TBXLoggerCallback.log_trial_result)
+    assert "self._trial_writer[trial].add_scalar(" in source and "self._trial_writer[trial].flush()" in source, \
+        "Tune's TensorBoard logger no longer adds scalars and then flushes: EventFiles' one event per report"

@@ -97,3 +97,33 @@ def test_a_record_of_any_release_reads_back_its_placement_and_phases_as_columns(
         assert back.keys() == report.keys() and back["node"] == "n1" and back["ready_at"] == 1.5, record
         assert back["fetch_seconds"] != back["fetch_seconds"] and back["finished_at"] is None
     assert unpacked({"val_acc": 0.5}) == {"val_acc": 0.5} and packed({"val_acc": 0.5}) == {"val_acc": 0.5}
+
+
+def test_our_json_logger_writes_the_lines_tunes_writes(ray_local, tmp_path):
+    """KeepingJsonLogger writes a report with json's C encoder (search/execution/ray_internals.py's record_file):
+    the same bytes as Tune's logger, for every kind of value a report and its config hold."""
+    import numpy as np
+    from ray.train._internal.storage import StorageContext
+    from ray.tune.experiment import Trial
+
+    results = [
+        {"val_acc": np.float32(0.5), "loss": float("nan"), "inf": float("inf"), "epoch": np.int64(3), "ok": np.bool_(True),
+         "none": None, "list": [1, 2.5, "x"], "array": np.arange(3), "text": "ü \"q\" \n", "done": False,
+         "config": {"lr": np.float64(0.1), "model": {"hidden_sizes": (64, 32)}, "name": "a/b"}},
+        {"val_acc": 0.25, "epoch": 4, "placement_and_phases": json.dumps([["node", "n1"], ["ready_at", None]]),
+         "other": object.__new__(tune.Callback), "config": {}},
+    ]
+    written = {}
+    for name, logger in (("tunes", JsonLoggerCallback()), ("ours", KeepingJsonLogger())):
+        trial = Trial("noop", config={"lr": 0.1}, stub=True,
+                      storage=StorageContext(storage_path=str(tmp_path), experiment_dir_name=name))
+        trial.storage.trial_dir_name = "trial_0"
+        os.makedirs(trial.local_path)
+        logger.log_trial_start(trial)
+        for epoch, result in enumerate(results, 1):
+            logger.log_trial_result(epoch, trial, result)
+        logger.log_trial_end(trial)
+        with open(os.path.join(trial.local_path, RECORD_FILE), "rb") as f:
+            written[name] = f.read()
+    assert written["ours"].count(b"\n") == len(results)
+    assert written["ours"] == written["tunes"]

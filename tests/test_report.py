@@ -87,12 +87,37 @@ def test_the_optuna_journal_holds_every_trial_with_values_as_in_results(searched
 
 
 def test_tensorboard_finds_event_files_for_every_trial(searched):
+    """Every trial's event file holds each epoch's metrics at that epoch's step, as results.parquet has them,
+    one event per report (search/execution/tuner.py's EventFiles), and no bookkeeping."""
     _, outcome = searched
     trials = sorted(Path(outcome.path).glob("trial_*"))
     assert len(trials) == 4
     for trial in trials:
         [events] = trial.glob("events.out.tfevents.*")
-        assert b"ray/tune/val_acc" in events.read_bytes(), "the metric is in the event file"
+        scalars = [e for e in read_events(events) if e.summary.value and e.summary.value[0].HasField("simple_value")]
+        rows = outcome.results[outcome.results["trial_id"] == trial.name.removeprefix("trial_")]
+        assert [e.step for e in scalars] == list(rows["epoch"]), "one event per report, at its step"
+        for event, (_, row) in zip(scalars, rows.iterrows()):
+            values = {v.tag: v.simple_value for v in event.summary.value}
+            for metric in ("val_acc", "val_loss", "train_loss", "epoch_seconds"):
+                assert values[f"ray/tune/{metric}"] == pytest.approx(row[metric], rel=1e-6), (metric, event.step)
+            assert not any("placement" in tag or "metric_names" in tag for tag in values), values
+
+
+def read_events(path: Path) -> list:
+    """The events of a TensorBoard event file: TFRecords (length, its CRC, an Event, the Event's CRC)."""
+    import struct
+
+    from tensorboardX.proto.event_pb2 import Event
+
+    data, events, at = path.read_bytes(), [], 0
+    while at < len(data):
+        (length,) = struct.unpack_from("<Q", data, at)
+        event = Event()
+        event.ParseFromString(data[at + 12:at + 12 + length])
+        events.append(event)
+        at += 12 + length + 4
+    return events
 
 
 def test_mlflow_records_one_run_per_trial(searched):

@@ -55,6 +55,7 @@ def test_no_tensorboard_in_loggers_writes_no_event_files(sparse_checkpoints):
     trials = sorted(Path(outcome.path).glob("trial_*"))
     assert len(trials) == 4 and all((t / "result.json").is_file() for t in trials), "Tune's record is kept"
     assert not list(Path(outcome.path).glob("trial_*/events.out.tfevents.*")), "Tune adds its own logger otherwise"
+    assert not list(Path(outcome.path).glob("trial_*/progress.csv")), "nor a CSV copy of result.json (NoProgressCsv)"
 
 
 def test_summary_names_the_biggest_phase_outside_training(sparse_checkpoints):

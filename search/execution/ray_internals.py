@@ -10,6 +10,14 @@ fails when Ray changes what it relies on, so an upgrade says where to look inste
   not below 1 s, and a callback hears of neither the stop nor the save.
 - `autoscaler_status`: whether an autoscaler runs. No public API says it; `ray status` reads the
   GCS key-value record DEBUG_AUTOSCALING_STATUS (autoscaler v1) and the v2 SDK's cluster status.
+- `record_file`: the open result.json of a trial in Tune's JSON logger (JsonLoggerCallback._trial_files),
+  which search/execution/tuner.py's KeepingJsonLogger writes each report to with json's C encoder: Tune
+  writes it with `json.dump` to the file, json's pure-Python encoder, the biggest cost of a report among
+  Tune's loggers (docs/performance.md). No public way reaches the handle Tune's logger opened, reopened
+  and closed as a trial starts again and ends.
+- `event_writers`: the SummaryWriter per trial of Tune's TensorBoard logger (TBXLoggerCallback._trial_writer),
+  which search/execution/tuner.py's EventFiles wraps so that a report's scalars go as one event, not one
+  each (docs/performance.md). Tune's logger makes each writer as a trial starts; no public way reaches it.
 - The logger names the quiet mode filters (search/execution/session.py's `quiet`) are Ray's
   module paths, `ray._private.worker` among them: a renamed module only makes a hint visible again.
 """
@@ -20,6 +28,7 @@ import json
 import logging
 import threading
 from contextlib import contextmanager
+from typing import TextIO
 
 import ray
 
@@ -67,6 +76,16 @@ def quick_stop():
     finally:
         logger.removeFilter(cut)
         logger.setLevel(level)
+
+
+def record_file(logger, trial) -> TextIO | None:
+    """The result.json Tune's JSON logger `logger` has open for `trial` (None if none is open)."""
+    return logger._trial_files.get(trial)
+
+
+def event_writers(logger) -> dict:
+    """Trial -> the tensorboardX SummaryWriter that Tune's TensorBoard logger `logger` writes its event file with."""
+    return logger._trial_writer
 
 
 def autoscaler_status() -> tuple[set[str] | None, str | None]:

@@ -7,6 +7,7 @@ run with the same trainable. `fit` runs it with SIGTERM handled as Ctrl-C.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -14,13 +15,14 @@ from typing import Any, Callable
 
 import pyarrow.fs as pafs
 from ray import tune
-from ray.tune.logger import JsonLoggerCallback, TBXLoggerCallback
+from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback, TBXLoggerCallback
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
+from ray.tune.utils.util import SafeFallbackEncoder
 
 from search.execution.capacity import trial_resources
 from search.execution.disk_guard import DiskGuard
 from search.execution.progress import Progress, flush_all
-from search.execution.ray_internals import quick_stop
+from search.execution.ray_internals import event_writers, quick_stop, record_file
 from search.execution.session import sigterm_as_sigint
 from search.outputs.phases import first_trial_started
 from search.searching.budget import budgeted
@@ -102,22 +104,57 @@ BOOKKEEPING = frozenset([METRIC_NAMES, PACKED, *PLACEMENT_COLUMNS, *GPU_MEMORY_C
 
 class EventFiles(TBXLoggerCallback):
     """experiment.loggers with tensorboard: Tune's TensorBoard logger, given the metrics only (not
-    BOOKKEEPING, about half of a report's values). With them, bench/per_report.py measured this logger
-    at 2.5x the wall time per report of plain Tune's on the driver's controller thread; without, 1.4x
-    (docs/performance.md). The bookkeeping stays in results.parquet."""
+    BOOKKEEPING, about half of a report's values), and writing a report's scalars as one event.
+
+    With the bookkeeping, bench/per_report.py measured this logger at 2.5x the wall time per report
+    of plain Tune's on the driver's controller thread; without, 1.4x. Tune writes each scalar as an
+    event of its own (tensorboardX's add_scalar: a Summary, an Event, its serialising, the writer's
+    queue); one event holding them all took a quarter of the CPU time for eight values
+    (docs/performance.md). TensorBoard reads the same curves from it. The bookkeeping stays in
+    results.parquet."""
+
+    def log_trial_start(self, trial) -> None:
+        super().log_trial_start(trial)
+        writers = event_writers(self)
+        writers[trial] = OneEventPerReport(writers[trial])
 
     def log_trial_result(self, iteration, trial, result) -> None:
         super().log_trial_result(iteration, trial, {k: v for k, v in result.items() if k not in BOOKKEEPING})
 
 
-class NoEventFiles(TBXLoggerCallback):
-    """experiment.loggers without tensorboard: no TensorBoard event files. Tune adds its TensorBoard
-    logger unless the callbacks hold one, so they hold this one, which writes nothing. It saves the
-    driver a writer (and its thread) per trial and ~40 scalars per report, which counts in a search
-    of many short trials (docs/performance.md)."""
+class OneEventPerReport:
+    """A trial's tensorboardX SummaryWriter, whose scalars wait for its next flush and go as one event.
 
-    def __init__(self) -> None:
-        super(TBXLoggerCallback, self).__init__()  # not Tune's: it writes nothing, so it needs no tensorboardX
+    Tune's logger adds a report's scalars one by one (all at the report's step) and flushes after each
+    report; everything else (histograms, the hparams at the trial's end, close) goes to the writer."""
+
+    def __init__(self, writer) -> None:
+        self._writer, self._values, self._step = writer, [], None
+
+    def add_scalar(self, tag: str, scalar_value, global_step=None, walltime=None, **kwargs) -> None:
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        self._values.append(Summary.Value(tag=tag, simple_value=float(scalar_value)))
+        self._step = global_step
+
+    def flush(self) -> None:
+        if self._values:
+            from tensorboardX.proto.summary_pb2 import Summary
+
+            self._writer.file_writer.add_summary(Summary(value=self._values), self._step)
+            self._values = []
+        self._writer.flush()
+
+    def close(self) -> None:
+        self.flush()
+        self._writer.close()
+
+    def __getattr__(self, name: str):
+        return getattr(self._writer, name)
+
+
+class WritesNothing:
+    """A logger that writes nothing, for a kind Tune adds by itself unless the callbacks hold one."""
 
     def log_trial_start(self, trial) -> None:
         pass
@@ -127,6 +164,23 @@ class NoEventFiles(TBXLoggerCallback):
 
     def log_trial_end(self, trial, failed: bool = False) -> None:
         pass
+
+
+class NoEventFiles(WritesNothing, TBXLoggerCallback):
+    """experiment.loggers without tensorboard: no TensorBoard event files. Tune adds its TensorBoard
+    logger unless the callbacks hold one, so they hold this one, which writes nothing. It saves the
+    driver a writer (and its thread) per trial and ~40 scalars per report, which counts in a search
+    of many short trials (docs/performance.md)."""
+
+    def __init__(self) -> None:
+        super(TBXLoggerCallback, self).__init__()  # not Tune's: it writes nothing, so it needs no tensorboardX
+
+
+class NoProgressCsv(WritesNothing, CSVLoggerCallback):
+    """No progress.csv in the trial folders. Tune adds its CSV logger unless the callbacks hold one, so
+    they hold this one, which writes nothing. The CSV repeats result.json (the record) line for line, and
+    results.parquet is the table; nothing of hpsearch's or Tune's reads it while a result.json is there.
+    It cost the driver as much per report as Tune's JSON logger (bench/per_report.py, docs/performance.md)."""
 
 
 class FirstTrialStart(tune.Callback):
@@ -148,6 +202,10 @@ class KeepingJsonLogger(JsonLoggerCallback):
     driver has written a trial's record, that copy holds every report the run folder's does and
     more, so it stays; the run folder's copy is taken only by a driver that has none (a resume).
     Tune adds its own JSON logger only when none is given, so this one replaces it.
+
+    Each report is written as Tune's logger writes it, one line of the same JSON, but made by json's C
+    encoder: Tune's `json.dump` to the file runs json's pure-Python one, and took more of the driver per
+    report than any other logger (bench/per_report.py; docs/performance.md).
     """
 
     def log_trial_start(self, trial) -> None:
@@ -157,6 +215,14 @@ class KeepingJsonLogger(JsonLoggerCallback):
         if kept and _read_bytes(local) != kept:
             with open(local, "wb") as f:  # the logger's handle appends (O_APPEND): its next line follows these
                 f.write(kept)
+
+    def log_trial_result(self, iteration, trial, result) -> None:
+        if record_file(self, trial) is None:
+            self.log_trial_start(trial)
+        record = record_file(self, trial)
+        # json.dumps, unlike json.dump, takes the C encoder; SafeFallbackEncoder's fallbacks are the same
+        record.write(json.dumps(result, cls=SafeFallbackEncoder) + "\n")
+        record.flush()
 
 
 class KeepRecords(tune.Callback):
@@ -238,7 +304,7 @@ def build_tuner(space: Space, folder: RunFolder, data: Data | None, trial_functi
             # reproducible search reruns them identically, and their parts written before the kill
             # are dropped on resume (run_folder.drop_unrecorded_parts; docs/stops-and-resume.md)
             callbacks=[Progress(folder, space), *disk_guard(space, folder), *tracker_callbacks(space, folder),
-                       *keep_checkpoints(space, folder), FirstTrialStart(), KeepingJsonLogger()],
+                       *keep_checkpoints(space, folder), FirstTrialStart(), KeepingJsonLogger(), NoProgressCsv()],
             verbose=0,
         ),
     )
