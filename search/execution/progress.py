@@ -294,7 +294,9 @@ class Progress(Callback):
         return entry is not None and entry.held
 
     def _write_live(self, live: dict[int, Live]) -> None:
-        """One batch of journal entries, in trial-number order (search/outputs/journal.py)."""
+        """One batch of journal entries, in trial-number order (search/outputs/journal.py), written in one
+        append to the file (Journal.hold)."""
+        self._to_journal(Journal.hold)
         for number in sorted(live):
             entry, written = live[number], self._ended_rows.pop(number, None)
             if entry.ended:  # none written: its part did not write; the end of the search writes its entry
@@ -305,6 +307,7 @@ class Progress(Callback):
                 self._to_journal(functools.partial(self._start_entry, *entry.start))
             if entry.epochs:
                 self._to_journal(functools.partial(self._report_entry, number, entry.epochs))
+        self._to_journal(Journal.commit)
 
     @staticmethod
     def _ended_entry(written: list[dict[str, Any]], journal: Journal) -> None:

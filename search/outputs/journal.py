@@ -43,9 +43,10 @@ from typing import Any, Mapping, Sequence
 
 import optuna
 import pandas as pd
+from optuna.storages.journal import BaseJournalBackend, JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
-from search.searching.study import JOURNAL_FILE, PENDING, best_trials, frozen_trial, journal, trial_records
+from search.searching.study import JOURNAL_FILE, PENDING, best_trials, frozen_trial, trial_records
 from search.searching.warm_start import load, told
 from search.spec.objectives import objectives_of
 from search.spec.space import Space
@@ -81,6 +82,43 @@ def placeholder(number: int) -> FrozenTrial:
     return create_trial(state=TrialState.WAITING, user_attrs={"trial_number": number, "status": PENDING})
 
 
+class HeldAppends(BaseJournalBackend):
+    """Optuna's journal file, whose appends can be held in memory and written together (`commit`).
+
+    Optuna's file backend writes each change of an entry (a value, an attribute, a state) as an append
+    of its own: a lock (a symlink made, renamed and removed), a write and an fsync, then a read back.
+    Held, a batch of the search's entries is one append (Journal.hold; search/execution/progress.py holds
+    each batch). Reads see the held changes after the file's, as if written: only this process writes
+    the file, so they follow its last line. A dashboard sees the batch when it is committed.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._file = JournalFileBackend(path)
+        self.holding = False
+        self._held: list[dict[str, Any]] = []
+        self._in_file = 0  # the logs of the file read so far: the held ones are numbered after them
+
+    def read_logs(self, log_number_from: int) -> list[dict[str, Any]]:
+        if log_number_from > self._in_file:  # read up to the held ones already
+            return self._held[log_number_from - self._in_file:]
+        logs = list(self._file.read_logs(log_number_from))
+        self._in_file = log_number_from + len(logs)
+        return logs + self._held
+
+    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        self._held.extend(logs)
+        if not self.holding:
+            self.commit()
+
+    def commit(self) -> None:
+        if not self._held:
+            return
+        held, self._held = self._held, []
+        self._file.append_logs(held)
+        # read back once: Optuna's file backend learns where each line starts, so later reads seek past them
+        self._in_file += sum(1 for _ in self._file.read_logs(self._in_file))
+
+
 class Journal:
     """optuna.journal of a run: entry k is trial_number k, as results.parquet holds it."""
 
@@ -91,6 +129,7 @@ class Journal:
         self.schema = schema if schema is not None else results_schema(space)
         self.path = local_journal_path(folder.path)
         self._uploaded_at, self._upload_seconds = 0.0, 0.0
+        self._holding = False
         if is_uri(folder.path) and not os.path.exists(self.path):  # a resume on another machine
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             copy = folder.storage.read(f"{folder.name}/{JOURNAL_FILE}")
@@ -111,11 +150,13 @@ class Journal:
     def _open(self, path: str) -> None:
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "A new study created" line
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        self.storage = journal(path)
+        self._backend = HeldAppends(path)
+        self.storage = optuna.storages.JournalStorage(self._backend)
         optuna.create_study(storage=self.storage, study_name=self.folder.name, load_if_exists=True,
                             directions=objectives_of(self.space.experiment).directions)
         self.study_id = self.storage.get_study_id_from_name(self.folder.name)
         self._write_warm_start()
+        self._backend.holding = self._holding  # the study is in the file from the start; a batch goes on held
 
     def _write_warm_start(self) -> None:
         """The warm start's study, written once: the trials a file already holds are not added again."""
@@ -127,6 +168,16 @@ class Journal:
         study.add_trials(warm[len(study.get_trials(deepcopy=False)):])
 
     # ---- the search as it goes ----
+
+    def hold(self) -> None:
+        """Hold the changes from here until `commit`, to write them in one append (HeldAppends)."""
+        self._holding = self._backend.holding = True
+
+    def commit(self) -> None:
+        """Write the changes held since `hold`, in one append, and write at once again from here."""
+        self._holding = self._backend.holding = False
+        self._backend.commit()
+        self.upload(force=False)
 
     def trial_of(self, rows: Sequence[Mapping[str, Any]], *, best: bool = False) -> FrozenTrial:
         """One trial's rows (study.frozen_trial's records) as its entry: RUNNING, WAITING or ended, by its
@@ -157,7 +208,8 @@ class Journal:
         ended with something else) replaced by writing the journal anew."""
         if not self._put(trial):
             self._rewrite()
-        self.upload(force=False)
+        if not self._holding:
+            self.upload(force=False)
 
     def sync(self, frame: pd.DataFrame) -> None:
         """Make the journal hold the trials of `frame` (results.parquet), rewriting it only if it must.
@@ -240,10 +292,12 @@ class Journal:
         temporary = os.path.join(folder, f".{name}.{uuid.uuid4().hex}.tmp")
         try:
             self._open(temporary)
+            self._backend.holding = True  # the whole journal in one append
             top = max(self.entries, default=-1)
             ordered = [self.entries.get(n) or placeholder(n) for n in range(top + 1)]
             for trial in ordered:
                 self.storage.create_new_trial(self.study_id, template_trial=trial)
+            self._backend.commit()
             os.replace(temporary, self.path)  # readers see the old journal or the new one, whole
         finally:
             if os.path.exists(temporary):
@@ -254,7 +308,7 @@ class Journal:
 
     def upload(self, *, force: bool) -> None:
         """On URI storage, copy the journal into the run folder; unless forced, at most ~5% of the time."""
-        if not is_uri(self.folder.path):
+        if not is_uri(self.folder.path) or self._holding:  # held changes are not in the file yet
             return
         now = time.monotonic()
         if not force and now - self._uploaded_at < self._upload_seconds / self.UPLOAD_SHARE:
