@@ -126,6 +126,54 @@ def test_an_entry_above_a_trial_tune_has_not_started_waits_one_batch_for_it(tmp_
     assert len(Path(progress.journal.path).read_text().splitlines()) == 4, "the study, #0's placeholder, #1, #2"
 
 
+def test_a_held_batch_is_one_append_read_as_written_and_seen_by_the_dashboard_when_committed(tmp_path):
+    """Journal.hold/commit (HeldAppends): a batch of changes goes to the file in one append, the same lines
+    as written one by one; the journal reads its held changes back meanwhile, and a dashboard sees them
+    when they are committed. A rewrite in the batch (an ended entry replaced) takes the held changes in."""
+    space = journal_space()
+    made = {}
+    for name, held in (("one-by-one", False), ("held", True)):
+        folder = RunFolder(Storage.at(str(tmp_path)), name)
+        Path(folder.path).mkdir()
+        journal = Journal(folder, space)
+        appends = []
+        original = journal._backend._file.append_logs
+        journal._backend._file.append_logs = lambda logs: (appends.append(len(logs)), original(logs))[1]
+        if held:
+            journal.hold()
+        journal.put(journal.trial_of(rows("a", 0, 0.15, [0.5, 0.7])))
+        journal.start(journal.trial_of(rows("b", 1, 0.12, [0.6], status="RUNNING")))
+        journal.report(1, 2, 0.65)
+        journal.put(journal.trial_of(rows("c", 2, 0.11, [0.4, 0.45])))
+        assert sorted(journal.entries) == [0, 1, 2] and journal.entries[1].intermediate_values == {1: 0.6, 2: 0.65}
+        if held:
+            assert len(dashboard_trials(journal.path, folder.name)) == 0, "held: not in the file yet"
+            assert appends == []
+            journal.commit()
+            assert appends == [len(Path(journal.path).read_text().splitlines()) - 1], "one append, the study's line apart"
+        else:
+            assert appends == [1, 1, 1, 1], "an append per change"
+        listed = dashboard_trials(journal.path, folder.name)
+        made[name] = [(t.number, t.state.name, t.value, t.params, t.intermediate_values, t.user_attrs) for t in listed]
+        # after the commit, changes are written at once again and read back in order
+        journal.put(journal.trial_of(rows("b", 1, 0.12, [0.6, 0.65, 0.8])))
+        assert dashboard_trials(journal.path, folder.name)[1].state.name == "COMPLETE"
+        assert Journal(folder, space).entries[1].value == 0.8, "a new reader of the file"
+    assert made["held"] == made["one-by-one"] and len(made["held"]) == 3
+    # an ended entry replaced inside a batch (a trial run again after a resume) rewrites the journal whole
+    folder = RunFolder(Storage.at(str(tmp_path)), "held")
+    journal = Journal(folder, space)
+    journal.hold()
+    journal.report(2, 3, 0.5)  # #2 ended: no change
+    journal.put(journal.trial_of(rows("e", 2, 0.11, [0.3])))
+    journal.put(journal.trial_of(rows("f", 3, 0.13, [0.2], status="RUNNING")))
+    journal.commit()
+    listed = dashboard_trials(journal.path, folder.name)
+    assert [(t.number, t.user_attrs["trial_id"], t.state.name) for t in listed] == [
+        (0, "a", "COMPLETE"), (1, "b", "COMPLETE"), (2, "e", "COMPLETE"), (3, "f", "RUNNING")]
+    assert sorted(p.name for p in Path(folder.path).iterdir()) == [JOURNAL_FILE], "no temporary file left"
+
+
 def test_an_interrupted_trial_stays_running_and_its_resume_continues_the_same_entry(tmp_path):
     space = journal_space()
     folder = RunFolder(Storage.at(str(tmp_path)), "j-20261130-101500")
