@@ -174,13 +174,43 @@ def test_a_held_batch_is_one_append_read_as_written_and_seen_by_the_dashboard_wh
     assert sorted(p.name for p in Path(folder.path).iterdir()) == [JOURNAL_FILE], "no temporary file left"
 
 
-def test_an_interrupted_trial_stays_running_and_its_resume_continues_the_same_entry(tmp_path):
-    space = journal_space()
-    folder = RunFolder(Storage.at(str(tmp_path)), "j-20261130-101500")
+def a_ended_b_running(tmp_path, name: str) -> tuple[RunFolder, Journal]:
+    """A run folder whose journal holds #0 ("a") ended and #1 ("b") running since its epoch 1."""
+    folder = RunFolder(Storage.at(str(tmp_path)), name)
     Path(folder.path).mkdir()
-    journal = Journal(folder, space)
+    journal = Journal(folder, journal_space())
     journal.put(journal.trial_of(rows("a", 0, 0.15, [0.5, 0.7])))
     journal.start(journal.trial_of(rows("b", 1, 0.12, [0.6], status="RUNNING")))
+    return folder, journal
+
+
+def test_a_note_another_process_writes_while_a_batch_is_held_leaves_the_journal_right(tmp_path):
+    """optuna-dashboard writes the file too (a note is a study system attribute). Landed while a batch is held,
+    its line comes before the batch's in the file, not where the held lines were read: the commit reads the
+    file anew, and the entries after it go where they belong (an ended entry stays ended, a new one is one)."""
+    from search.searching.study import journal as journal_storage
+
+    folder, journal = a_ended_b_running(tmp_path, "j-20261205-070000")
+    dashboard = journal_storage(journal.path)
+    journal.hold()
+    journal.start(journal.trial_of(rows("c", 2, 0.11, [0.4], status="RUNNING")))  # #2 enters in the batch
+    journal.put(journal.trial_of(rows("b", 1, 0.12, [0.6, 0.8])))  # and #1 ends in it, last
+    dashboard.set_study_system_attr(dashboard.get_study_id_from_name(folder.name), "dashboard:note", "a note")
+    journal.commit()
+    journal.report(2, 2, 0.45)
+    journal.put(journal.trial_of(rows("c", 2, 0.11, [0.4, 0.45, 0.5])))
+    journal.start(journal.trial_of(rows("d", 3, 0.13, [0.3], status="RUNNING")))
+    listed = dashboard_trials(journal.path, folder.name)
+    assert [(t.number, t.user_attrs["trial_id"], t.state.name, t.value) for t in listed] == [
+        (0, "a", "COMPLETE", 0.7), (1, "b", "COMPLETE", 0.8), (2, "c", "COMPLETE", 0.5), (3, "d", "RUNNING", None)]
+    assert listed[2].intermediate_values == {1: 0.4, 2: 0.45, 3: 0.5}
+    study = dashboard_storage.get_storage(journal.path)
+    assert study.get_study_system_attrs(study.get_study_id_from_name(folder.name))["dashboard:note"] == "a note"
+
+
+def test_an_interrupted_trial_stays_running_and_its_resume_continues_the_same_entry(tmp_path):
+    space = journal_space()
+    folder, journal = a_ended_b_running(tmp_path, "j-20261130-101500")
     journal.put(journal.trial_of(rows("c", 2, 0.11, [0.4, 0.45])))
     # Ctrl-C: the end of the search makes the journal hold results.parquet, #1 INTERRUPTED after its epoch 1
     stopped = pd.DataFrame(rows("a", 0, 0.15, [0.5, 0.7]) + rows("b", 1, 0.12, [0.6], status="INTERRUPTED")
@@ -232,6 +262,13 @@ def test_on_uri_storage_the_journal_is_on_the_drivers_disk_and_copied_to_the_run
     local.unlink()
     again = Journal(folder, space)
     assert [t.user_attrs["trial_id"] for t in dashboard_trials(again.path, folder.name)] == ["a"]
+    # a rewrite inside a held batch (an ended entry replaced: a trial run again) is copied when the batch commits,
+    # whatever the ~5% rule says (here it would wait an hour)
+    again._upload_seconds, again._uploaded_at = 180.0, time.monotonic()
+    again.hold()
+    again.put(again.trial_of(rows("b", 0, 0.15, [0.6])))
+    again.commit()
+    assert [t.user_attrs["trial_id"] for t in dashboard_trials(copied, folder.name)] == ["b"]
 
 
 # ---- a real search, watched by the dashboard's loader while its first trials wait at a gate ----

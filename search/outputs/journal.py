@@ -88,8 +88,10 @@ class HeldAppends(BaseJournalBackend):
     Optuna's file backend writes each change of an entry (a value, an attribute, a state) as an append
     of its own: a lock (a symlink made, renamed and removed), a write and an fsync, then a read back.
     Held, a batch of the search's entries is one append (Journal.hold; search/execution/progress.py holds
-    each batch). Reads see the held changes after the file's, as if written: only this process writes
-    the file, so they follow its last line. A dashboard sees the batch when it is committed.
+    each batch). Reads see the held changes after the file's lines, numbered as if written after them. A
+    dashboard sees the batch when it is committed. Another process can write the file meanwhile (a note
+    made in optuna-dashboard): its lines then come before the held ones in the file, and `commit` says
+    that the numbers the held ones were read under are not the file's (Journal.commit reads it again).
     """
 
     def __init__(self, path: str) -> None:
@@ -97,12 +99,14 @@ class HeldAppends(BaseJournalBackend):
         self.holding = False
         self._held: list[dict[str, Any]] = []
         self._in_file = 0  # the logs of the file read so far: the held ones are numbered after them
+        self._read_held = False  # whether a read has returned held logs (numbered after self._in_file)
 
     def read_logs(self, log_number_from: int) -> list[dict[str, Any]]:
         if log_number_from > self._in_file:  # read up to the held ones already
             return self._held[log_number_from - self._in_file:]
         logs = list(self._file.read_logs(log_number_from))
         self._in_file = log_number_from + len(logs)
+        self._read_held = bool(self._held)
         return logs + self._held
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
@@ -110,13 +114,18 @@ class HeldAppends(BaseJournalBackend):
         if not self.holding:
             self.commit()
 
-    def commit(self) -> None:
+    def commit(self) -> bool:
+        """Append the held logs; False if they were read under numbers another process's lines took."""
         if not self._held:
-            return
+            return True
         held, self._held = self._held, []
         self._file.append_logs(held)
         # read back once: Optuna's file backend learns where each line starts, so later reads seek past them
-        self._in_file += sum(1 for _ in self._file.read_logs(self._in_file))
+        lines = sum(1 for _ in self._file.read_logs(self._in_file))
+        in_order = not self._read_held or lines == len(held)
+        self._in_file += lines
+        self._read_held = False
+        return in_order
 
 
 class Journal:
@@ -130,6 +139,7 @@ class Journal:
         self.path = local_journal_path(folder.path)
         self._uploaded_at, self._upload_seconds = 0.0, 0.0
         self._holding = False
+        self._upload_due = False  # a forced upload came while holding (a rewrite): the commit forces it
         if is_uri(folder.path) and not os.path.exists(self.path):  # a resume on another machine
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             copy = folder.storage.read(f"{folder.name}/{JOURNAL_FILE}")
@@ -176,8 +186,9 @@ class Journal:
     def commit(self) -> None:
         """Write the changes held since `hold`, in one append, and write at once again from here."""
         self._holding = self._backend.holding = False
-        self._backend.commit()
-        self.upload(force=False)
+        if not self._backend.commit():  # another process wrote the file meanwhile: read it as it is
+            self._reopen()
+        self.upload(force=self._upload_due)
 
     def trial_of(self, rows: Sequence[Mapping[str, Any]], *, best: bool = False) -> FrozenTrial:
         """One trial's rows (study.frozen_trial's records) as its entry: RUNNING, WAITING or ended, by its
@@ -302,13 +313,20 @@ class Journal:
         finally:
             if os.path.exists(temporary):
                 os.unlink(temporary)
+        self._reopen()
+        self.upload(force=True)
+
+    def _reopen(self) -> None:
+        """Read the journal file anew: its entries as the file holds them."""
         self._open(self.path)
         self.entries = {number_of(t): t for t in self.storage.get_all_trials(self.study_id, deepcopy=False)}
-        self.upload(force=True)
 
     def upload(self, *, force: bool) -> None:
         """On URI storage, copy the journal into the run folder; unless forced, at most ~5% of the time."""
-        if not is_uri(self.folder.path) or self._holding:  # held changes are not in the file yet
+        if not is_uri(self.folder.path):
+            return
+        if self._holding:  # held changes are not in the file yet: the commit uploads
+            self._upload_due = self._upload_due or force
             return
         now = time.monotonic()
         if not force and now - self._uploaded_at < self._upload_seconds / self.UPLOAD_SHARE:
@@ -316,6 +334,7 @@ class Journal:
         with open(self.path, "rb") as f:
             data = f.read()
         self.folder.storage.write(f"{self.folder.name}/{JOURNAL_FILE}", data)
+        self._upload_due = False
         self._uploaded_at = time.monotonic()
         self._upload_seconds = self._uploaded_at - now
 
