@@ -104,6 +104,33 @@ def test_tensorboard_finds_event_files_for_every_trial(searched):
             assert not any("placement" in tag or "metric_names" in tag for tag in values), values
 
 
+def test_one_event_per_report_holds_what_tensorboardx_writes_value_by_value(tmp_path):
+    """EventFiles' writer (search/execution/tuner.py OneEventPerReport) against tensorboardX's own add_scalar: the
+    same tags (cleaned as tensorboardX cleans them), values and steps, in one event per flush."""
+    import numpy as np
+    from tensorboardX import SummaryWriter
+
+    from search.execution.tuner import OneEventPerReport
+
+    reports = [{"ray/tune/val_acc": np.float32(0.25), "ray/tune/acc@1": 1, "ray/tune/done": False},
+               {"ray/tune/val_acc": 0.5, "ray/tune/acc@1": np.int64(2), "ray/tune/done": True}]
+    written = {}
+    for name, wrap in (("tensorboardx", lambda w: w), ("ours", OneEventPerReport)):
+        writer = wrap(SummaryWriter(logdir=str(tmp_path / name)))
+        for step, report in enumerate(reports, 1):
+            for tag, value in report.items():
+                writer.add_scalar(tag, value, global_step=step)
+            writer.flush()
+        writer.close()
+        [events] = (tmp_path / name).glob("events.out.tfevents.*")
+        written[name] = [e for e in read_events(events) if e.summary.value]
+    assert len(written["ours"]) == len(reports) and len(written["tensorboardx"]) == 3 * len(reports)
+    values = {name: [(e.step, v.tag, v.simple_value) for e in events for v in e.summary.value]
+              for name, events in written.items()}
+    assert values["ours"] == values["tensorboardx"]
+    assert ("ray/tune/acc_1" in {tag for _, tag, _ in values["ours"]})
+
+
 def read_events(path: Path) -> list:
     """The events of a TensorBoard event file: TFRecords (length, its CRC, an Event, the Event's CRC)."""
     import struct

@@ -132,9 +132,9 @@ class OneEventPerReport:
         self._writer, self._values, self._step = writer, [], None
 
     def add_scalar(self, tag: str, scalar_value, global_step=None, walltime=None, **kwargs) -> None:
-        from tensorboardX.proto.summary_pb2 import Summary
+        from tensorboardX.summary import scalar
 
-        self._values.append(Summary.Value(tag=tag, simple_value=float(scalar_value)))
+        self._values.extend(scalar(tag, scalar_value).value)  # tensorboardX's value: its tag cleaned, as add_scalar's
         self._step = global_step
 
     def flush(self) -> None:
