@@ -109,7 +109,7 @@ class EventFiles(TBXLoggerCallback):
     With the bookkeeping, bench/per_report.py measured this logger at 2.5x the wall time per report
     of plain Tune's on the driver's controller thread; without, 1.4x. Tune writes each scalar as an
     event of its own (tensorboardX's add_scalar: a Summary, an Event, its serialising, the writer's
-    queue); one event holding them all took a quarter of the CPU time for eight values
+    queue); one event holding them all took a third of the CPU time for eight values
     (docs/performance.md). TensorBoard reads the same curves from it. The bookkeeping stays in
     results.parquet."""
 
