@@ -51,17 +51,27 @@ def processes_of(folder: str) -> list[int]:
 
 @pytest.fixture
 def head():
-    """A head started as a user would (`ray start --head`), stopped by the pids it started."""
+    """A head started as a user would (`ray start --head`), stopped by its process group and the pids it started.
+
+    The group: Ray's client server (`ray.util.client.server`, started by `ray start --head`) names neither the
+    temp dir nor a parent of ours, and outlived the test by minutes when only processes_of stopped the head."""
     folder = tempfile.mkdtemp(prefix="hp-ray-", dir="/tmp")  # short: Ray's socket paths have a length limit
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
-    started = subprocess.run([RAY, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
-                              "--num-cpus=1", f"--temp-dir={folder}", "--include-dashboard=false",
-                              "--disable-usage-stats"], capture_output=True, text=True, env=env, timeout=120)
+    started = subprocess.Popen([RAY, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
+                                "--num-cpus=1", f"--temp-dir={folder}", "--include-dashboard=false",
+                                f"--ray-client-server-port={free_port()}", "--disable-usage-stats"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                               start_new_session=True)
     try:
-        assert started.returncode == 0, started.stderr[-2000:]
+        output, _ = started.communicate(timeout=120)
+        assert started.returncode == 0, output[-2000:]
         yield f"127.0.0.1:{port}"
     finally:
+        try:
+            os.killpg(started.pid, signal.SIGKILL)  # every daemon `ray start` began, the client server too
+        except ProcessLookupError:
+            pass
         for pid in processes_of(folder):
             try:
                 os.kill(pid, signal.SIGKILL)
