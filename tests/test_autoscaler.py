@@ -16,12 +16,10 @@ import copy
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pandas as pd
@@ -32,10 +30,9 @@ from ray.autoscaler._private.fake_multi_node.node_provider import FakeMultiNodeP
 from search.execution.capacity import AUTOSCALER_SETTING, has_autoscaler
 from search.store.results import COMPLETED
 from tests.helpers import SMALL
-from tests.test_session import free_port
+from tests.heads import free_port, own_head
 
 REPO = Path(__file__).resolve().parents[1]
-RAY = str(Path(sys.executable).parent / "ray")
 HEAD_TYPE = "ray.head.default"  # the fake provider tags its head with this type name
 MAX_WORKERS = 2  # per GPU type: enough to show trials spread over workers, few raylets on 2 cores
 
@@ -82,30 +79,6 @@ def autoscaling_config(cluster_yaml: Path, gcs_port: int, idle_minutes: float) -
         "file_mounts": {},
         "file_mounts_sync_continuously": False,
     }
-
-
-@contextmanager
-def own_head(prefix: str, *flags: str, port: int | None = None, env: dict[str, str] | None = None):
-    """`ray start --head` as a user runs it, on private ports and its own temp dir; yields
-    (GCS port, temp dir, dashboard port). Its own process group holds the head's daemons and the
-    nodes an autoscaler starts, so the teardown stops exactly those (never `ray stop`: other
-    Rays run on this machine)."""
-    folder = tempfile.mkdtemp(prefix=prefix, dir="/tmp")  # short: Ray's socket paths have a length limit
-    port, dashboard = port or free_port(), free_port()
-    env = {k: v for k, v in (env or os.environ).items() if k != "RAY_ADDRESS"}
-    started = subprocess.Popen(
-        [RAY, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", f"--temp-dir={folder}",
-         f"--dashboard-port={dashboard}", f"--dashboard-agent-listen-port={free_port()}",
-         f"--ray-client-server-port={free_port()}", "--disable-usage-stats", *flags],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = started.communicate(timeout=120)
-        assert started.returncode == 0, output[-3000:]
-        yield port, Path(folder), dashboard
-    finally:
-        with suppress(ProcessLookupError):
-            os.killpg(started.pid, signal.SIGKILL)
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -24,19 +23,13 @@ import yaml
 from ray.cluster_utils import Cluster
 
 from search.store.results import COMPLETED
+from tests.heads import RAY, free_port
 from tests.helpers import SMALL
 from tests.test_resume import wait_for
 from trainable.report import unpacked
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
-RAY = str(Path(sys.executable).parent / "ray")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

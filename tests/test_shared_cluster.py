@@ -24,10 +24,9 @@ from search.execution.capacity import check_capacity
 from search.store.results import COMPLETED
 from search.spec.schema import Resources
 from tests.helpers import SMALL
-from tests.test_autoscaler import own_head
+from tests.heads import RAY, own_head
 
 REPO = Path(__file__).resolve().parents[1]
-RAY = str(Path(sys.executable).parent / "ray")
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_session import free_port, processes_of
+from tests.heads import free_port, processes_of
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "slurm" / "ray_cluster.sh"
