@@ -100,6 +100,11 @@ class Table:
     def regret(self, best: float) -> float:
         return (best - self.optimum) / (self.median - self.optimum)
 
+    def measure(self, config: dict[str, Any]) -> tuple[float, float]:
+        """A trial of `config`: its loss and its simulated duration."""
+        at = self.index(config)
+        return float(self.loss[at]), float(self.cost[at])
+
 
 @functools.cache
 def load_table(family: str, name: str) -> Table:
@@ -230,7 +235,15 @@ DEFAULT_SET = tuple(label for label in SEARCHERS if " gp " not in label and " la
                     and not any(label.endswith(f" {v}") for v in VARIANTS))
 
 
-def simulate(runner: Runner, table: Table, trials: int, concurrency: int) -> tuple[np.ndarray, list[float], float]:
+class Task(Protocol):
+    """What a simulated search runs: its searched keys, and a trial's loss and duration for a config."""
+
+    searched: tuple[Searched, ...]
+
+    def measure(self, config: dict[str, Any]) -> tuple[float, float]: ...
+
+
+def simulate(runner: Runner, table: Task, trials: int, concurrency: int) -> tuple[np.ndarray, list[float], float]:
     """Run `trials` trials, up to `concurrency` at once: each trial's loss by trial number, each ask's
     CPU seconds, and the share of slot time spent running trials (below 1: slots waited).
 
@@ -249,10 +262,10 @@ def simulate(runner: Runner, table: Table, trials: int, concurrency: int) -> tup
             if asked is None:
                 break
             key, config = asked
-            at = table.index(config)
-            heapq.heappush(running, (now + float(table.cost[at]), len(losses), key))
-            losses.append(float(table.loss[at]))
-            busy += float(table.cost[at])
+            loss, cost = table.measure(config)
+            heapq.heappush(running, (now + cost, len(losses), key))
+            losses.append(loss)
+            busy += cost
         if not running:
             raise RuntimeError("the searcher gave no trial while none was running")
         now, number, key = heapq.heappop(running)

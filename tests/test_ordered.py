@@ -9,7 +9,7 @@ import pytest
 
 from search.searching.ordered import OrderedSearch
 from search.searching.searcher import suggest
-from search.spec.schema import SAMPLERS
+from search.spec.schema import OPTUNA_SAMPLERS as SAMPLERS
 from search.spec.space import parse_space
 
 SPACE = parse_space({"space": {"lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3},

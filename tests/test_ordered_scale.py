@@ -20,7 +20,7 @@ from optuna.trial import TrialState, create_trial
 from search.store.searcher_record import RECORD, RECORD_FILE
 from search.searching.ordered import OrderedSearch, make_sampler
 from search.searching.searcher import suggest
-from search.spec.schema import SAMPLERS
+from search.spec.schema import OPTUNA_SAMPLERS as SAMPLERS
 from search.spec.space import parse_space
 
 SPACE = parse_space({"space": {"lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3},

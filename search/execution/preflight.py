@@ -30,6 +30,7 @@ from search.outputs.finish import Outcome
 from search.outputs.phases import Phases
 from search.outputs.summary import Timing, status_counts
 from search.searching.budget import resume_changes
+from search.searching.choice import resolved
 from search.searching.study import JOURNAL_FILE
 from search.searching.warm_start import read as read_warm_start
 from search.spec.space import Space, example_config, spec_differences, to_raw
@@ -176,6 +177,8 @@ def spec_for_resume(space: Space, folder: RunFolder) -> tuple[Space, dict[str, A
     """The stored spec of `folder` and its run section; a space file that now says otherwise gets a
     note, not a say."""
     stored, run = folder.read_spec()
+    # sampler: auto chose once, when the run started (RunFolder.read_spec reads the choice back): not again
+    space = resolved(space, stored.experiment.sampler, run.get("sampler_choice"))
     if run.get("path") not in (None, folder.path):
         raise ConfigError([problem("--resume", f"this run was started at {run['path']}; Tune's records in it "
                                                "point there, so resuming the copy would write into the original. "
@@ -215,6 +218,8 @@ def prepare(space: Space, storage: Storage, name: str | None, resume: bool, held
     The run folder is held (RunFolder.held) until `held` closes: one process searches a run at a time.
     """
     check_storage_outlives_ray(storage)
+    if not resume:
+        space = resolved(space)  # sampler: auto chooses here, once; spec.yaml keeps the choice
     folder = RunFolder(storage, run_folder_name(space, storage, name, resume))
     if resume:
         held.enter_context(folder.held("--resume"))
@@ -267,18 +272,20 @@ def check_space(space: Space, *, address: str | None = None) -> str:
     storage = Storage.at(space.experiment.storage_path)
     check_storage(storage)
     check_storage_outlives_ray(storage)
+    space = resolved(space)
     data = check_search(space)
     read_warm_start(space)  # the earlier run: readable, with this search's metric and mode
     if address is None and "RAY_ADDRESS" not in os.environ:  # a cluster's capacity is checked when joined
         check_local_capacity(space)
+    choice = f"# {space.sampler_choice}\n" if space.sampler_choice else ""
     if data is None:
         return (f"# The resolved spec of {space.source}: defaults and flags applied; checks passed (the function "
-                f"{space.trainable} imports)\n" + dump_yaml(to_raw(space)))
+                f"{space.trainable} imports)\n" + choice + dump_yaml(to_raw(space)))
     shape = ", ".join(map(str, data.input_shape))
     return (f"# The resolved spec of {space.source}: defaults and flags applied; checks passed (data: "
             f"{len(data.train)} train, {len(data.val)} val, {0 if data.test is None else len(data.test)} test, "
             f"inputs ({shape}), {targets(data.num_classes, space.trial_defaults().loss)}; the model on two inputs)\n"
-            + dump_yaml(to_raw(space)))
+            + choice + dump_yaml(to_raw(space)))
 
 
 def targets(width: int, loss: str) -> str:

@@ -243,8 +243,34 @@ def rerun_command(path: str, space: Space) -> str:
     return f"python -m trainable --config {where}" + (f" --data-root {space.data_root}" if space.data_root else "")
 
 
-def search_notes(space: Space, folder: RunFolder, timing: Timing) -> str:
-    """How reproducible the search was, and what reproducibility cost in waiting slots."""
+def search_notes(space: Space, folder: RunFolder, timing: Timing, frame: pd.DataFrame | None = None) -> str:
+    """How reproducible the search was, what reproducibility cost in waiting slots, which sampler ran and
+    why (`sampler: auto`), and whether the searcher's own time was a tenth of the slots' or more."""
+    line = _reproducibility(space, folder, timing)
+    if space.sampler_choice:  # search/searching/choice.py
+        line += f"\n      {space.sampler_choice}"
+    return line + searcher_cost(space.experiment.sampler, frame, timing)
+
+
+# the cheaper sampler the summary names when the searcher's own time is a tenth of the slots' or more
+CHEAPER = {"gp": "tpe", "tpe": "random", "nsga2": "random", "cmaes": "random", "qmc": "random"}
+SEARCHER_SHARE = 0.10
+
+
+def searcher_cost(sampler: str, frame: pd.DataFrame | None, timing: Timing) -> str:
+    """A line when the searcher's suggestions took SEARCHER_SHARE of the slots' time or more, naming a cheaper
+    sampler; else nothing. One suggestion per trial (results.parquet's suggest_seconds, on every row of it)."""
+    slot_seconds = timing.wall_seconds * timing.slots
+    if frame is None or "suggest_seconds" not in frame or not slot_seconds or sampler not in CHEAPER:
+        return ""
+    suggesting = float(frame.groupby("trial_id")["suggest_seconds"].first().fillna(0).sum())
+    if suggesting < SEARCHER_SHARE * slot_seconds:
+        return ""
+    return (f"\n      the searcher's own time was {100 * suggesting / slot_seconds:.0f}% of the slots' time "
+            f"({suggesting:.1f} s of suggestions): experiment.sampler {CHEAPER[sampler]} costs less a suggestion")
+
+
+def _reproducibility(space: Space, folder: RunFolder, timing: Timing) -> str:
     experiment = space.experiment
     if experiment.scheduler == "pbt":  # search/searching/pbt.py
         return (f"Search: pbt: trial n's first config depends only on the seed ({experiment.seed}) and n; which "
@@ -362,7 +388,7 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
     summary += "".join(f"\nnote: {note}" for note in notes)
     if ended:
         summary += f"\nEnded: {ended_note(ended, frame['trial_id'].nunique())}"
-    summary += "\n" + search_notes(space, folder, timing)
+    summary += "\n" + search_notes(space, folder, timing, frame)
     summary += warm_start_line(folder)  # which trials the study was told before trial 0, and from where
     if interrupted:  # a stop must end in seconds (SIGTERM, then SIGKILL); the figures take seconds more
         summary += (f"\nReport: not remade for a stopped search (the search's end makes it); "

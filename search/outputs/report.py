@@ -281,7 +281,8 @@ def redrawn_summary(frame: pd.DataFrame, space: Space, best: dict) -> str:
     if best.get("trial_id") and isinstance(metric, str) and isinstance(best.get(metric), (int, float)):
         line += (f"\nBest (best.yaml): trial #{best.get('trial_number')} ({best['trial_id']}) epoch "
                  f"{best.get('epoch')}: {metric} {best[metric]:.4f}")
-    return line
+    return line + (f"\nSampler: {space.sampler_choice}" if space.sampler_choice else
+                   f"\nSampler: {space.experiment.sampler}")
 
 
 def front_table(frame: pd.DataFrame, objectives: Objectives) -> str:

@@ -63,6 +63,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState, create_trial
 from ray.tune.search import Searcher
 
+from search.searching.gp_kernels import kernels_of, with_kernels
 from search.spec.objectives import Objectives, first
 from search.spec.ranking import best_value, score
 from search.store.searcher_record import (RECORD, RECORD_FILE, by_number,  # noqa: F401  (its record's format)
@@ -156,6 +157,8 @@ class OrderedSearch(Searcher):
         # number -> epoch -> the objectives.measured metrics (several objectives or constraints only)
         self.measures: dict[int, dict[int, list[float | None]]] = {}
         self.planned: dict[int, int] = {}  # number -> the epochs it was to run (multifidelity only)
+        # number -> the GP's kernel parameters its suggestion fit (gp only): the next fit starts there (gp_kernels.py)
+        self.kernels: dict[int, dict[str, list]] = {}
         self._waiting_since: float | None = None
         self._drop_caches()
 
@@ -175,7 +178,8 @@ class OrderedSearch(Searcher):
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # qmc, gp: "experimental"
             kept = self._study_for(n)
             study = kept.study
-            study.sampler = self._with_kept_space(make_sampler(self.sampler, self.experiment_seed, n, self.tpe_settings))
+            study.sampler = with_kernels(self._with_kept_space(
+                make_sampler(self.sampler, self.experiment_seed, n, self.tpe_settings)), self._kernels_before(n))
             try:
                 if n < len(self.enqueued):
                     study.enqueue_trial(self.enqueued[n])  # the one waiting trial: ask() takes it
@@ -189,12 +193,19 @@ class OrderedSearch(Searcher):
         asked = copy.deepcopy(next(t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
                                    if t.number == trial.number))
         self.study_attrs = copy.deepcopy(kept.storage.get_study_system_attrs(kept.key))
+        if (fitted := kernels_of(study.sampler)) is not None:
+            self.kernels[n] = fitted
         self.asked.append((dict(asked.params), dict(asked.distributions), dict(asked.system_attrs)))
         self.numbers[trial_id] = n
         if (self.multifidelity != "final" or self.ends_at_epochs) and (constants.get("epochs") or self.epochs):
             self.planned[n] = int(constants.get("epochs") or self.epochs)
         self.suggested[n] = (time.time(), time.perf_counter() - asking)
         return {**trial.params, **constants}
+
+    def _kernels_before(self, n: int) -> dict[str, list] | None:
+        """The GP kernel parameters of the latest fit for a trial below n (gp_kernels.py), or None."""
+        latest = max((k for k in self.kernels if k < n), default=None)
+        return None if latest is None else self.kernels[latest]
 
     def _result_out_before(self, end: int) -> bool:
         """Whether one of trials 0 .. end-1 is unfinished; amortised O(1) per suggestion, not a scan of all n."""
@@ -426,4 +437,5 @@ class OrderedSearch(Searcher):
         self.__dict__.setdefault("epochs", None)
         self.__dict__.setdefault("planned", {})
         self.__dict__.setdefault("ends_at_epochs", False)
+        self.__dict__.setdefault("kernels", {})
         self._drop_caches()

@@ -37,6 +37,7 @@ from ray import tune
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import PopulationBasedTraining, TrialScheduler
 
+from search.searching.choice import resolved
 from search.searching.ordered import OrderedSearch
 from search.searching.searcher import suggest
 from search.spec.schema import Searched
@@ -48,7 +49,7 @@ IDENTITY = ("trial_number", "seed")  # what a trial keeps when it copies another
 
 def initial_population(space: Space) -> list[dict[str, Any]]:
     """Each trial's searched values, seed and trial_number, drawn as OrderedSearch draws them with no results yet."""
-    experiment = space.experiment
+    experiment = resolved(space).experiment  # sampler: auto (search/searching/choice.py)
     ask = functools.partial(suggest, searched=space.searched, experiment_seed=experiment.seed)
     searcher = OrderedSearch(ask, metric=experiment.metric, mode=experiment.mode, experiment_seed=experiment.seed,
                              sampler=experiment.sampler, lag=experiment.num_samples)

@@ -21,6 +21,7 @@ from ray.tune.search import ConcurrencyLimiter, Searcher
 from ray.tune.search.optuna import OptunaSearch
 
 from search.searching import warm_start
+from search.searching.choice import resolved
 from search.searching.ordered import OrderedSearch, make_sampler
 from search.spec.enqueue import enqueued_params
 from search.spec.objectives import objectives_of
@@ -60,6 +61,7 @@ def lag_of(experiment) -> int:
 def make_searcher(space: Space, folder: RunFolder | None = None) -> Searcher:
     """The search's searcher, seeded, at most `max_concurrent` trials at once; it starts with the
     enqueued configs and, for a run in `folder` with a warm start, the earlier run's trials (search/searching/warm_start.py)."""
+    space = resolved(space)  # sampler: auto, where the driver has not chosen already (search/searching/choice.py)
     experiment = space.experiment
     # a partial of a module-level function: Tune pickles the searcher into its state
     ask = functools.partial(suggest, searched=space.searched, experiment_seed=experiment.seed)

@@ -166,10 +166,13 @@ def bad_targets(value: Mapping[str, Any], any_name: bool = False) -> list[str]:
 
 T = TypeVar("T")
 Mode = Literal["max", "min"]
-Sampler = Literal["tpe", "random", "qmc", "cmaes", "gp", "nsga2"]  # search/searching/ordered.py builds them
+# search/searching/ordered.py builds them; auto is resolved to one of the others before a search starts
+# (search/searching/choice.py), and spec.yaml holds the sampler it chose
+Sampler = Literal["auto", "tpe", "random", "qmc", "cmaes", "gp", "nsga2"]
 Scheduler = Literal["fifo", "asha", "hyperband", "pbt"]
 Logger = Literal["tensorboard", "mlflow", "wandb"]
 SAMPLERS, SCHEDULERS, LOGGERS = get_args(Sampler), get_args(Scheduler), get_args(Logger)
+OPTUNA_SAMPLERS = tuple(name for name in SAMPLERS if name != "auto")  #: those make_sampler builds
 AUTO = "auto"  #: resources.gpus: auto, trials per GPU measured by a probe before the search
 
 
@@ -205,8 +208,9 @@ class Experiment(Section):
     #: trials running at once (ConcurrencyLimiter)
     seed: Annotated[int, rule("must be an integer in [0, 2**32)", lambda v: 0 <= v < 2**32)] = 0
     #: seeds the sampler and, with the trial number, every trial's seed
-    sampler: Annotated[Sampler, rule(f"must be one of {', '.join(SAMPLERS)}")] = "tpe"
-    #: Optuna's samplers; their settings are pinned in search/searching/ordered.py
+    sampler: Annotated[Sampler, rule(f"must be one of {', '.join(SAMPLERS)}")] = "auto"
+    #: Optuna's samplers; their settings are pinned in search/searching/ordered.py. auto: gp for a space of
+    #: numbers, tpe where a key is a choice or conditional, and cheaper ones past 200 trials (search/searching/choice.py)
     reproducible: Annotated[bool, rule("must be true or false")] = True
     #: trial n's config depends only on seed and n, whatever finishes first (search/searching/ordered.py)
     lag: Annotated[int | None, rule("must be null (max_concurrent - 1) or an integer in [0, 10000]",

@@ -58,6 +58,8 @@ class Space:
     source: str = "<memory>"  #: the file it came from, for messages
     trainable: str | None = None  #: the user's training function (absolute FILE.py:FUNCTION); None: the canonical loop
     asked: tuple[str, ...] = ()  #: the keys this command's flags and --set gave (a resume takes those it may change)
+    #: `sampler: auto`'s choice, the line the summary prints (search/searching/choice.py); None: the user named it
+    sampler_choice: str | None = None
 
     def trial_defaults(self) -> TrialConfig | FunctionConfig:
         """The trial config with the fixed fields set and searched ones at their defaults."""

@@ -19,6 +19,8 @@ Derived files are rewritten from the record, never merged with an older copy of 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import fcntl
 import functools
 import hashlib
@@ -178,6 +180,8 @@ class RunFolder:
         raw = to_raw(space)
         if run is None:
             run = {"name": self.name, "path": self.path, "source": space.source, "versions": versions(), "data": data}
+            if space.sampler_choice:  # sampler: auto's choice and why: a resume reads it back (search/searching/choice.py)
+                run["sampler_choice"] = space.sampler_choice
         run = {**run, "spec_sha256": spec_hash(raw)}
         changed = ", and the\n# changes of its resumes (run.resumed_with)." if run.get("resumed_with") else ".\n#"
         header = (f"# The resolved spec of search {self.name}: {space.source} after defaults and flags{changed} "
@@ -205,6 +209,8 @@ class RunFolder:
             written = spec_hash(raw)
             # messages and the printed commands name the space file the run was started from
             space = parse_space(raw, source=run.get("source") or where)
+            # sampler: auto chose once, when the run started: the spec names that sampler, the run section why
+            space = replace(space, sampler_choice=run.get("sampler_choice"))
         except ConfigError:
             raise
         except Exception as error:

@@ -14,7 +14,8 @@ from optuna.distributions import distribution_to_json, json_to_distribution
 RECORD_FILE = "searcher.json"  # in Tune's experiment folder, beside its experiment state
 # What save() writes: the record. The rest comes from the constructor, so a resumed search
 # takes its settings from its spec, and the in-memory study is never pickled.
-RECORD = ("numbers", "asked", "curves", "finished", "study_attrs", "waits", "suggested", "measures", "planned")
+RECORD = ("numbers", "asked", "curves", "finished", "study_attrs", "waits", "suggested", "measures", "planned",
+          "kernels")
 def record_to_json(record: Mapping[str, Any]) -> str:
     """The record as JSON text: distributions as Optuna's JSON, int keys as strings (JSON's only keys)."""
     out = {key: record[key] for key in RECORD}
@@ -46,6 +47,7 @@ def record_from_json(text: str | bytes) -> dict[str, Any]:
             "suggested": {n: tuple(pair) for n, pair in by_number(raw["suggested"]).items()},
             "measures": {n: by_number(m) for n, m in by_number(raw.get("measures", {})).items()},  # absent before
             "planned": by_number(raw.get("planned", {})),  # absent before
+            "kernels": by_number(raw.get("kernels", {})),  # absent before (search/searching/gp_kernels.py)
         }
     except (KeyError, TypeError, AttributeError) as error:  # valid JSON, not our record
         raise ValueError(f"not a searcher record ({type(error).__name__}: {error})") from None

@@ -1,0 +1,85 @@
+"""`sampler: auto`: which of Optuna's samplers a search runs, chosen once, before its first trial.
+
+A pure function of what the search is: its searched keys, its objectives and constraints, its
+scheduler and its trial budget. The rules start from OptunaHub's AutoSampler and are changed
+where bench/numeric.py and bench/quality.py measured otherwise (docs/search-quality.md):
+
+- a Gaussian process (Optuna's GPSampler: logEI, logEHVI for several objectives, the constrained
+  variants where constraints exist) for a space of numbers only, while the search is at most
+  GP_TRIALS trials: it models how the numbers interact, where TPE models each side of a split;
+- TPE (multivariate, constant liar, as ordered.py pins it) where a key is a choice or has a `when:`:
+  GPSampler would treat a choice as unordered one-hot dimensions and draws conditional keys at random;
+- TPE under asha and hyperband: it learns from a stopped trial (told PRUNED, with its curve); a GP
+  sees only complete trials, so its model would hold the few that ran to the end;
+- past GP_TRIALS trials the cheaper model: TPE for one objective, NSGA-II for several (a GP's fit
+  grows with the cube of the trials, its suggestion from about 1 s to several);
+- pbt: TPE, which draws the whole population before any result, as a random sampler would.
+
+The choice is written into spec.yaml (experiment.sampler holds the sampler chosen; the run
+section's `sampler_choice` the one-line reason), so a resume reads it back and never chooses again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from search.spec.objectives import names
+from search.spec.space import Space
+
+AUTO = "auto"
+# A GP's suggestion costs about 1 s of CPU at 100 trials and grows past it (bench/numeric.py --cost):
+# above this budget a search would spend more time choosing than a short trial takes.
+GP_TRIALS = 200
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The sampler a search runs, and why, in the line the summary, spec.yaml and the report print."""
+
+    sampler: str
+    reason: str
+
+
+def choose_sampler(*, choices: int, conditional: int, numbers: int, objectives: int, constraints: int,
+                   num_samples: int, scheduler: str) -> Choice:
+    """The sampler for a search of `numbers` numeric keys and `choices` choice keys (`conditional` of
+    all of them with a `when:`), `objectives` metrics, `constraints`, `num_samples` trials and `scheduler`."""
+    keys = numbers + choices
+    plural = lambda count, word: f"{count} {word}{'' if count == 1 else 's'}"  # noqa: E731
+    budget = plural(num_samples, "trial")
+    extra = (f", {plural(objectives, 'objective')}" if objectives > 1 else "") + \
+        (f", {plural(constraints, 'constraint')}" if constraints else "")
+    if scheduler == "pbt":
+        return Choice("tpe", f"sampler auto: tpe (pbt draws its population before any result{extra})")
+    if conditional:
+        return Choice("tpe", f"sampler auto: tpe ({plural(conditional, 'conditional key')} of "
+                             f"{plural(keys, 'searched key')}, {budget}{extra})")
+    if choices:
+        return Choice("tpe", f"sampler auto: tpe ({plural(choices, 'choice')} among "
+                             f"{plural(keys, 'searched key')}, {budget}{extra})")
+    if scheduler in ("asha", "hyperband"):
+        return Choice("tpe", f"sampler auto: tpe ({scheduler}: tpe learns from stopped trials, a gp does not; "
+                             f"{plural(numbers, 'numeric parameter')}, {budget}{extra})")
+    if num_samples > GP_TRIALS:
+        cheaper = "nsga2" if objectives > 1 else "tpe"
+        return Choice(cheaper, f"sampler auto: {cheaper} ({plural(numbers, 'numeric parameter')}, {budget}{extra}: "
+                               f"past {GP_TRIALS} trials a gp costs seconds a suggestion)")
+    return Choice("gp", f"sampler auto: gp ({plural(numbers, 'numeric parameter')}, {budget}{extra})")
+
+
+def resolved(space: Space, chosen: str | None = None, reason: str | None = None) -> Space:
+    """`space` with `sampler: auto` replaced by its choice (search/spec/space.py Space.sampler_choice holds why);
+    a space that names its sampler is returned as it is. `chosen`, `reason`: a choice made before (a resume's,
+    read back from spec.yaml), taken instead of choosing again."""
+    experiment = space.experiment
+    if experiment.sampler != AUTO:
+        return space
+    if chosen is None:
+        choice = choose_sampler(choices=sum(1 for d in space.searched if d.is_choice),
+                                conditional=sum(1 for d in space.searched if d.when),
+                                numbers=sum(1 for d in space.searched if not d.is_choice),
+                                objectives=len(names(experiment.metric)), constraints=len(experiment.constraints),
+                                num_samples=experiment.num_samples, scheduler=experiment.scheduler)
+        chosen, reason = choice.sampler, choice.reason
+    # a sampler name the schema validated already: nothing else of the section changes
+    return replace(space, experiment=experiment.model_copy(update={"sampler": chosen}), sampler_choice=reason)
