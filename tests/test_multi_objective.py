@@ -36,14 +36,19 @@ def test_a_list_of_metrics_with_a_mode_each_and_constraints_parse():
 
 
 def test_each_broken_rule_is_said_with_its_key():
-    text = problems_of({"metric": ["val_acc", "params"], "mode": "max", "scheduler": "asha", "sampler": "cmaes",
+    text = problems_of({"metric": ["val_acc", "params"], "mode": "max", "scheduler": "pbt", "sampler": "cmaes",
                         "constraints": ["params < 3", "speed <= 2", "params <= x", 3, "params <= 1e3"]})
     assert "experiment.mode: must have one mode per metric (2: val_acc, params), got 'max'" in text
     for i, value in enumerate(["'params < 3'", "'speed <= 2'", "'params <= x'", "3"]):
         assert f"experiment.constraints[{i}]: must read 'METRIC <= NUMBER' or 'METRIC >= NUMBER'" in text
         assert f"got {value}" in text
     assert "experiment.constraints[4]" not in text
-    assert "experiment.scheduler: must be fifo with several objectives" in text
+    assert "experiment.scheduler: must be fifo, asha, hyperband or bohb with several objectives" in text
+    # MO-ASHA ranks its rungs in the reproducible searcher's order; Ray's ASHA ranks by one metric
+    assert "experiment.scheduler: asha with several objectives needs experiment.reproducible: true" in problems_of(
+        {"metric": ["val_acc", "params"], "mode": ["max", "min"], "scheduler": "asha", "reproducible": False})
+    assert parse_space({"experiment": {"metric": ["val_acc", "params"], "mode": ["max", "min"],
+                                       "scheduler": "hyperband"}, "space": LR}).experiment.scheduler == "hyperband"
     assert "experiment.sampler: must not be cmaes with several objectives" in text
     assert "experiment.metric: must be a metric" in problems_of({"metric": ["val_acc", "val_acc"]})
     assert "experiment.constraints: need experiment.reproducible: true" in problems_of(

@@ -31,7 +31,7 @@ from search.searching.halving import RECORD_FILE as HALVING_RECORD
 from search.searching.halving import OrderedHalving, bracket_count
 from search.searching.pbt import make_pbt, population_space
 from search.searching.searcher import make_searcher
-from search.spec.objectives import first, several
+from search.spec.objectives import HALVING, first, objectives_of, several
 from search.spec.space import Space, max_epochs
 from search.store.results import RECORD_FILE
 from search.store.retention import KeepCheckpoints
@@ -50,16 +50,18 @@ def make_scheduler(space: Space, folder: RunFolder | None = None) -> TrialSchedu
     experiment = space.experiment
     if experiment.scheduler == "pbt":
         return make_pbt(space)
-    if experiment.scheduler not in ("asha", "hyperband"):
+    if experiment.scheduler not in HALVING:
         return FIFOScheduler()
     max_t = max_epochs(space.searched, space.trial_defaults().epochs)
-    brackets = 1 if experiment.scheduler == "asha" else \
+    # bohb: asynchronous BOHB, ASHA's one bracket with a model fit on the rungs (search/searching/searcher.py)
+    brackets = 1 if experiment.scheduler in ("asha", "bohb") else \
         bracket_count(experiment.grace_period, max_t, experiment.reduction_factor)
     if experiment.reproducible:
         return OrderedHalving(metric=experiment.metric, mode=experiment.mode, max_t=max_t,
                               grace_period=experiment.grace_period, reduction_factor=experiment.reduction_factor,
                               brackets=brackets, storage=None if folder is None else folder.storage,
-                              record=f"{folder.name if folder else ''}/{HALVING_RECORD}")
+                              record=f"{folder.name if folder else ''}/{HALVING_RECORD}",
+                              objectives=objectives_of(experiment))
     return ASHAScheduler(time_attr="training_iteration", metric=experiment.metric, mode=experiment.mode,
                          max_t=max_t, grace_period=experiment.grace_period,
                          reduction_factor=experiment.reduction_factor, brackets=brackets)

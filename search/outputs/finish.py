@@ -25,7 +25,7 @@ from search.searching.halving import read_record as read_halving
 from search.searching.pbt import replay_config
 from search.searching.study import JOURNAL_FILE
 from search.searching.warm_start import summary_line as warm_start_line
-from search.spec.objectives import feasible_only, first, mark_feasible, names, objectives_of
+from search.spec.objectives import HALVING, feasible_only, first, mark_feasible, names, objectives_of
 from search.spec.ranking import best_candidates, ranked
 from search.spec.space import Space
 from search.store.results import (ERROR, INTERRUPTED, LOST, RECORD_FILE, config_from_row, read_record, results_schema,
@@ -285,7 +285,7 @@ def _reproducibility(space: Space, folder: RunFolder, timing: Timing) -> str:
     line = (f"Search: reproducible ({experiment.sampler}, seed {experiment.seed}): trial n's config depends only "
             f"on the seed and n; {len(waits)} trial(s) waited for earlier results, {sum(waits.values()):.1f} s "
             f"in all ({100 * sum(waits.values()) / slot_seconds if slot_seconds else 0:.0f}% of slot time)")
-    if experiment.scheduler in ("asha", "hyperband"):  # search/searching/halving.py: trial n judged against trials below n
+    if experiment.scheduler in HALVING:  # search/searching/halving.py: trial n judged against trials below n
         halving = read_halving(folder.storage, f"{folder.name}/{HALVING_RECORD}")
         held = sum(halving["waits"].values())
         line += (f"\n      {experiment.scheduler}: reproducible: trial n is judged at a rung against the trials "

@@ -11,6 +11,7 @@ where bench/numeric.py and bench/quality.py measured otherwise (docs/search-qual
   GPSampler would treat a choice as unordered one-hot dimensions and draws conditional keys at random;
 - TPE under asha and hyperband: it learns from a stopped trial (told PRUNED, with its curve); a GP
   sees only complete trials, so its model would hold the few that ran to the end;
+- TPE under bohb, as BOHB's own model (kernel densities), fit on the highest rung that holds enough results;
 - past GP_TRIALS trials the cheaper model: TPE for one objective, NSGA-II for several (a GP's fit
   grows with the cube of the trials, its suggestion from about 1 s to several);
 - pbt: TPE, which draws the whole population before any result, as a random sampler would.
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from search.spec.objectives import names
+from search.spec.objectives import HALVING, names
 from search.spec.space import Space
 
 AUTO = "auto"
@@ -57,7 +58,10 @@ def choose_sampler(*, choices: int, conditional: int, numbers: int, objectives: 
     if choices:
         return Choice("tpe", f"sampler auto: tpe ({plural(choices, 'choice')} among "
                              f"{plural(keys, 'searched key')}, {budget}{extra})")
-    if scheduler in ("asha", "hyperband"):
+    if scheduler == "bohb":  # BOHB's model: a TPE (its KDEs) fit on the highest rung that holds enough results
+        return Choice("tpe", f"sampler auto: tpe (bohb: the model fit on the highest rung with results enough; "
+                             f"{plural(numbers, 'numeric parameter')}, {budget}{extra})")
+    if scheduler in HALVING:
         return Choice("tpe", f"sampler auto: tpe ({scheduler}: tpe learns from stopped trials, a gp does not; "
                              f"{plural(numbers, 'numeric parameter')}, {budget}{extra})")
     if num_samples > GP_TRIALS:

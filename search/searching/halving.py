@@ -34,6 +34,7 @@ earlier checkpoint reaches the same values, so the same decisions, but this save
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any
 
@@ -41,6 +42,7 @@ import numpy as np
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
+from search.spec.objectives import Objectives, first, fronts
 from search.spec.ranking import signed
 from search.store.storage import Storage
 
@@ -68,9 +70,12 @@ class OrderedHalving(FIFOScheduler):
     _supports_buffered_results = False
 
     def __init__(self, *, metric: str, mode: str, max_t: int, grace_period: int, reduction_factor: int,
-                 brackets: int = 1, storage: Storage | None = None, record: str = RECORD_FILE):
+                 brackets: int = 1, storage: Storage | None = None, record: str = RECORD_FILE,
+                 objectives: Objectives | None = None):
         super().__init__()
-        self._metric, self.mode, self.reduction_factor = metric, mode, reduction_factor
+        self._metric, self.mode, self.reduction_factor = first(metric), first(mode), reduction_factor
+        # several objectives: a rung is ranked by non-dominated sorting (MO-ASHA), constraints counted
+        self.objectives = objectives if objectives is not None and objectives.several else None
         self.rungs = [milestones(grace_period * reduction_factor ** s, max_t, reduction_factor)
                       for s in range(brackets)]
         self.storage, self.record = storage, record  # where halving.json goes (None: nowhere)
@@ -99,7 +104,7 @@ class OrderedHalving(FIFOScheduler):
         if epoch is None or int(epoch) not in self.rungs[self.bracket(n)]:
             return TrialScheduler.CONTINUE
         rung = int(epoch)
-        self.values.setdefault(n, {}).setdefault(rung, self.signed(result.get(self._metric)))
+        self.values.setdefault(n, {}).setdefault(rung, self.measured(result))
         decision = self.decided.get(n, {}).get(rung)
         if decision is None and (rung >= int(trial.config.get("epochs", rung + 1)) or result.get("diverged")):
             decision = TrialScheduler.CONTINUE  # its last epoch: it ends anyway; its value counts for later trials
@@ -161,6 +166,16 @@ class OrderedHalving(FIFOScheduler):
         """A score to maximise: the metric, negated for mode min; None if it does not score (search/spec/ranking.py)."""
         return signed(value, self.mode)
 
+    def measured(self, result: dict) -> float | list[float] | None:
+        """A trial's value at a rung: signed(metric); with several objectives, each objective signed, then the
+        total violation of the constraints (0: feasible), or None where an objective is not finite."""
+        if self.objectives is None:
+            return self.signed(result.get(self._metric))
+        values = [signed(result.get(m), mode) for m, mode in zip(self.objectives.metrics, self.objectives.modes)]
+        if any(v is None for v in values):
+            return None
+        return [*values, float(sum(max(0.0, v) for v in self.objectives.violations(result)))]
+
     def _peers(self, n: int) -> range:
         """The lower-numbered trials of n's bracket."""
         return range(self.bracket(n), n, len(self.rungs))
@@ -179,7 +194,14 @@ class OrderedHalving(FIFOScheduler):
         finite = [v for v in others if v is not None]
         value = self.values[n][rung]
         decision = TrialScheduler.CONTINUE
-        if finite:
+        if self.objectives is not None:  # MO-ASHA: n goes on while fewer than 1/rf of the others are on a better front
+            everyone = [*others, value]
+            front = fronts([None if v is None else v[:-1] for v in everyone],
+                           [math.inf if v is None else v[-1] for v in everyone])
+            better = sum(1 for f in front[:-1] if f < front[-1])
+            if others and better >= len(others) / self.reduction_factor:
+                decision = TrialScheduler.STOP
+        elif finite:
             cutoff = float(np.nanpercentile(finite, (1 - 1 / self.reduction_factor) * 100))
             if value is None or value < cutoff:
                 decision = TrialScheduler.STOP

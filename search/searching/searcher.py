@@ -24,7 +24,7 @@ from search.searching import warm_start
 from search.searching.choice import resolved
 from search.searching.ordered import OrderedSearch, make_sampler
 from search.spec.enqueue import enqueued_params
-from search.spec.objectives import objectives_of
+from search.spec.objectives import HALVING, objectives_of
 from search.spec.schema import Searched
 from search.spec.space import Space
 from search.store.run_folder import RunFolder
@@ -77,8 +77,9 @@ def make_searcher(space: Space, folder: RunFolder | None = None) -> Searcher:
         # as good as or better than telling its value as a full trial's, and BOHB's model at a rung did
         # no better (bench/multifidelity.py, docs/schedulers.md). CMA-ES and GP would not see a PRUNED
         # trial at all, so they keep "final"
-        halving, tpe = experiment.scheduler in ("asha", "hyperband"), experiment.sampler == "tpe"
-        multifidelity = "pruned" if halving and tpe else "final"
+        halving, tpe = experiment.scheduler in HALVING, experiment.sampler == "tpe"
+        # bohb: the model fit at the highest rung that holds RUNG_POINTS results (ordered.py "rung"), any sampler
+        multifidelity = "rung" if experiment.scheduler == "bohb" else "pruned" if halving and tpe else "final"
         searcher = OrderedSearch(ask, metric=objectives.metrics[0], mode=objectives.modes[0],
                                  experiment_seed=experiment.seed, sampler=experiment.sampler,
                                  lag=experiment.max_concurrent, unseen=lag_of(experiment), enqueued=enqueued,

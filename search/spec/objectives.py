@@ -38,8 +38,8 @@ from trainable.metrics import OBJECTIVES, metric_name, score
 FEASIBLE = "feasible"  #: results.parquet's column: the trial's point meets every constraint
 # samplers that optimise one objective only (schema.Sampler names)
 SINGLE_OBJECTIVE_SAMPLERS = ("cmaes",)
-# schedulers that rank trials by one metric at each rung
-EARLY_STOPPING = ("asha", "hyperband", "pbt")
+# successive halving: trials judged at rungs; with several objectives by non-dominated sorting (search/searching/halving.py)
+HALVING = ("asha", "hyperband", "bohb")
 _CONSTRAINT = re.compile(r"\s*(\S+?)\s*(<=|>=)\s*(\S+)\s*")
 
 
@@ -172,9 +172,14 @@ def problems(experiment: Any, any_name: bool = False) -> list[str]:
         if getattr(experiment, "warm_start", None):  # an earlier run's trials are told with one value
             out.append(problem("experiment.warm_start", "is not supported with several objectives",
                                experiment.warm_start))
-        if experiment.scheduler in EARLY_STOPPING:
-            out.append(problem("experiment.scheduler", "must be fifo with several objectives: early stopping ranks "
-                                                       "trials by one metric (docs/multi-objective.md)",
+        if experiment.scheduler == "pbt":
+            out.append(problem("experiment.scheduler", "must be fifo, asha, hyperband or bohb with several objectives: "
+                                                       "pbt ranks trials by one metric (docs/multi-objective.md)",
+                               experiment.scheduler))
+        elif experiment.scheduler in HALVING and not experiment.reproducible:
+            out.append(problem("experiment.scheduler", f"{experiment.scheduler} with several objectives needs "
+                                                       "experiment.reproducible: true (its rungs are ranked by "
+                                                       "non-dominated sorting; Ray's ASHA ranks by one metric)",
                                experiment.scheduler))
     return out
 
@@ -207,6 +212,31 @@ def non_dominated(points: Sequence[Sequence[float]], modes: Sequence[str]) -> li
         if not dominated:
             keep.append(i)
     return keep
+
+
+def fronts(points: Sequence[Sequence[float] | None], violations: Sequence[float]) -> list[int]:
+    """Each point's front in a non-dominated sorting (0: no point dominates it), every objective maximised, with
+    constraints as pareto.yaml counts them (Deb's rule, as Optuna's NSGA-II): a feasible point (violation 0)
+    dominates every infeasible one, an infeasible one with less total violation one with more, and a point
+    None (an objective not finite) every point but another None. MO-ASHA's ranking of a rung (halving.py)."""
+    def dominates(i: int, j: int) -> bool:
+        if points[i] is None:
+            return False
+        if points[j] is None:
+            return True
+        if violations[i] > 0 or violations[j] > 0:
+            return violations[i] < violations[j]
+        a, b = np.asarray(points[i], dtype=float), np.asarray(points[j], dtype=float)
+        return bool(np.all(a >= b) and np.any(a > b))
+
+    left, out, front = set(range(len(points))), [0] * len(points), 0
+    while left:
+        level = {i for i in left if not any(dominates(j, i) for j in left if j != i)}
+        for i in level:
+            out[i] = front
+        left -= level
+        front += 1
+    return out
 
 
 def points(frame: pd.DataFrame, objectives: Objectives, statuses: Iterable[str] = ("ERROR", "INTERRUPTED")

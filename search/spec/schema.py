@@ -169,7 +169,7 @@ Mode = Literal["max", "min"]
 # search/searching/ordered.py builds them; auto is resolved to one of the others before a search starts
 # (search/searching/choice.py), and spec.yaml holds the sampler it chose
 Sampler = Literal["auto", "tpe", "random", "qmc", "cmaes", "gp", "nsga2"]
-Scheduler = Literal["fifo", "asha", "hyperband", "pbt"]
+Scheduler = Literal["fifo", "asha", "hyperband", "bohb", "pbt"]
 Logger = Literal["tensorboard", "mlflow", "wandb"]
 SAMPLERS, SCHEDULERS, LOGGERS = get_args(Sampler), get_args(Scheduler), get_args(Logger)
 OPTUNA_SAMPLERS = tuple(name for name in SAMPLERS if name != "auto")  #: those make_sampler builds

@@ -30,7 +30,7 @@ from typing import Any, Mapping
 from optuna.distributions import FloatDistribution, IntDistribution
 
 from search.spec.enqueue import enqueue_problems
-from search.spec.objectives import names, objectives_of
+from search.spec.objectives import HALVING, names, objectives_of
 from search.spec.objectives import problems as objective_problems
 from search.spec.overrides import set_keys
 from search.spec.schema import (STOP_WHEN_RULE, DataRoot, Experiment, Resources, Searched, bad_targets, entry_problems,
@@ -365,7 +365,10 @@ def schedule_problems(experiment: Experiment, searched: tuple[Searched, ...], ep
     """What experiment.scheduler needs of the space, for both kinds of trial (`epochs`: the trial
     defaults'; None for a function without `epochs`). Returns the experiment as pbt runs it."""
     problems = []
-    if experiment.scheduler in ("asha", "hyperband"):
+    if experiment.scheduler == "bohb" and not experiment.reproducible:
+        problems.append(problem("experiment.scheduler", "bohb needs experiment.reproducible: true (its model is the "
+                                "reproducible searcher's, fit on the rungs' results)", "bohb"))
+    if experiment.scheduler in HALVING:
         most = max_epochs(searched, epochs or 0)
         if not most:  # only a function trainable can leave epochs unsaid
             problems.append(problem("experiment.scheduler", f"{experiment.scheduler} with a function trainable needs "

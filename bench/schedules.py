@@ -1,0 +1,289 @@
+"""Schedulers measured in seconds: a simulator that drives the searcher and the scheduler a search runs, on a
+virtual clock, and the multi-fidelity and several-objective suites on real learning curves (bench/curves.py).
+
+    python bench/schedules.py [--quick] [--seeds S] [--workers W] [--tables digits,cancer,diabetes]
+
+The simulator (`simulate`) builds the searcher and the scheduler with the service's own functions
+(search/searching/searcher.py make_searcher, search/execution/tuner.py make_scheduler) from a real Space, and
+drives them as Tune's controller does: up to max_concurrent trials hold a slot; each epoch of a trial ends after
+its duration on the clock; its result goes to the scheduler (CONTINUE, PAUSE at a rung, STOP), then to the
+searcher unless stopped; a paused trial frees its slot until the scheduler clears it (choose_trial_to_run) or
+stops it (stop_trial); a free slot asks the scheduler for a paused trial first, then the searcher for a new one.
+Because hpsearch's searcher and halving are reproducible, a Ray search of the same space runs the same trials
+with the same stops (tests/test_simulator.py holds them side by side), so a table costs seconds, not Ray runs.
+
+The suites (each search: max_concurrent 4, grace_period 1, reduction_factor 3 over 27 epochs: rungs 1, 3, 9):
+- multi-fidelity: FIFO + TPE (60 trials), ASHA + TPE, Hyperband + TPE and bohb (up to 300 trials each). The
+  figure: the epochs each spends, in report order, until its best report is as good as FIFO + TPE's final best,
+  as a share of FIFO's epochs; the median over seeds per table, then over tables;
+- several objectives (the metric, min, and the model's size, min): MO FIFO (60 trials) against MO-ASHA and MO bohb.
+  The figure: the epochs until the hypervolume of the reports so far reaches MO FIFO's final hypervolume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import math
+import statistics
+import sys
+import time
+import warnings
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+from ray.tune.experiment import Trial
+from ray.tune.schedulers import TrialScheduler
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from a checkout without installing
+
+from bench.curves import EPOCHS, GRID, TABLES, load  # noqa: E402
+from bench.quality import in_workers  # noqa: E402
+from search.execution.tuner import make_scheduler, param_space  # noqa: E402
+from search.searching.searcher import make_searcher  # noqa: E402
+from search.spec.space import Space, parse_space  # noqa: E402
+
+Metrics = Callable[[dict[str, Any], int], dict[str, float]]  # (config, epoch) -> the metrics reported then
+
+
+@dataclass(frozen=True)
+class Report:
+    """One result, in the order the simulated search received it."""
+
+    at: float  #: the clock
+    trial_number: int
+    epoch: int
+    metrics: dict[str, float]
+
+
+@dataclass
+class Simulated:
+    reports: list[Report]
+    configs: dict[int, dict[str, Any]]  #: trial number -> config, as the searcher gave it
+    last_epoch: dict[int, int]  #: trial number -> the last epoch it reported
+    stopped: set[int]  #: trials a scheduler stopped before their last epoch
+
+
+class Controller:
+    """What the schedulers ask of Tune's controller: the trials, and stop_trial (tune_controller.stop_trial)."""
+
+    def __init__(self, trials: dict[str, Trial], searcher, scheduler, stopped: set[int]):
+        self.trials, self.searcher, self.scheduler, self.stopped = trials, searcher, scheduler, stopped
+
+    def get_trials(self) -> list[Trial]:
+        return list(self.trials.values())
+
+    def stop_trial(self, trial: Trial) -> None:
+        if trial.status in (Trial.ERROR, Trial.TERMINATED):
+            return
+        if trial.status in (Trial.PENDING, Trial.PAUSED):
+            self.scheduler.on_trial_remove(self, trial)
+            self.searcher.on_trial_complete(trial.trial_id)
+        trial.set_status(Trial.TERMINATED)
+        self.stopped.add(int(trial.config["trial_number"]))
+
+
+def simulate(space: Space, metrics: Metrics, duration: Callable[[dict[str, Any]], float] = lambda config: 1.0
+             ) -> Simulated:
+    """Run `space`'s search on a virtual clock: each trial reports `metrics(config, epoch)` after each epoch,
+    every epoch taking `duration(config)`."""
+    experiment = space.experiment
+    searcher, scheduler = make_searcher(space), make_scheduler(space)
+    fixed = param_space(space)  # Tune's trial config: the fixed part, then the searcher's suggestion over it
+    planned_default = space.trial_defaults().epochs
+    trials: dict[str, Trial] = {}
+    out = Simulated([], {}, {}, set())
+    controller = Controller(trials, searcher, scheduler, out.stopped)
+    clock: list[tuple[float, int, str]] = []  # (when its next epoch ends, tie-break, trial id): a heap
+    next_epoch: dict[str, int] = {}
+    now, created, sequence = 0.0, 0, 0
+
+    def start(trial_id: str) -> None:
+        nonlocal sequence
+        sequence += 1
+        trials[trial_id].set_status(Trial.RUNNING)
+        heapq.heappush(clock, (now + duration(trials[trial_id].config), sequence, trial_id))
+
+    while True:
+        while len(clock) < experiment.max_concurrent:  # a free slot: a cleared paused trial first, then a new one
+            resumed = scheduler.choose_trial_to_run(controller) if hasattr(scheduler, "_ready") else None
+            if resumed is not None and resumed.status == Trial.PAUSED:
+                start(resumed.trial_id)
+                continue
+            if created == experiment.num_samples:
+                break
+            trial_id = f"sim_{created:05d}"
+            config = searcher.suggest(trial_id)
+            if config is None:  # every slot the limiter allows is busy, or an earlier result is still out
+                break
+            created += 1
+            trials[trial_id] = Trial("simulated", config={**fixed, **config}, trial_id=trial_id, stub=True)
+            out.configs[int(config["trial_number"])] = config
+            next_epoch[trial_id] = 1
+            scheduler.on_trial_add(controller, trials[trial_id])
+            start(trial_id)
+        if not clock:
+            waiting = [t for t in trials.values() if t.status == Trial.PAUSED]
+            assert not waiting and created == experiment.num_samples, "the simulated search is stuck"
+            return out
+        now, _, trial_id = heapq.heappop(clock)
+        trial = trials[trial_id]
+        n, epoch = int(trial.config["trial_number"]), next_epoch[trial_id]
+        result = {**metrics(trial.config, epoch), "epoch": epoch, "training_iteration": epoch, "trial_id": trial_id}
+        trial.run_metadata.last_result = result  # what Tune's update_last_result stores, without its metric analysis
+        out.reports.append(Report(now, n, epoch, {k: v for k, v in result.items() if k not in ("trial_id",)}))
+        out.last_epoch[n] = epoch
+        decision = scheduler.on_trial_result(controller, trial, result)
+        if decision != TrialScheduler.STOP:
+            searcher.on_trial_result(trial_id, result)
+        planned = int(trial.config.get("epochs") or planned_default)
+        if decision == TrialScheduler.STOP or epoch >= planned:
+            if decision == TrialScheduler.STOP and epoch < planned:
+                out.stopped.add(n)
+            trial.set_status(Trial.TERMINATED)
+            scheduler.on_trial_complete(controller, trial, result)
+            searcher.on_trial_complete(trial_id, result)
+        elif decision == TrialScheduler.PAUSE:
+            trial.set_status(Trial.PAUSED)
+            next_epoch[trial_id] = epoch + 1
+        else:
+            next_epoch[trial_id] = epoch + 1
+            heapq.heappush(clock, (now + duration(trial.config), sequence, trial_id))
+            sequence += 1
+
+
+# ---- the suites, on bench/curves.py's tables ------------------------------------------------------
+
+KEYS = tuple(GRID)
+
+
+def table_space(scheduler: str, sampler: str, trials: int, seed: int, several: bool) -> Space:
+    """A function trainable's space over a curves table's grid (each key searched as its index)."""
+    raw = {"trainable": f"{REPO / 'bench' / 'curves.py'}:train_curve",
+           "experiment": {"metric": ["loss", "size"] if several else "loss", "mode": ["min", "min"] if several else "min",
+                          "num_samples": trials, "max_concurrent": 4, "seed": seed, "sampler": sampler,
+                          "scheduler": scheduler, "grace_period": 1, "reduction_factor": 3},
+           "training": {"epochs": EPOCHS},
+           "space": {key: {"distribution": "int", "low": 0, "high": len(GRID[key]) - 1} for key in KEYS}}
+    return parse_space(raw, source=str(REPO / "bench" / "space.yaml"))
+
+
+def table_metrics(curves: np.ndarray, sizes: np.ndarray) -> Metrics:
+    def metrics(config: dict[str, Any], epoch: int) -> dict[str, float]:
+        at = tuple(int(config[key]) for key in KEYS)
+        return {"loss": float(curves[at][epoch - 1]), "size": float(sizes[at])}
+    return metrics
+
+
+def table_duration(config: dict[str, Any]) -> float:
+    """An epoch takes 1 to 1.5 units, a function of the config (so finishing orders vary)."""
+    return 1.0 + 0.5 * (zlib.crc32(repr([config[key] for key in KEYS]).encode()) % 1000) / 1000
+
+
+def hypervolume(points: list[tuple[float, float]], reference: tuple[float, float]) -> float:
+    """The area two minimised objectives' points dominate, up to `reference`."""
+    inside = sorted(p for p in points if p[0] < reference[0] and p[1] < reference[1])
+    area, best_second = 0.0, reference[1]
+    for first, second in inside:  # by the first objective, ascending: each point adds the strip it newly covers
+        if second < best_second:
+            area += (reference[0] - first) * (best_second - second)
+            best_second = second
+    return area
+
+
+# label -> (scheduler, several objectives, trials)
+SUITE = {"fifo + tpe": ("fifo", False, 60), "asha + tpe": ("asha", False, 300),
+         "hyperband + tpe": ("hyperband", False, 300), "bohb": ("bohb", False, 300),
+         "MO fifo": ("fifo", True, 60), "MO-ASHA": ("asha", True, 300), "MO bohb": ("bohb", True, 300)}
+
+
+def run_one(job: tuple[str, str, int]) -> tuple[str, str, int, list[tuple[int, float, float]]]:
+    """One search: (label, table, seed, [(epoch count, loss, size) per report, in report order])."""
+    label, table, seed = job
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.simplefilter("ignore")
+    scheduler, several, trials = SUITE[label]
+    curves, sizes = load(table)
+    sim = simulate(table_space(scheduler, "tpe", trials, seed, several), table_metrics(curves, sizes), table_duration)
+    return label, table, seed, [(i + 1, r.metrics["loss"], r.metrics["size"]) for i, r in enumerate(sim.reports)]
+
+
+def epochs_to(reports: list[tuple[int, float, float]], reached: Callable[[list[tuple[int, float, float]]], bool]
+              ) -> float:
+    """The epochs spent when `reached(reports so far)` first holds (inf: never)."""
+    for i in range(len(reports)):
+        if reached(reports[:i + 1]):
+            return reports[i][0]
+    return math.inf
+
+
+def report(done: dict[tuple[str, str, int], list[tuple[int, float, float]]], tables: list[str]) -> str:
+    seeds = sorted({seed for (_, _, seed) in done})
+    lines = [f"{len(tables)} tables ({', '.join(tables)}), {len(seeds)} seeds, 4 at once, rungs 1, 3, 9 of {EPOCHS} "
+             "epochs; epochs spent until the best report reaches FIFO + TPE's final best, as a share of FIFO's "
+             "epochs (median over seeds; inf: not within the trials run)", "",
+             "| searcher | " + " | ".join(tables) + " | median over tables | trials reaching it |", "|---|" +
+             "---|" * (len(tables) + 2)]
+    figures = {}
+    for label in ("fifo + tpe", "asha + tpe", "hyperband + tpe", "bohb"):
+        shares, cells, hits = [], [], 0
+        for table in tables:
+            per_seed = []
+            for seed in seeds:
+                fifo = done["fifo + tpe", table, seed]
+                target = min(loss for _, loss, _ in fifo)
+                spent = epochs_to(done[label, table, seed], lambda rs: min(r[1] for r in rs) <= target + 1e-12)
+                hits += math.isfinite(spent)
+                per_seed.append(spent / fifo[-1][0])
+            shares.append(statistics.median(per_seed))
+            cells.append(f"{shares[-1]:.3f}")
+        figures[label] = statistics.median(shares)
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {figures[label]:.3f} | {hits}/{len(tables) * len(seeds)} |")
+    lines += ["", "several objectives (loss, size): epochs until the reports' hypervolume reaches MO FIFO's final "
+                  "hypervolume, as a share of MO FIFO's epochs", "",
+              "| searcher | " + " | ".join(tables) + " | median over tables |", "|---|" + "---|" * (len(tables) + 1)]
+    for label in ("MO fifo", "MO-ASHA", "MO bohb"):
+        shares = []
+        for table in tables:
+            per_seed = []
+            for seed in seeds:
+                fifo = done["MO fifo", table, seed]
+                reference = (max(loss for _, loss, _ in fifo), max(size for _, _, size in fifo) * 1.01)
+                target = hypervolume([(loss, size) for _, loss, size in fifo], reference)
+                spent = epochs_to(done[label, table, seed], lambda rs: hypervolume(
+                    [(loss, size) for _, loss, size in rs], reference) >= target - 1e-12)
+                per_seed.append(spent / fifo[-1][0])
+            shares.append(statistics.median(per_seed))
+        figures[label] = statistics.median(shares)
+        lines.append(f"| {label} | " + " | ".join(f"{s:.3f}" for s in shares) + f" | {figures[label]:.3f} |")
+    lines += ["", f"goals: bohb <= 0.25 of FIFO's epochs (measured {figures['bohb']:.3f}) and below ASHA + TPE "
+                  f"({figures['asha + tpe']:.3f}); MO-ASHA <= 0.333 of MO FIFO's (measured {figures['MO-ASHA']:.3f})"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1 table, 2 seeds")
+    parser.add_argument("--seeds", type=int, help="seeds 0..S-1 (default 6; --quick 2)")
+    parser.add_argument("--workers", type=int, default=2, help="processes (default 2)")
+    parser.add_argument("--tables", help=f"comma-separated (known: {', '.join(TABLES)})")
+    args = parser.parse_args(argv)
+    tables = args.tables.split(",") if args.tables else (["cancer"] if args.quick else list(TABLES))
+    for table in tables:
+        load(table)  # made here, once, before the workers read it
+    seeds = args.seeds or (2 if args.quick else 6)
+    jobs = [(label, table, seed) for table in tables for seed in range(seeds) for label in SUITE]
+    start = time.perf_counter()
+    done = {(label, table, seed): reports for label, table, seed, reports in in_workers(run_one, jobs, args.workers)}
+    print(report(done, tables))
+    print(f"\n{len(jobs)} searches in {time.perf_counter() - start:.0f} s with {args.workers} workers")
+
+
+if __name__ == "__main__":
+    main()
