@@ -58,6 +58,7 @@ from scipy.stats import rankdata
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
+from search.searching.choice import choose_sampler  # noqa: E402
 from search.searching.ordered import TPE_SETTINGS, OrderedSearch  # noqa: E402
 from search.spec.schema import Searched  # noqa: E402
 from search.searching.searcher import suggest  # noqa: E402
@@ -201,11 +202,21 @@ class Tune:
         self.searcher.on_trial_complete(key, {"loss": loss})
 
 
+def auto(table: Table, seed: int, lag: int) -> Ordered:
+    """hpsearch's default, `sampler: auto`: the sampler search/searching/choice.py chooses for this table's keys
+    (FIFO, one objective, 100 trials)."""
+    chosen = choose_sampler(choices=sum(1 for d in table.searched if d.is_choice), conditional=0,
+                            numbers=sum(1 for d in table.searched if not d.is_choice), objectives=1, constraints=0,
+                            num_samples=100, scheduler="fifo").sampler
+    return Ordered(table, seed, sampler=chosen, lag=lag)
+
+
 # label -> (max_concurrent, the runner for (table, seed)). hpsearch's samplers at 1, 4 and 8 at once.
 SEARCHERS: dict[str, tuple[int, Callable[[Table, int], Runner]]] = {
     f"hpsearch {sampler} @{lag}": (lag, functools.partial(Ordered, sampler=sampler, lag=lag))
     for sampler in ("tpe", "random", "qmc", "cmaes", "gp") for lag in (1, 4, 8)
 }
+SEARCHERS |= {f"hpsearch auto @{lag}": (lag, functools.partial(auto, lag=lag)) for lag in (1, 4)}
 SEARCHERS |= {
     SEQUENTIAL: (1, lambda table, seed: AskTell(table, optuna.samplers.TPESampler(seed=seed))),
     N_JOBS: (4, lambda table, seed: AskTell(table, optuna.samplers.TPESampler(seed=seed, constant_liar=True))),
@@ -231,7 +242,7 @@ SEARCHERS["hpsearch tpe @4 lag 2"] = (4, functools.partial(Ordered, sampler="tpe
 QUICK = (DEFAULT, SEQUENTIAL, TUNE, "random")
 # gp is left out of the default set: 2-5 s of CPU per suggestion here (its acquisition is optimised
 # from many starts), hours for 100 trials x 120 runs; `--searchers "hpsearch gp @4"` runs it
-DEFAULT_SET = tuple(label for label in SEARCHERS if " gp " not in label and " lag " not in label
+DEFAULT_SET = tuple(label for label in SEARCHERS if " gp " not in label and " lag " not in label and " auto " not in label
                     and not any(label.endswith(f" {v}") for v in VARIANTS))
 
 

@@ -13,7 +13,7 @@ Because hpsearch's searcher and halving are reproducible, a Ray search of the sa
 with the same stops (tests/test_simulator.py holds them side by side), so a table costs seconds, not Ray runs.
 
 The suites (each search: max_concurrent 4, grace_period 1, reduction_factor 3 over 27 epochs: rungs 1, 3, 9):
-- multi-fidelity: FIFO + TPE (60 trials), ASHA + TPE, Hyperband + TPE and bohb (up to 300 trials each). The
+- multi-fidelity: FIFO + TPE (60 trials), ASHA + TPE, Hyperband + TPE and bohb (up to 200 trials each). The
   figure: the epochs each spends, in report order, until its best report is as good as FIFO + TPE's final best,
   as a share of FIFO's epochs; the median over seeds per table, then over tables;
 - several objectives (the metric, min, and the model's size, min): MO FIFO (60 trials) against MO-ASHA and MO bohb.
@@ -198,9 +198,9 @@ def hypervolume(points: list[tuple[float, float]], reference: tuple[float, float
 
 
 # label -> (scheduler, several objectives, trials)
-SUITE = {"fifo + tpe": ("fifo", False, 60), "asha + tpe": ("asha", False, 300),
-         "hyperband + tpe": ("hyperband", False, 300), "bohb": ("bohb", False, 300),
-         "MO fifo": ("fifo", True, 60), "MO-ASHA": ("asha", True, 300), "MO bohb": ("bohb", True, 300)}
+SUITE = {"fifo + tpe": ("fifo", False, 60), "asha + tpe": ("asha", False, 200),
+         "hyperband + tpe": ("hyperband", False, 200), "bohb": ("bohb", False, 200),
+         "MO fifo": ("fifo", True, 60), "MO-ASHA": ("asha", True, 200), "MO bohb": ("bohb", True, 200)}
 
 
 def run_one(job: tuple[str, str, int]) -> tuple[str, str, int, list[tuple[int, float, float]]]:
@@ -270,14 +270,14 @@ def report(done: dict[tuple[str, str, int], list[tuple[int, float, float]]], tab
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 table, 2 seeds")
-    parser.add_argument("--seeds", type=int, help="seeds 0..S-1 (default 6; --quick 2)")
+    parser.add_argument("--seeds", type=int, help="seeds 0..S-1 (default 4; --quick 2)")
     parser.add_argument("--workers", type=int, default=2, help="processes (default 2)")
     parser.add_argument("--tables", help=f"comma-separated (known: {', '.join(TABLES)})")
     args = parser.parse_args(argv)
     tables = args.tables.split(",") if args.tables else (["cancer"] if args.quick else list(TABLES))
     for table in tables:
         load(table)  # made here, once, before the workers read it
-    seeds = args.seeds or (2 if args.quick else 6)
+    seeds = args.seeds or (2 if args.quick else 4)
     jobs = [(label, table, seed) for table in tables for seed in range(seeds) for label in SUITE]
     start = time.perf_counter()
     done = {(label, table, seed): reports for label, table, seed, reports in in_workers(run_one, jobs, args.workers)}

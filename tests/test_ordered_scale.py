@@ -20,6 +20,7 @@ from optuna.trial import TrialState, create_trial
 from search.store.searcher_record import RECORD, RECORD_FILE
 from search.searching.ordered import OrderedSearch, make_sampler
 from search.searching.searcher import suggest
+from search.searching.gp_kernels import kernels_of, with_kernels
 from search.spec.schema import OPTUNA_SAMPLERS as SAMPLERS
 from search.spec.space import parse_space
 
@@ -44,7 +45,9 @@ class RebuildingSearch(OrderedSearch):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study = optuna.create_study(storage=storage, direction="maximize" if self.mode == "max" else "minimize",
-                                        sampler=make_sampler(self.sampler, self.experiment_seed, n))
+                                        # the GP's fit starts where the last one ended, as in OrderedSearch (gp_kernels.py)
+                                        sampler=with_kernels(make_sampler(self.sampler, self.experiment_seed, n),
+                                                             self._kernels_before(n)))
         study_id = storage.get_study_id_from_name(study.study_name)
         for key, value in self.study_attrs.items():
             storage.set_study_system_attr(study_id, key, value)
@@ -65,6 +68,8 @@ class RebuildingSearch(OrderedSearch):
             constants = self.ask(trial)
         asked = study.trials[-1]
         self.study_attrs = dict(storage.get_study_system_attrs(study_id))
+        if (fitted := kernels_of(study.sampler)) is not None:
+            self.kernels[n] = fitted
         self.asked.append((dict(asked.params), dict(asked.distributions), dict(asked.system_attrs)))
         self.numbers[trial_id] = n
         return {**trial.params, **constants}

@@ -81,7 +81,7 @@ def test_shipped_mnist_space_searches_the_four_fields():
     ({"resources": {"gpus": "max"}}, "resources.gpus: must be 0, a fraction in [0.01, 1] (0.25 packs four "
                                      "trials per GPU; a trial uses one GPU at most) or auto (measured), got 'max'"),
     ({"resources": {"spread": "yes"}}, "resources.spread: must be true or false, got 'yes'"),
-    ({"experiment": {"scheduler": "median"}}, "experiment.scheduler: must be one of fifo, asha, hyperband, pbt, got 'median'"),
+    ({"experiment": {"scheduler": "median"}}, "experiment.scheduler: must be one of fifo, asha, hyperband, bohb, pbt, got 'median'"),
     ({"experiment": {"metric": "accuracy"}}, "experiment.metric: must be a metric the trainable reports"),
     ({"experiment": {"num_samples": "many"}}, "experiment.num_samples: must be an integer in [1, 1000000], got 'many'"),
     ({"experiment": {"colour": "blue"}}, "experiment.colour: unknown key"),
@@ -297,7 +297,7 @@ def test_cli_yaml_syntax_error_names_the_line(tmp_path):
 def test_cli_bad_flag_value_exits_2(tmp_path):
     done = run_cli("--space", "spaces/mnist.yaml", "--scheduler", "median", "--max-concurrent", "0")
     assert done.returncode == 2
-    assert "experiment.scheduler: must be one of fifo, asha, hyperband, pbt, got 'median'" in done.stderr
+    assert "experiment.scheduler: must be one of fifo, asha, hyperband, bohb, pbt, got 'median'" in done.stderr
     assert "experiment.max_concurrent: must be an integer in [1, 10000], got 0" in done.stderr
 
 

@@ -18,6 +18,12 @@ that rung (their value at it), whatever order they arrive in:
 - Hyperband (`brackets` > 1): trial n is in bracket n mod brackets; bracket s first judges
   its trials at epoch grace_period * reduction_factor**s, and compares a trial only with the
   lower-numbered trials of its own bracket.
+- several objectives (MO-ASHA, arXiv 2106.12639): a rung value is each objective signed to maximise
+  and the constraints' total violation; trial n goes on unless at least 1/reduction_factor of the
+  lower-numbered trials at the rung lie on a strictly better front of a non-dominated sorting that
+  puts feasible before infeasible (search/spec/objectives.py fronts), as pareto.yaml counts them;
+- bohb is this scheduler with brackets=1; what makes it BOHB is the searcher's model, fit at a rung
+  (search/searching/ordered.py MULTIFIDELITY "rung").
 
 No deadlock: the lowest-numbered trial that has not passed a rung never waits, and a waiting
 trial holds no slot (it is PAUSED); Tune resumes a paused trial only when choose_trial_to_run
