@@ -47,7 +47,7 @@ def ray_local():
 # first: pytest-xdist's loadfile hands out files in collection order, so a long file collected last
 # keeps one worker busy after the other has finished (the longest-first order makes the two even).
 LONGEST_FIRST = ["test_faults.py", "test_workers.py", "test_gpus.py", "test_damage.py", "test_cluster.py", "test_resume.py",
-                 "test_budgets.py", "test_quiet.py", "test_layout.py", "test_autoscaler.py", "test_session.py",
+                 "test_model_based.py", "test_budgets.py", "test_quiet.py", "test_layout.py", "test_autoscaler.py", "test_session.py",
                  "test_function_trainable.py", "test_exits.py", "test_reproducible.py", "test_halving.py",
                  "test_multi_objective.py", "test_user_code.py", "test_per_report.py", "test_shared_cluster.py", "test_own_function.py",
                  "test_trial_timeout.py", "test_conditional.py", "test_warm_start.py", "test_end_to_end.py",
