@@ -1,8 +1,9 @@
 """`sampler: auto`: which of Optuna's samplers a search runs, chosen once, before its first trial.
 
 A pure function of what the search is: its searched keys, its objectives and constraints, its
-scheduler and its trial budget. The rules start from OptunaHub's AutoSampler and are changed
-where bench/numeric.py and bench/quality.py measured otherwise (docs/search-quality.md):
+scheduler and its trial budget. The rules are OptunaHub's AutoSampler's, with TPE under early
+stopping and a lower trial bound (200, not 250); bench/numeric.py and bench/quality.py measure them
+(docs/search-quality.md, "Which sampler"):
 
 - a Gaussian process (Optuna's GPSampler: logEI, logEHVI for several objectives, the constrained
   variants where constraints exist) for a space of numbers only, while the search is at most
@@ -13,7 +14,7 @@ where bench/numeric.py and bench/quality.py measured otherwise (docs/search-qual
   sees only complete trials, so its model would hold the few that ran to the end;
 - TPE under bohb, as BOHB's own model (kernel densities), fit on the highest rung that holds enough results;
 - past GP_TRIALS trials the cheaper model: TPE for one objective, NSGA-II for several (a GP's fit
-  grows with the cube of the trials, its suggestion from about 1 s to several);
+  grows with the cube of the trials it holds);
 - pbt: TPE, which draws the whole population before any result, as a random sampler would.
 
 The choice is written into spec.yaml (experiment.sampler holds the sampler chosen; the run
@@ -28,8 +29,8 @@ from search.spec.objectives import HALVING, names
 from search.spec.space import Space
 
 AUTO = "auto"
-# A GP's suggestion costs about 1 s of CPU at 100 trials and grows past it (bench/numeric.py --cost):
-# above this budget a search would spend more time choosing than a short trial takes.
+# A GP's suggestion costs about 0.2 s of CPU at 50 trials with the batched acquisition (bench/gp_cost.py) and
+# grows with the trials its model holds; past this budget the cheaper models (docs/search-quality.md).
 GP_TRIALS = 200
 
 

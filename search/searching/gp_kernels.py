@@ -4,10 +4,9 @@ GPSampler fits its kernel (lengthscales, scale, noise) by maximising the margina
 starting point: the previous fit's parameters, which one sampler keeps between suggestions
 (`_gprs_cache_list`), or Optuna's defaults for a new sampler. The reproducible searcher makes a
 new sampler per trial number (its seed is a function of the seed and n), so every fit started
-from the defaults, and on multimodal functions the fit then often stopped in a poor optimum whose
-acquisition pointed at the corners of the box. Hartmann-6, 30 trials, seeds 0-5, one at a time:
-the mean best was -2.47 against plain Optuna's -3.07, with 12 trials at a corner against 5
-(docs/search-quality.md, "The GP path").
+from the defaults. Plain Optuna with a new GPSampler per trial, Hartmann-6, 30 trials, seeds 0-5: mean best
+-2.76 against one sampler's -3.07, and 21 trials at a corner of the box against 5 (docs/search-quality.md,
+"The GP path"; over the numeric suite's 9 tasks at 4 at once the difference is within the seeds' spread).
 
 So trial n's sampler starts its fit from the parameters of the latest fit made for a trial below n,
 as one sampler would. Those parameters are part of the searcher's record (OrderedSearch.kernels,
