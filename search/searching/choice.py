@@ -68,7 +68,7 @@ def choose_sampler(*, choices: int, conditional: int, numbers: int, objectives: 
     if num_samples > GP_TRIALS:
         cheaper = "nsga2" if objectives > 1 else "tpe"
         return Choice(cheaper, f"sampler auto: {cheaper} ({plural(numbers, 'numeric parameter')}, {budget}{extra}: "
-                               f"past {GP_TRIALS} trials a gp costs seconds a suggestion)")
+                               f"past {GP_TRIALS} trials a gp's fit grows with the cube of the trials)")
     return Choice("gp", f"sampler auto: gp ({plural(numbers, 'numeric parameter')}, {budget}{extra})")
 
 
