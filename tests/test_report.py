@@ -185,7 +185,9 @@ def test_the_report_command_writes_it_again_and_keeps_the_searchs_summary(search
         best = outcome.best["result"]
         assert redraw() == (f"Redrawn by python -m search report from the run folder: 4 of experiment.num_samples 4 "
                             f"trials (4 completed)\nBest (best.yaml): trial #{best['trial_number']} "
-                            f"({best['trial_id']}) epoch {best['epoch']}: val_acc {best['val_acc']:.4f}")
+                            f"({best['trial_id']}) epoch {best['epoch']}: val_acc {best['val_acc']:.4f}\n"
+                            # which sampler ran and why, read back from spec.yaml (search/searching/choice.py)
+                            "Sampler: sampler auto: tpe (1 choice among 4 searched keys, 4 trials)")
     finally:
         shutil.copy(tmp_path / "report.html", run / "report.html")
 

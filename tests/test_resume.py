@@ -37,6 +37,8 @@ def completed_trials(results: Path) -> pd.DataFrame | None:
     if not results.exists():
         return None
     frame = pd.read_parquet(results)
+    if "status" not in frame:  # written before any trial had a row: no columns yet
+        return None
     done = frame[frame["status"] == COMPLETED]
     return done if done["trial_id"].nunique() >= 2 else None
 

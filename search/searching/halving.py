@@ -74,6 +74,7 @@ class OrderedHalving(FIFOScheduler):
 
     # Tune may otherwise hand a trial's results over in batches, past the rung it should stop at
     _supports_buffered_results = False
+    objectives: Objectives | None = None  # a scheduler pickled before MO-ASHA (a run resumed from then) has none
 
     def __init__(self, *, metric: str, mode: str, max_t: int, grace_period: int, reduction_factor: int,
                  brackets: int = 1, storage: Storage | None = None, record: str = RECORD_FILE,
