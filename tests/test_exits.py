@@ -62,9 +62,12 @@ def test_a_search_where_every_trial_fails_exits_3_says_why_and_ends_despite_a_us
     assert "note: exiting although user code left 1 thread(s) running (users-thread)" in done.stderr
     assert "Failed: " in done.stdout and "this model fails on every real batch" in done.stdout
     # each failure said once, in one line, as it happens; Tune's 40-line traceback stays in error.txt
+    # the second trial's line names the first's instead of repeating it; the summary says it once too
     said = [line for line in done.stdout.splitlines() if "failed and ended in ERROR" in line]
-    assert len(said) == 2 and all("RuntimeError: this model fails on every real batch (traceback in " in line
-                                  for line in said), done.stdout
+    assert len(said) == 2 and "RuntimeError: this model fails on every real batch (traceback in " in said[0] and \
+        re.search(r"ended in ERROR: the same error as trial #[01] \(traceback in ", said[1]), done.stdout
+    assert "Failed: 2 trials with the same error: RuntimeError: this model fails on every real batch" in done.stdout
+    assert "Ended: " not in done.stdout, "every trial had started: the search was not cut short"
     everything = done.stdout + done.stderr
     assert "Trial task failed" not in everything and "Trials did not complete" not in everything
     assert "Traceback" not in everything

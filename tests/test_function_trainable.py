@@ -17,8 +17,8 @@ from search.store.run_folder import STATUSES_FILE, RunFolder, _saved_trials
 from search.store.storage import Storage
 from trainable.errors import ConfigError
 from trainable.report import PACKED_COLUMNS
-from trainable.function import (MetricNotReported, Reporter, ReservedName, _Diverged, load_state, replay, resolve_function,
-                                save_state)
+from trainable.function import (ContractError, MetricNotReported, Reporter, ReportMisuse, ReservedName, _Diverged,
+                                load_state, replay, resolve_function, save_state)
 
 # A toy training function as a user would write it: no Ray, milliseconds per report. Trial 1 fails once
 # at its third epoch while the marker file exists; its restart must continue from the checkpoint.
@@ -129,6 +129,25 @@ def test_a_first_report_without_the_metric_names_what_was_reported():
     constrained = Reporter(["score", "size"], send=lambda *a: None, objectives=1)
     with pytest.raises(MetricNotReported, match="missing: size"):
         constrained(score=1.0)
+
+
+def test_report_takes_one_dict_as_tune_report_does_and_refuses_any_other_positional():
+    """Issue 49 item 1: report({...}) was taken as the checkpoint, and the trial failed saying it reported
+    no metric."""
+    sent = []
+    report = Reporter(["score", "size"], send=lambda row, epoch, checkpoint: sent.append((row, checkpoint)),
+                      objectives=1)
+    report({"score": 0.5, "size": torch.tensor(3.0)}, checkpoint={"w": torch.zeros(2)})
+    report({"score": 0.6}, size=4)  # both ways at once
+    assert [(r["score"], r["size"], r["metric_names"]) for r, _ in sent] == \
+        [(0.5, 3.0, ["score", "size"]), (0.6, 4.0, ["score", "size"])]
+    assert sent[0][1]["w"].shape == (2,) and sent[1][1] is None, "the checkpoint goes by name only"
+    with pytest.raises(ReportMisuse, match=r"report\(\): the metrics go as one dict, as tune.report takes them, or "
+                                           r"as keywords, the checkpoint by name: .*; got a positional float"):
+        report(0.7)
+    with pytest.raises(ReportMisuse, match="size given both in the dict and as a keyword"):
+        report({"score": 0.7, "size": 1}, size=2)
+    assert isinstance(ReportMisuse("x"), ContractError) and len(sent) == 2
 
 
 def test_a_metric_named_like_a_column_of_the_run_folder_is_refused():
@@ -280,9 +299,42 @@ def test_a_function_that_returns_without_a_report_fails_its_trial_not_the_search
     assert status.to_dict() == {0: "ERROR", 1: "COMPLETED"}
     assert ("experiment.metric: must be among the metrics the function reports (none: it returned without "
             "calling report), got score") in outcome.summary
-    said = capsys.readouterr().out  # its one restart, then its end
-    assert "(#0) failed and restarts from its start (no checkpoint yet) (experiment.max_failures)" in said
-    assert "(#0) failed and ended in ERROR" in said
+    said = capsys.readouterr().out  # no restart: the same on every try (issue 49 item 2)
+    assert "(#0) failed and ended in ERROR (not restarted: it broke the function's contract" in said
+    assert "restarts from" not in said
+
+
+# Tune's own report style, with the metric as the only positional: the same contract error on every trial
+POSITIONAL = '''
+def train(config, report, checkpoint=None):
+    report(config["lr"])
+'''
+
+
+@pytest.mark.slow
+def test_a_search_whose_first_trials_all_break_the_contract_stops_after_three_without_restarts(ray_local, tmp_path,
+                                                                                             capsys):
+    """Issue 49 item 2: a deterministic error was restarted max_failures times on every trial, for minutes."""
+    from search.driver import run_search
+
+    raw = toy_space(tmp_path, max_concurrent=1, num_samples=8, max_failures=2)
+    (tmp_path / "toy.py").write_text(POSITIONAL)
+    outcome = run_search(parse_space(raw, source=str(tmp_path / "space.yaml")), name="positional")
+    assert not outcome.succeeded  # the command exits 3
+    status = outcome.results.drop_duplicates("trial_number", keep="last").set_index("trial_number")["status"]
+    assert status.to_dict() == {0: "ERROR", 1: "ERROR", 2: "ERROR"}, "no trial starts after the third"
+    errors = sorted(Path(outcome.path).glob("*/error.txt"))
+    assert len(errors) == 3 and all(e.read_text().count("Failure # ") == 1 for e in errors), "none restarted"
+    said = capsys.readouterr().out
+    assert "restarts from" not in said and said.count("got a positional float") == 1, said
+    assert "(#1) failed and ended in ERROR (not restarted: it broke the function's contract, as it would on " \
+           "every try): the same error as trial #0" in said
+    assert "stopping the search: its first 3 trials failed with the same error and none succeeded" in said
+    summary = outcome.summary
+    assert summary.count("got a positional float") == 2, summary  # the Failed line and the Ended line
+    assert "Failed: 3 trials with the same error: " in summary
+    assert ("Ended: ended after its first 3 trials (#0, #1, #2) all failed with the same error and none succeeded, "
+            "so no more were started (3 of 8 trials ran): ") in summary
 
 
 def test_a_metric_of_several_numbers_is_refused_by_name():

@@ -3,7 +3,7 @@
 One search, shared by the file: a function with two objectives and a constraint, whose file imports a
 module beside it, searched from another folder (the test's working directory is the repository),
 with trials that run in Ray's worker processes (another folder again), one of which diverges, and
-one that reports a metric the others do not. Its pareto.yaml is checked against the front recomputed
+one that reports a metric the others do not; it reports one dict per epoch, as Tune's `tune.report` takes it. Its pareto.yaml is checked against the front recomputed
 from results.parquet alone and against the journal's own study; a front trial replays from a third folder.
 """
 
@@ -48,7 +48,8 @@ def train(config, report, checkpoint=None):
         if config["trial_number"] == 1:  # would dominate every trial, then breaks on its last epoch
             score = 10.0 if epoch < config["epochs"] - 1 else math.nan
         extra = {"only_trial_two": 2.0} if config["trial_number"] == 2 else {}
-        report(score=score, size=size_of(config["width"]), **extra, checkpoint={"x": x, "epoch": epoch + 1})
+        # one dict, as tune.report(metrics) takes it (issue 49 item 1)
+        report({"score": score, "size": size_of(config["width"]), **extra}, checkpoint={"x": x, "epoch": epoch + 1})
 """
 
 

@@ -71,3 +71,36 @@ def test_tunes_loggers_still_keep_a_trials_file_and_writer_where_ours_reach_them
     source = inspect.getsource(TBXLoggerCallback.log_trial_result)
     assert "self._trial_writer[trial].add_scalar(" in source and "self._trial_writer[trial].flush()" in source, \
         "Tune's TensorBoard logger no longer adds scalars and then flushes: EventFiles' one event per report"
+
+
+def test_tune_still_asks_a_trials_max_failures_whether_to_restart_it(tmp_path):
+    """no_retry_of_contract_errors hands Tune an int whose comparison reads the pickled error Tune has just
+    written (tests/test_function_trainable.py runs it end to end): it works only while should_recover compares
+    num_failures with max_failures, after handle_error wrote the pickle."""
+    import pickle
+
+    from ray.exceptions import RayTaskError
+    from ray.tune.experiment import Trial
+    from ray.tune.execution.tune_controller import TuneController
+
+    from trainable.function import ReportMisuse
+
+    assert "num_failures <= self.max_failures or self.max_failures < 0" in inspect.getsource(Trial.should_recover)
+    failure = inspect.getsource(TuneController._process_trial_failure)
+    assert failure.index("trial.handle_error(exception)") < failure.index("trial.should_recover()")
+    assert "pickled_error_file" in inspect.getsource(Trial.handle_error)
+
+    class Failed:  # what the int reads of a trial: its pickled error, and the limit Tune set
+        max_failures = 2
+        pickled_error_file = str(tmp_path / "error.pkl")
+
+    trial = Failed()
+    ray_internals.no_retry_of_contract_errors(trial)
+    assert 1 <= trial.max_failures and not trial.max_failures < 0, "no error written yet: Tune's own rule"
+    crash = RayTaskError("train", "Traceback ...", RuntimeError("out of memory"))
+    (tmp_path / "error.pkl").write_bytes(pickle.dumps(crash))
+    assert 2 <= trial.max_failures and not 3 <= trial.max_failures, "a crash restarts as before"
+    contract = RayTaskError("train", "Traceback ...", ReportMisuse("report(): got a positional float"))
+    (tmp_path / "error.pkl").write_bytes(pickle.dumps(contract))
+    assert not 1 <= trial.max_failures, "a contract error is not restarted"
+    assert pickle.loads(pickle.dumps(trial.max_failures)) == 2, "Tune's records keep the plain number"

@@ -7,7 +7,8 @@ The function is the user's whole loop, and never imports Ray:
 - `config`: the space file's searched and fixed keys under their own names, plus `seed` and
   `trial_number` (and, with `resources.workers` above 1, `rank` and `world_size`: the function runs on
   every worker, rank 0's reports and checkpoints count; trainable/distributed.py prepare_model, shard);
-- `report(**metrics, checkpoint=None)`: once per epoch (or step); the names are the function's
+- `report(**metrics, checkpoint=None)`, or `report(metrics_dict, checkpoint=None)` as tune.report takes
+  it: once per epoch (or step); the names are the function's
   own, every objective and constraint metric among them (checked on each report), none a name
   the run folder uses for itself (a config key, `status`, Tune's `done`, ...: Reporter), and
   `epoch` only as the count of reports;
@@ -109,15 +110,26 @@ def resolve_function(reference: str) -> Callable[..., None]:
 
 # ---- the trial's side ---------------------------------------------------------------------
 
-class MetricNotReported(RuntimeError):
+class ContractError(Exception):
+    """The function broke the contract above (what report takes, which names it may use): the same on every
+    try, so the trial ends ERROR without Tune's restarts (experiment.max_failures), and a search whose first
+    trials all end so stops (search/execution/progress.py)."""
+
+
+class ReportMisuse(ContractError, TypeError):
+    """report() called with what it does not take: a positional that is no dict, a metric that is no number,
+    a checkpoint torch.load(weights_only=True) cannot read back."""
+
+
+class MetricNotReported(ContractError, RuntimeError):
     """The first report lacks a metric the search needs: the trial ends ERROR with this message."""
 
 
-class ReservedName(ValueError):
+class ReservedName(ContractError, ValueError):
     """A metric named like a column the run folder uses for itself: the trial ends ERROR with this message."""
 
 
-class TooManyReports(ValueError):
+class TooManyReports(ContractError, ValueError):
     """A report past the trial's `epochs`: the trial ends ERROR with this message. The searcher takes a
     trial's value at its `epochs`-th report (search/searching/ordered.py: the next trial is asked then, and
     takes the actor Tune would otherwise stop), so a later report could be better than the value optuna.journal
@@ -144,7 +156,7 @@ def tune_keys() -> frozenset[str]:
 def save_state(folder: str | Path, epoch: int, state: Mapping[str, Any]) -> Path:
     """A function's checkpoint: its dict and the report count it was made at, readable with weights_only."""
     if not isinstance(state, Mapping):
-        raise TypeError(f"report(checkpoint=...) must be a dict of tensors and plain data, got {type(state).__name__}")
+        raise ReportMisuse(f"report(checkpoint=...) must be a dict of tensors and plain data, got {type(state).__name__}")
     import torch
 
     path = Path(folder) / CHECKPOINT_FILE
@@ -160,7 +172,7 @@ def save_state(folder: str | Path, epoch: int, state: Mapping[str, Any]) -> Path
         # torch's long message: the line that names what it refused, without its advice to allow it
         first = next((line for line in lines if "Unsupported" in line), lines[0] if lines else "")
         first = first.split(". Please use", 1)[0]
-        raise TypeError(f"report(checkpoint=...) must be a dict of tensors and plain data that torch.load("
+        raise ReportMisuse(f"report(checkpoint=...) must be a dict of tensors and plain data that torch.load("
                         f"weights_only=True) reads back, and this one does not ({type(error).__name__}: {first}); "
                         "turn numpy arrays into tensors (torch.from_numpy) and objects into their state_dict()") from None
     finally:
@@ -190,10 +202,10 @@ def _number(name: str, value: Any) -> float:
         try:
             value = value.item()
         except (ValueError, RuntimeError):  # more than one element: numpy's ValueError, torch's RuntimeError
-            raise TypeError(f"report({name}=...): a metric must be a number (or a one-element tensor), got "
+            raise ReportMisuse(f"report({name}=...): a metric must be a number (or a one-element tensor), got "
                             f"{type(value).__name__} of shape {tuple(getattr(value, 'shape', ()))}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"report({name}=...): a metric must be a number (or a one-element tensor), "
+        raise ReportMisuse(f"report({name}=...): a metric must be a number (or a one-element tensor), "
                         f"got {type(value).__name__}")
     return float(value)
 
@@ -221,9 +233,11 @@ class Reporter:
         self.diverged = False
         self.last = time.time()
 
-    def __call__(self, checkpoint: Mapping[str, Any] | None = None, **metrics: Any) -> None:
+    def __call__(self, metrics: Mapping[str, Any] | None = None, /, checkpoint: Mapping[str, Any] | None = None,
+                 **named: Any) -> None:
         if self.diverged:  # the function caught _Diverged and went on: nothing after the NaN counts
             raise _Diverged
+        metrics = given_metrics(metrics, named)
         self._check_names(metrics)
         if self.limit is not None and self.epoch >= self.limit:
             raise TooManyReports(f"report(): this is report {self.epoch + 1}, past the trial's epochs "
@@ -267,6 +281,25 @@ class Reporter:
             raise MetricNotReported(f"experiment.metric: every metric the search needs ({', '.join(self.metrics)}) "
                                     f"must be among those the function reports ({', '.join(metrics) or 'none'}); "
                                     f"missing: {', '.join(missing)}")
+
+
+def given_metrics(metrics: Any, named: Mapping[str, Any]) -> dict[str, Any]:
+    """A report's metrics, given as one dict (Tune's `tune.report(metrics)`) or as keywords, or both."""
+    if metrics is None:
+        return dict(named)
+    if not isinstance(metrics, Mapping):
+        raise ReportMisuse(f"report(): the metrics go as one dict, as tune.report takes them, or as keywords, the "
+                           f"checkpoint by name: report({{'loss': 0.1}}, checkpoint={{...}}); got a positional "
+                           f"{type(metrics).__name__}")
+    twice = sorted(set(metrics) & set(named))
+    if twice:
+        raise ReportMisuse(f"report(): {', '.join(map(str, twice))} given both in the dict and as a keyword; "
+                           "give each metric once")
+    strange = [k for k in metrics if not isinstance(k, str)]
+    if strange:
+        raise ReportMisuse(f"report(): a metric's name must be a string, got {strange[0]!r} "
+                           f"({type(strange[0]).__name__}) in the dict")
+    return {**metrics, **named}
 
 
 def tune_function(config: dict[str, Any], *, data: Any = None, metrics: Sequence[str], objectives: int = 1,

@@ -43,7 +43,10 @@ import pyarrow.fs as pafs
 from ray.tune import Callback
 from ray.tune.experiment import Trial
 
+from search.execution.ray_internals import last_failure_is_contract_error, no_retry_of_contract_errors
 from search.outputs.journal import Journal
+from search.searching.budget import end_search
+from search.searching.failing import FAILING_AFTER, FirstFailures
 from search.searching.study import RUNNING
 from search.spec.objectives import first, mark_feasible, objectives_of
 from search.spec.ranking import best_value, is_better, score
@@ -95,6 +98,15 @@ def flush_all() -> None:
         _unflushed.pop().flush()
 
 
+def error_line(trial) -> str:
+    """The last line of the error Tune wrote for `trial` (its driver-side copy), '?' if none reads."""
+    try:  # written here first (error_file, the driver's copy), in the run folder at Tune's next sync
+        error = Path(trial.error_file).read_text() if trial.error_file else trial.get_error()
+    except Exception:  # unreadable: the line still says where the traceback is
+        error = None
+    return str(error).strip().splitlines()[-1][:300] if error is not None and str(error).strip() else "?"
+
+
 def clock(seconds: float) -> str:
     """Seconds as m:ss (h:mm:ss from an hour on), as a progress line shows elapsed time and ETA."""
     minutes, secs = divmod(int(round(seconds)), 60)
@@ -138,10 +150,12 @@ class Progress(Callback):
         self._live_at = 0.0  # when the last batch was handed on
         # the writer thread's own: an ended trial's records (results.records), from its part's write until its batch
         self._ended_rows: dict[int, list[dict[str, Any]]] = {}
+        # the first trials' ends in this process (a resume watches anew: the code may have been fixed)
+        self.first_failures = FirstFailures(needed=min(FAILING_AFTER, self.total))
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("_journal", "_journal_failed", "_ending", "_schema", "_writer", "_epochs", "_ended_before",
-                "_paced_from", "_quiet", "_live", "_live_at", "_ended_rows")
+                "_paced_from", "_quiet", "_live", "_live_at", "_ended_rows", "first_failures")
         return {k: v for k, v in self.__dict__.items() if k not in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -159,6 +173,7 @@ class Progress(Callback):
         self._submit(self._to_journal, lambda journal: None)  # the journal exists from the start
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        no_retry_of_contract_errors(trial)  # the same on every try: ERROR at once (search/searching/failing.py)
         self.running.add(trial.trial_id)
         self._paced_from = self._paced_from or time.monotonic()
         number = trial.config.get("trial_number")
@@ -228,26 +243,35 @@ class Progress(Callback):
         sys.stdout.flush()
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        self.first_failures.ended(trial.config.get("trial_number"), None)
         self._ended(trial, error=False)
 
     def on_trial_recover(self, iteration, trials, trial, **info) -> None:
         where = "its last checkpoint" if trial.checkpoint is not None else "its start (no checkpoint yet)"
-        self._say_failure(trial, f"restarts from {where} (experiment.max_failures)")
+        self._say_failure(trial, f"restarts from {where} (experiment.max_failures)", error_line(trial))
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        self._say_failure(trial, "ended in ERROR")
+        last = error_line(trial)
+        failing = self.first_failures.ended(trial.config.get("trial_number"), last)
+        earlier = self.first_failures.same_as_before(last)
+        retried = " (not restarted: it broke the function's contract, as it would on every try)" \
+            if last_failure_is_contract_error(trial) else ""
+        self._say_failure(trial, f"ended in ERROR{retried}", last, earlier)
         self._ended(trial, error=True)
+        # trials yet to start, and a searcher's Budget to end them (PBT's population starts at once)
+        if failing is not None and len(self.ended) + len(self.running) < self.total \
+                and self.space.experiment.scheduler != "pbt":
+            end_search(self.folder, failing)
+            print(f"stopping the search: its first {len(failing['failed_trials'])} trials failed with the same "
+                  "error and none succeeded; no trial starts after this one", flush=True)
 
-    def _say_failure(self, trial, what: str) -> None:
-        """One line per failure, where Tune logs a traceback (dropped unless --verbose: search/execution/session.py quiet)."""
-        try:  # written here first (error_file, the driver's copy), in the run folder at Tune's next sync
-            error = Path(trial.error_file).read_text() if trial.error_file else trial.get_error()
-        except Exception:  # unreadable: the line still says where the traceback is
-            error = None
-        last = str(error).strip().splitlines()[-1][:200] if error is not None and str(error).strip() else "?"
+    def _say_failure(self, trial, what: str, last: str, earlier: int | None = None) -> None:
+        """One line per failure, where Tune logs a traceback (dropped unless --verbose: search/execution/session.py
+        quiet); an error an earlier trial already showed is named by that trial."""
         if sys.stdout.isatty() and not self._quiet:
             sys.stdout.write("\n")  # below the progress bar
-        print(f"trial {trial.trial_id} (#{trial.config.get('trial_number')}) failed and {what}: {last} "
+        shown = f"the same error as trial #{earlier}" if earlier is not None else last
+        print(f"trial {trial.trial_id} (#{trial.config.get('trial_number')}) failed and {what}: {shown} "
               f"(traceback in {self.folder.trial_path(trial.path)}/error.txt)", flush=True)
 
     def on_experiment_end(self, trials, **info) -> None:

@@ -18,6 +18,13 @@ fails when Ray changes what it relies on, so an upgrade says where to look inste
 - `event_writers`: the SummaryWriter per trial of Tune's TensorBoard logger (TBXLoggerCallback._trial_writer),
   which search/execution/tuner.py's EventFiles wraps so that a report's scalars go as one event, not one
   each (docs/performance.md). Tune's logger makes each writer as a trial starts; no public way reaches it.
+- `no_retry_of_contract_errors`: Tune restarts a failed trial while `trial.should_recover()` holds, that is
+  `num_failures <= trial.max_failures`, asked right after the failure is counted and its pickled error
+  written; neither FailureConfig nor a callback can say "not this error" (callbacks hear of the failure
+  only after the restart is scheduled). The trial's `max_failures` (a plain attribute that Tune reads
+  nowhere else but to copy it) becomes an int that answers that comparison as `max_failures` does, unless
+  the failure just written is a function's contract error (trainable/function.py ContractError), which is
+  the same on every try: then the trial ends ERROR at once.
 - The logger names the quiet mode filters (search/execution/session.py's `quiet`) are Ray's
   module paths, `ray._private.worker` among them: a renamed module only makes a hint visible again.
 """
@@ -26,9 +33,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import pickle
 import threading
 from contextlib import contextmanager
-from typing import TextIO
+from typing import Any, TextIO
 
 import ray
 
@@ -76,6 +85,50 @@ def quick_stop():
     finally:
         logger.removeFilter(cut)
         logger.setLevel(level)
+
+
+class _Retries(int):
+    """A trial's max_failures that refuses a restart after a contract error (see the module docstring).
+
+    Python asks the right operand's reflected comparison first when its type subclasses the left's, so
+    Tune's `num_failures <= max_failures` and `max_failures < 0` both come here."""
+
+    trial: Any
+
+    def __new__(cls, value: int, trial: Any):
+        retries = super().__new__(cls, value)
+        retries.trial = trial
+        return retries
+
+    def __reduce__(self):  # Tune's records keep the number only
+        return int, (int(self),)
+
+    def __ge__(self, failures: object) -> bool:  # num_failures <= max_failures
+        return not last_failure_is_contract_error(self.trial) and int(self) >= failures  # type: ignore[operator]
+
+    def __lt__(self, other: object) -> bool:  # max_failures < 0: unlimited restarts
+        return not last_failure_is_contract_error(self.trial) and int(self) < other  # type: ignore[operator]
+
+
+def last_failure_is_contract_error(trial: Any) -> bool:
+    """Whether the error Tune has just written for `trial` is a function's ContractError."""
+    from trainable.function import ContractError
+
+    path = getattr(trial, "pickled_error_file", None)
+    if not path or not os.path.exists(path):
+        return False
+    try:
+        with open(path, "rb") as f:
+            error = pickle.load(f)  # cloudpickle writes it; plain pickle reads it back
+    except Exception:  # unreadable: a failure like any other, restarted as Tune would
+        return False
+    return isinstance(getattr(error, "cause", error), ContractError)
+
+
+def no_retry_of_contract_errors(trial: Any) -> None:
+    """Make Tune end `trial` ERROR without a restart when it fails with a contract error (idempotent)."""
+    if not isinstance(trial.max_failures, _Retries):
+        trial.max_failures = _Retries(trial.max_failures, trial)
 
 
 def record_file(logger, trial) -> TextIO | None:

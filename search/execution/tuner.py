@@ -26,7 +26,7 @@ from search.execution.progress import Progress, flush_all
 from search.execution.ray_internals import event_writers, quick_stop, record_file
 from search.execution.session import sigterm_as_sigint
 from search.outputs.phases import first_trial_started
-from search.searching.budget import budgeted
+from search.searching.budget import budgeted, forget_ending
 from search.searching.halving import RECORD_FILE as HALVING_RECORD
 from search.searching.halving import OrderedHalving, bracket_count
 from search.searching.pbt import make_pbt, population_space
@@ -331,6 +331,7 @@ def fit(tuner: tune.Tuner, folder: RunFolder, resume_hint: str):
     A stopped search returns as soon as Tune has saved its state (session.quick_stop): the
     results are then Tune's saved record, exactly what fit() would have returned after its wait.
     """
+    forget_ending(folder)  # an earlier search of this run in this process ended early: this one has not
     with sigterm_as_sigint(), quick_stop() as stop:
         try:
             grid = tuner.fit()

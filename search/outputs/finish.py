@@ -20,6 +20,7 @@ from search.outputs.pareto import checkpoints_by_epoch, write_pareto
 from search.outputs.phases import TIMING_FILE, Phases
 from search.outputs.summary import Timing, format_summary, journal_note, status_counts, wall_line
 from search.searching.budget import ended_note, read_ended
+from search.searching.failing import alike
 from search.searching.halving import RECORD_FILE as HALVING_RECORD
 from search.searching.halving import read_record as read_halving
 from search.searching.pbt import replay_config
@@ -325,6 +326,27 @@ def _ends_a_line(path: str) -> bool:
         return f.read(1) == b"\n"
 
 
+def failed_lines(grid, folder: RunFolder, trial_timeout: float | None) -> str:
+    """The summary's Failed lines: each error once (search/searching/failing.py alike), with the trials it ended."""
+    groups: dict[str, list[tuple[str, str, str]]] = {}
+    for result in grid:
+        if result.error is not None:  # after max_failures restarts; Tune keeps the traceback
+            line = str(result.error).strip().splitlines()[-1][:300]
+            groups.setdefault(alike(line), []).append((folder.trial_path(result.path), line, str(result.error)))
+    out = ""
+    for failures in groups.values():
+        path, line, _ = failures[0]
+        if len(failures) == 1:
+            out += f"\nFailed: {path}: {line} (traceback in error.txt there)"
+        else:
+            out += (f"\nFailed: {len(failures)} trials with the same error: {line} (traceback in error.txt of "
+                    f"{path}, and of the others: {', '.join(p.rsplit('/', 1)[-1] for p, _, _ in failures[1:])})")
+        if trial_timeout is not None and any("process has died" in error for _, _, error in failures):
+            out += (f"\n      its process ended: a trial blocked outside Python past experiment.trial_timeout "
+                    f"({trial_timeout:g} s) ends so (trainable/watchdog.py), as does a crash")
+    return out
+
+
 def no_success(frame: pd.DataFrame, metric: str, interrupted: bool = False) -> str:
     """Why no trial succeeded, for the summary: the trials' statuses, and how the command exits
     (an interrupted search exits 130, whatever its trials did)."""
@@ -378,13 +400,7 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
                              searched=[d.name for d in space.searched], gpus_per_trial=gpus_per_trial,
                              also=tuple(names(experiment.metric)[1:]),
                              gpu_notes=gpu_notes, rerun=rerun_command(best_path, space))
-    for result in grid:
-        if result.error is not None:  # after max_failures restarts; Tune keeps the traceback
-            first_line = str(result.error).strip().splitlines()[-1][:200]
-            summary += f"\nFailed: {folder.trial_path(result.path)}: {first_line} (traceback in error.txt there)"
-            if experiment.trial_timeout is not None and "process has died" in str(result.error):
-                summary += (f"\n      its process ended: a trial blocked outside Python past experiment.trial_timeout "
-                            f"({experiment.trial_timeout:g} s) ends so (trainable/watchdog.py), as does a crash")
+    summary += failed_lines(grid, folder, experiment.trial_timeout)
     summary += "".join(f"\nnote: {note}" for note in notes)
     if ended:
         summary += f"\nEnded: {ended_note(ended, frame['trial_id'].nunique())}"

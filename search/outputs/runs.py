@@ -41,7 +41,7 @@ from trainable.yaml_file import Loader
 RUNNING, FINISHED, ENDED, TARGET, FAILED, INTERRUPTED_RUN = ("running", "finished", "ended by budget", "target reached",
                                                              "failed", "interrupted")
 #: ended.yaml's ended_by -> the state `runs` shows (search/searching/budget.py writes it)
-ENDED_BY = {"time_budget": ENDED, "stop_when": TARGET}
+ENDED_BY = {"time_budget": ENDED, "stop_when": TARGET, "failing": FAILED}
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ import yaml
 from ray import tune
 from ray.tune.search import Searcher, SearchGenerator
 
+from search.searching.failing import failing_note
 from search.spec.objectives import Bound, names
 from search.spec.schema import budget_seconds, stop_target
 from search.spec.space import Space
@@ -55,6 +56,23 @@ RESUME_KEYS = ("experiment.time_budget", "experiment.stop_when", "experiment.num
 LOCATION_KEYS = ("experiment.storage_path", "experiment.name", "data.root")
 #: a plain-number target on a metric that is no objective: lower is better for names ending so
 LOWER_IS_BETTER = ("loss", "error")
+
+
+# Searches ended from outside their searcher, by run folder path: search/execution/progress.py ends one whose
+# first trials all failed alike (search/searching/failing.py). Tune restores a resumed search's callbacks,
+# searcher and stopper from separate records, so the three share no object; the driver runs one search at a
+# time in its process, and its fit() forgets the run's entry before Tune starts.
+_ENDED_OUTSIDE: dict[str, dict[str, Any]] = {}
+
+
+def end_search(folder: RunFolder, why: dict[str, Any]) -> None:
+    """End the search of `folder` as a budget would: no trial starts after this, running ones stop at their
+    next report; `why` is ENDED_FILE's record (its `ended_by` and what the summary says of it)."""
+    _ENDED_OUTSIDE[folder.path] = why
+
+
+def forget_ending(folder: RunFolder) -> None:
+    _ENDED_OUTSIDE.pop(folder.path, None)
 
 
 def direction(experiment, metric: str) -> str:
@@ -133,6 +151,8 @@ class Budget:
 
     def observe(self, result: dict | None = None) -> bool:
         """Check the clock and, given a trial's result, the targets; True once the search has ended."""
+        if self.ended is None and self.folder.path in _ENDED_OUTSIDE:
+            self._end(_ENDED_OUTSIDE[self.folder.path])
         if self.ended is None and self.time_budget is not None and self.started is not None:
             spent = time.time() - self.started
             if spent >= self.time_budget:
@@ -269,6 +289,8 @@ def ended_note(ended: dict[str, Any] | None, trials: int) -> str | None:
     """The summary's line on why the search ended early: 'ended by time_budget 60s after 7 of 1000 trials'."""
     if not ended:
         return None
+    if ended["ended_by"] == "failing":
+        return failing_note(ended, trials)
     if ended["ended_by"] == "time_budget":
         spent = ended.get("after_seconds")
         how = f"ended by time_budget {describe(ended['time_budget'])}" + (
