@@ -421,3 +421,26 @@ def test_a_finished_search_of_a_function_that_keeps_no_checkpoint_resumes_withou
     # a snapshot of Tune's after the end (a resume that ran) makes statuses.json stale: the record answers
     state.write_text(state.read_text() + " ")
     assert folder.saved_statuses() == statuses and _saved_trials.cache_info().misses == 1
+
+
+def test_a_choice_of_mixed_types_keeps_each_drawn_values_type_through_the_results(tmp_path):
+    """Issue 49 item 6: with values [0.5, true, 2.5] the trial that ran with true was recorded, summarised and
+    replayed as 1.0; 0x10 came back as 16.0. Values that compare equal cannot be told apart by Optuna: refused."""
+    from search.store.results import config_from_row, results_schema, to_frame
+
+    raw = toy_space(tmp_path)
+    raw["space"] = {"x": {"distribution": "choice", "values": [0.5, True, 2.5]},
+                    "y": {"distribution": "choice", "values": ["1e5", None, 16, math.inf, True, 10]}}
+    space = parse_space(raw, source=str(tmp_path / "space.yaml"))
+    schema = results_schema(space)
+    rows = [{"trial_id": f"t{i}", "status": "COMPLETED", "trainable": "toy.py:train", "x": x, "y": y, "seed": i,
+             "trial_number": i, "epoch": 1, "score": 1.0} for i, (x, y) in
+            enumerate([(True, 16), (2.5, True), (0.5, None), (True, math.inf), (2.5, "1e5")])]
+    frame = to_frame(rows, schema)
+    back = [config_from_row(row, schema) for _, row in frame.iterrows()]
+    for row, config in zip(rows, back):
+        for key in ("x", "y"):
+            assert config.get(key) == row[key] and type(config.get(key)) is type(row[key]), (key, row, config)
+    raw["space"] = {"x": {"distribution": "choice", "values": [1, True, 2]}}
+    assert "space.x.values: must not hold two values that compare equal (1, 1.0 and true, 0 and false" in \
+        problems(raw, tmp_path)

@@ -612,4 +612,9 @@ def _choice(name: str, path: str, values: Any, problems: list[str], before: int)
     if len(set(map(json.dumps, labels))) < len(labels):
         problems.append(problem(f"{path}.values", "must not repeat a value", values))
         return None
+    scalars = [v for v in labels if not isinstance(v, str)]
+    if len(set(scalars)) < len(scalars):  # Optuna finds a drawn value by ==: true would be recorded as 1
+        problems.append(problem(f"{path}.values", "must not hold two values that compare equal (1, 1.0 and true, "
+                                "0 and false: Optuna would record one as the other)", values))
+        return None
     return Searched(name, CategoricalDistribution(labels), tuple(typed))

@@ -94,7 +94,13 @@ JSON = {b"json": b"1"}  # field metadata: the column holds JSON text of nested o
 
 
 def _field(name: str, values: list[Any]) -> pa.Field:
-    """One Arrow type for every value a column can hold; JSON text where they don't agree."""
+    """One Arrow type for every value a column can hold; JSON text where they don't agree.
+
+    Values of several Python types (a choice of [0.5, true, 2.5], of [16, 1.5]) are JSON text too, although
+    Arrow would take them as one type: it would turn true into 1.0 and 16 into 16.0, and best.yaml would then
+    replay a value that never ran. A null beside values of one type keeps their type."""
+    if len({type(v) for v in values if v is not None}) > 1:
+        return pa.field(name, pa.string(), metadata=JSON)
     try:
         kind = pa.array(values).type
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
