@@ -119,3 +119,25 @@ def test_a_checkpoint_already_gone_is_no_error(tmp_path):
     trial.report(keep, 1, 0.9)
     keep.on_experiment_end(trials=[trial])
     assert trial.on_disk() == {1}
+
+
+def test_the_best_epoch_of_tied_scores_is_the_one_whose_checkpoint_is_kept(tmp_path):
+    """Issue 49 item 5: best.yaml named the earlier of two equal epochs while num_to_keep kept the newer, so
+    `make run` printed no test accuracy and `export` exited 2. One rule now: of equal scores, the later epoch."""
+    import pandas as pd
+
+    from search.spec.ranking import points, ranked
+    from search.spec.objectives import objectives_of
+    from search.spec.schema import Experiment
+
+    keep, trial = KeepCheckpoints(num_to_keep=1, metric="val_acc", mode="max"), Trial(tmp_path / "t0")
+    accuracies = [0.90, 0.97, 0.96, 0.97, 0.95]  # epochs 2 and 4 tie
+    for k, acc in enumerate(accuracies, start=1):
+        trial.report(keep, k, acc)
+    frame = pd.DataFrame({"trial_id": ["t0"] * 5 + ["t1"] * 2, "trial_number": [0] * 5 + [1] * 2,
+                          "epoch": [1, 2, 3, 4, 5, 1, 2], "val_acc": [*accuracies, 0.97, 0.5]})
+    assert trial.on_disk() == {4, 5}, "the newer of the equal best, and the latest"
+    best = ranked(frame, "val_acc", "max").iloc[0]
+    assert (best["trial_number"], best["epoch"]) == (0, 4), "of equal trials the earlier, of its epochs the later"
+    point = points(frame[frame["trial_id"] == "t0"], objectives_of(Experiment(metric="val_acc", mode="max")))
+    assert list(point["epoch"]) == [4]
