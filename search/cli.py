@@ -284,7 +284,8 @@ def main(argv: Sequence[str] | None = None, started: float | None = None) -> int
 
         check_name(args)
 
-        check_storage(Storage.at(space.experiment.storage_path))  # before a local Ray begins to start
+        # before a local Ray begins to start
+        check_storage(Storage.at(space.experiment.storage_path), space.experiment.min_free_mb)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

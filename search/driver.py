@@ -41,7 +41,7 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
     (its imports count as the first phase), else the time of this call."""
     phases = Phases(started)  # where the command's time goes, in the summary and timing.yaml
     storage = Storage.at(space.experiment.storage_path)
-    check_storage(storage)
+    check_storage(storage, space.experiment.min_free_mb)
     with ExitStack() as held:  # the run folder, then Ray: released in reverse order
         # a resume runs its spec.yaml, whatever the space file says now
         space, folder, data, done = prepare(space, storage, name, resume, held, early_ray)

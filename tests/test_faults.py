@@ -25,7 +25,7 @@ from tests.helpers import SMALL, TOY_FUNCTION, assert_kept_checkpoints, assert_o
 from tests.test_resume import wait_for
 from tests.test_trainable_data import write_idx
 from trainable.data import RAW_FILES, load_dataset
-from trainable.errors import DataError
+from trainable.errors import ConfigError, DataError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -377,6 +377,7 @@ def test_a_corrupt_test_part_is_found_before_any_trial(tmp_path, data_root):
 @pytest.mark.parametrize("storage, words", [
     ("a_file", "is a file, not a folder"),
     ("nosuchscheme://bucket/path", "not a storage URI pyarrow can open"),
+    ("/proc/hpsearch-runs", "cannot make a folder and write in it there"),  # issue 49 item 9: a traceback
 ])
 def test_bad_storage_paths_exit_2_before_ray(tmp_path, storage, words):
     (tmp_path / "a_file").write_text("")
@@ -386,6 +387,19 @@ def test_bad_storage_paths_exit_2_before_ray(tmp_path, storage, words):
     assert done.returncode == 2 and no_traceback(done), done.stderr[-2000:]
     assert "experiment.storage_path" in done.stderr and words in done.stderr
     assert "Started a local Ray" not in done.stderr
+
+
+def test_a_min_free_mb_beyond_the_disk_is_refused_before_ray_and_a_check_leaves_no_folder(tmp_path):
+    """Issue 49 item 12: found only by the disk guard, after Ray had started."""
+    from search.store.storage import Storage, check_storage
+
+    target = tmp_path / "not" / "yet"
+    check_storage(Storage.at(str(target)), min_free_mb=100)
+    assert not (tmp_path / "not").exists(), "the check makes the folder to try it, then removes it"
+    with pytest.raises(ConfigError, match=r"experiment.min_free_mb: must be below the size of the disk the run "
+                                          r"folder is on \([\d,]+ MB at .*\): the search stops as soon as less than "
+                                          r"it is free, got 1000000000.0"):
+        check_storage(Storage.at(str(target)), min_free_mb=1e9)
 
 
 # ---- input that validation let through ----

@@ -252,3 +252,22 @@ def test_a_function_best_yaml_may_name_a_key_experiment(tmp_path, capsys):
                     "result: {metric: score, score: 1.0}\n")
     assert main(["--config", str(best)]) == 0
     assert "score 1.0000" in capsys.readouterr().out
+
+
+def test_replay_flags_that_would_fail_or_be_ignored_exit_2_naming_them(tmp_path, capsys):
+    """Issue 49 items 9 and 10: --workers 3 with a batch of 128 gave two tracebacks, one per worker process;
+    flags on a function's best.yaml were silently ignored; --pick on a best.yaml said '(it holds [])'."""
+    assert main(["--workers", "3", "--epochs", "1"]) == 2
+    assert "workers: must divide batch_size (128): each worker takes batch_size / workers examples of every " \
+           "batch, got 3" in capsys.readouterr().err
+    (tmp_path / "train.py").write_text("def train(config, report, checkpoint=None):\n    report(score=1.0)\n")
+    best = tmp_path / "best.yaml"
+    best.write_text(f"trainable: {tmp_path / 'train.py'}:train\nx: 1\nseed: 1\ntrial_number: 0\n"
+                    "result: {metric: score, score: 1.0}\n")
+    assert main(["--config", str(best), "--workers", "1", "--set", "x=2"]) == 2
+    said = capsys.readouterr().err
+    assert "--workers: does not apply to a function trainable's replay, which calls the function with the config " \
+           "it ran with" in said and "--set: does not apply" in said and "got 'x=2'" in said
+    assert main(["--config", str(best), "--pick", "0"]) == 2
+    assert "--pick: is for a Pareto front (--config pareto.yaml); this --config is one trial's config" in \
+        capsys.readouterr().err

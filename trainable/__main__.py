@@ -64,7 +64,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def picked(document, number: int) -> dict:
     """pareto.yaml's config of trial `number` (its `trials` entry with that trial_number)."""
-    trials = document.get("trials") if isinstance(document.get("trials"), list) else []
+    if not isinstance(document.get("trials"), list):  # a best.yaml (or another trial config): one trial, no front
+        raise ConfigError([problem("--pick", "is for a Pareto front (--config pareto.yaml); this --config is one "
+                                             "trial's config, which runs as it is: leave --pick out", number)])
+    trials = document["trials"]
     for entry in trials:
         if isinstance(entry, dict) and entry.get("trial_number") == number and isinstance(entry.get("config"), dict):
             return entry["config"]
@@ -109,6 +112,20 @@ def config_schedule(args: argparse.Namespace) -> dict[int, dict]:
     return parse_schedule(raw[SCHEDULE_KEY]) if SCHEDULE_KEY in raw else {}
 
 
+def refuse_flags_of_a_function_replay(args: argparse.Namespace) -> None:
+    """A function trainable's best.yaml (or pareto.yaml entry) is replayed with the config it ran with: the
+    canonical loop's flags mean nothing to the user's function, and taking none silently would replay
+    something else than was asked."""
+    given = [(f"--{name.replace('_', '-')}", getattr(args, name)) for name in FIELDS
+             if name not in NESTED and getattr(args, name) is not None]
+    given += [("--model", args.model)] if args.model is not None else []
+    given += [("--set", item) for item in args.sets] + ([("--data-root", args.data_root)] if args.data_root else [])
+    if given:
+        raise ConfigError([problem(flag, "does not apply to a function trainable's replay, which calls the function "
+                                         "with the config it ran with (edit a copy of the file to change a value)",
+                                   value) for flag, value in given])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -120,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError([problem("--config", "must be a trial config, and this is a space file (it has an "
                                                    "experiment section); re-run a trial with its run's best.yaml "
                                                    "(or pareto.yaml --pick N)", args.config)])
+        if is_function(raw) or (args.pick is not None and is_function(picked(raw, args.pick))):
+            refuse_flags_of_a_function_replay(args)
         if args.pick is not None and is_function(entry := picked(raw, args.pick)):  # a function's pareto.yaml
             objectives = raw.get("objectives") if isinstance(raw.get("objectives"), dict) else {}
             return replay({k: v for k, v in entry.items() if k not in INFORMATIONAL_KEYS}, list(objectives) or None)

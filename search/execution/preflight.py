@@ -270,7 +270,7 @@ def check_space(space: Space, *, address: str | None = None) -> str:
     """Every check a search makes before its first trial, without Ray or a run folder (`python -m search
     check`); returns the resolved spec as spec.yaml would hold it. ConfigError, DataError, CapacityError."""
     storage = Storage.at(space.experiment.storage_path)
-    check_storage(storage)
+    check_storage(storage, space.experiment.min_free_mb)
     check_storage_outlives_ray(storage)
     space = resolved(space)
     data = check_search(space)

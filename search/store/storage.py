@@ -7,6 +7,8 @@ best.yaml land beside it on the same storage, reachable from the head node.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from dataclasses import dataclass
 
@@ -125,8 +127,10 @@ class Storage:
             return stream.read()
 
 
-def check_storage(storage: Storage) -> None:
-    """The storage path is a usable folder (or URI) before anything starts; ConfigError otherwise."""
+def check_storage(storage: Storage, min_free_mb: float | None = None) -> None:
+    """The storage path is a usable folder (or URI) before anything starts; ConfigError otherwise. A local
+    folder must be one this process can make and write in (tried, and undone), on a disk larger than
+    `min_free_mb` (experiment.min_free_mb: the disk guard would stop the search at its first step)."""
     key = "experiment.storage_path"
     if is_uri(storage.uri):
         try:
@@ -143,3 +147,18 @@ def check_storage(storage: Storage) -> None:
         raise ConfigError([problem(key, f"{existing} is a file, not a folder", storage.uri)])
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError([problem(key, f"cannot write in {existing} (permission denied)", storage.uri)])
+    try:  # permissions do not tell all (/proc, a read-only mount): make what is missing and write, then undo it
+        made = os.path.abspath(path)
+        os.makedirs(made, exist_ok=True)
+        tempfile.NamedTemporaryFile(dir=made, prefix=".hpsearch-write-test-").close()
+        while made != os.path.abspath(existing):
+            os.rmdir(made)
+            made = os.path.dirname(made)
+    except OSError as error:
+        raise ConfigError([problem(key, f"cannot make a folder and write in it there ({error.strerror or error})",
+                                   storage.uri)]) from None
+    total_mb = shutil.disk_usage(existing).total / 2**20
+    if min_free_mb is not None and min_free_mb >= total_mb:
+        raise ConfigError([problem("experiment.min_free_mb", f"must be below the size of the disk the run folder "
+                                   f"is on ({total_mb:,.0f} MB at {existing}): the search stops as soon as less "
+                                   "than it is free", min_free_mb)])
