@@ -402,3 +402,56 @@ def test_what_a_progress_holds_is_written_when_tune_returns_without_ending_it(tm
     [listed] = dashboard_trials(progress.journal.path, folder.name)
     assert (listed.state.name, listed.user_attrs["trial_id"], listed.intermediate_values) == (
         "RUNNING", trial.trial_id, {1: 0.5})
+
+
+OTHER_PROCESS = """
+import sys
+
+import optuna
+from optuna.storages.journal import JournalFileBackend
+from optuna_dashboard import save_note
+
+storage = optuna.storages.JournalStorage(JournalFileBackend(sys.argv[1]))
+study = optuna.load_study(study_name=sys.argv[2], storage=storage)
+study.set_user_attr("owner", "me")
+for k in range(3):
+    study.set_user_attr(f"remark_{k}", k)
+first, second = study.get_trials(deepcopy=False)[:2]
+save_note(optuna.Trial(study, first._trial_id), "a note on #0")  # as the dashboard's note editor writes it
+storage.set_trial_user_attr(second._trial_id, "label", "baseline")  # a running trial's, then it is ended
+storage.set_trial_state_values(second._trial_id, optuna.trial.TrialState.FAIL)  # "Mark as Fail", #1 running
+"""
+
+
+def test_what_other_processes_write_during_a_search_is_still_there_at_its_end(tmp_path, capsys):
+    """Issue 49 item 7: the end rewrote optuna.journal from results.parquet and every note and attribute
+    other clients wrote was gone (135 of 135); after "Mark as Fail" the live journal stopped for good."""
+    import subprocess
+    import sys
+
+    from optuna_dashboard import get_note
+
+    space = journal_space()
+    folder, journal = a_ended_b_running(tmp_path, "j-20261205-190000")
+    (tmp_path / "other.py").write_text(OTHER_PROCESS)
+    subprocess.run([sys.executable, str(tmp_path / "other.py"), journal.path, folder.name], check=True)
+    progress = Progress(folder, space)  # the search goes on: #1 reports, #2 starts and ends, #1 ends
+    live = progress.journal
+    progress._start_entry("c", config(2, 0.11), live)
+    live.report(1, 2, 0.65)  # refused by Optuna for a FAIL entry: the journal goes on
+    progress.add_to_journal(rows("c", 2, 0.11, [0.4, 0.9]))
+    progress.add_to_journal(rows("b", 1, 0.12, [0.6, 0.65, 0.8]))
+    listed = dashboard_trials(journal.path, folder.name)
+    assert [(t.number, t.state.name, t.value) for t in listed] == [(0, "COMPLETE", 0.7), (1, "COMPLETE", 0.8),
+                                                                  (2, "COMPLETE", 0.9)], "still live after it"
+    said = capsys.readouterr().err
+    assert "trial #1: another process set its entry in optuna.journal to FAIL; results.parquet says COMPLETED" in said
+    # the end of the search (finish.sync_journal) with results.parquet's view of it
+    Journal(folder, space).sync(pd.DataFrame(rows("a", 0, 0.15, [0.5, 0.7]) + rows("b", 1, 0.12, [0.6, 0.65, 0.8])
+                                             + rows("c", 2, 0.11, [0.4, 0.9])))
+    storage = dashboard_storage.get_storage(journal.path)
+    study = optuna.load_study(study_name=folder.name, storage=storage)
+    assert study.user_attrs == {"owner": "me", "remark_0": 0, "remark_1": 1, "remark_2": 2}
+    first, second = study.get_trials()[:2]
+    assert second.user_attrs["label"] == "baseline" and second.user_attrs["trial_id"] == "b"
+    assert get_note(optuna.Trial(study, first._trial_id)) == "a note on #0"

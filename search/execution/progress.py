@@ -384,6 +384,9 @@ class Progress(Callback):
             return
         try:
             change(self.journal)
+            for note in self.journal.overridden:  # another process ended an entry otherwise (search/outputs/journal.py)
+                print(f"note: {note}", file=sys.stderr, flush=True)
+            self.journal.overridden.clear()
         except Exception as failure:  # the journal is a view: the end of the search writes it from the results
             self._journal_failed = True
             print(f"note: optuna.journal not kept up to date during the search ({type(failure).__name__}: "
@@ -428,5 +431,6 @@ class Progress(Callback):
               f"| elapsed {line[1]} | ETA {line[2]}", flush=True)
 
     def add_to_journal(self, rows: list[dict[str, Any]]) -> None:
-        """Put one ended trial in optuna.journal (a trial re-run after a resume replaces its entry)."""
-        self._ended_entry(records(rows, self.schema), self.journal)
+        """Put one ended trial in optuna.journal (a trial re-run after a resume replaces its entry), as the
+        writer thread does."""
+        self._to_journal(functools.partial(self._ended_entry, records(rows, self.schema)))

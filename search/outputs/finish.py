@@ -306,7 +306,9 @@ def sync_journal(folder: RunFolder, space: Space, frame: pd.DataFrame, notes: li
     try:
         if os.path.exists(path) and os.path.getsize(path) and not _ends_a_line(path):
             raise ValueError("its last line is cut short")
-        Journal(folder, space).sync(frame)
+        journal = Journal(folder, space)
+        journal.sync(frame)
+        notes.extend(journal.overridden)
         return
     except Exception as failure:
         damage = f"{type(failure).__name__}: {failure}"

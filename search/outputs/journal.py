@@ -22,6 +22,12 @@ in batches, at most one a second: a trial that ends within it enters whole, as i
   run again after a killed driver, or an errored trial resumed) makes the journal be written
   anew beside the old one and moved over it: rare, and a dashboard reloads to see it.
 
+Other processes may write to the file as the search goes (optuna-dashboard's notes, a user attribute, a
+study attribute): what they write stays, a rewrite included, which carries every study and trial attribute
+it did not set. A trial they end (the dashboard's "Mark as Fail") stays as they left it while it runs (its
+reports are no longer appended: Optuna refuses them), and takes the state results.parquet gives it when it
+ends, which the summary (or, during the search, a note) says: the journal is results.parquet's view.
+
 A warm-started run (search/searching/warm_start.py) has a second study in the file, `<run>.warm_start`
 (WARM_STUDY): the earlier run's trials the searcher was told before trial 0, each with the user
 attributes warm_start_from (the earlier run) and warm_start_trial_number. They live apart so
@@ -35,6 +41,7 @@ the writer thread's time, as Tune rations its snapshots) and when it ends.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import time
@@ -43,6 +50,7 @@ from typing import Any, Mapping, Sequence
 
 import optuna
 import pandas as pd
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages.journal import BaseJournalBackend, JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
@@ -140,6 +148,8 @@ class Journal:
         self._uploaded_at, self._upload_seconds = 0.0, 0.0
         self._holding = False
         self._upload_due = False  # a forced upload came while holding (a rewrite): the commit forces it
+        self.overridden: list[str] = []  # entries another process ended otherwise, set back by a rewrite (notes)
+        self.file_entries: dict[int, FrozenTrial] = {}
         if is_uri(folder.path) and not os.path.exists(self.path):  # a resume on another machine
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             copy = folder.storage.read(f"{folder.name}/{JOURNAL_FILE}")
@@ -186,7 +196,11 @@ class Journal:
     def commit(self) -> None:
         """Write the changes held since `hold`, in one append, and write at once again from here."""
         self._holding = self._backend.holding = False
-        if not self._backend.commit():  # another process wrote the file meanwhile: read it as it is
+        try:
+            in_order = self._backend.commit()
+        except UpdateFinishedTrialError:
+            in_order = False
+        if not in_order:  # another process wrote the file meanwhile: read it as it is
             self._reopen()
         self.upload(force=self._upload_due)
 
@@ -198,6 +212,20 @@ class Journal:
 
     def report(self, number: int, epoch: int, value: float) -> None:
         """Trial `number`'s metric at `epoch`, if its entry is running."""
+        self._despite_others(lambda: self._report(number, epoch, value))
+
+    def _despite_others(self, change) -> None:
+        """`change`, read again from the file if another process ended a trial it touches.
+
+        Optuna's journal refuses this process's update of a trial another process ended, then raises on each
+        later read of the file: the storage opened again is another worker, whose reads skip that update."""
+        try:
+            change()
+        except UpdateFinishedTrialError:
+            self._reopen()
+            change()
+
+    def _report(self, number: int, epoch: int, value: float) -> None:
         entry = self.entries.get(number)
         if entry is None or entry.state.is_finished() or entry.intermediate_values.get(epoch) == value:
             return
@@ -217,7 +245,9 @@ class Journal:
     def put(self, trial: FrozenTrial) -> None:
         """Make the entry of `trial`'s number hold it: created, brought up to date, or (only if it
         ended with something else) replaced by writing the journal anew."""
-        if not self._put(trial):
+        done = [True]
+        self._despite_others(lambda: done.__setitem__(0, self._put(trial)))
+        if not done[0]:
             self._rewrite()
         if not self._holding:
             self.upload(force=False)
@@ -227,6 +257,8 @@ class Journal:
 
         Entries of trials not in `frame` that have not ended (WAITING: not started) stay.
         """
+        # the file as it is: read again if another process ended a trial this one had written to
+        self._despite_others(lambda: self.storage.get_all_trials(self.study_id, deepcopy=False))
         wanted: dict[int, FrozenTrial] = {}
         # only a stopped or diverged trial's entry depends on the others (COMPLETE if it holds the best)
         best = best_trials(frame, self.space) \
@@ -298,16 +330,22 @@ class Journal:
         return self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
 
     def _rewrite(self) -> None:
-        """Write every entry, in number order, to a new journal beside this one, and move it over."""
+        """Write every entry, in number order, to a new journal beside this one, and move it over; what other
+        processes wrote (study and trial attributes) is carried over, and a trial they ended otherwise is noted."""
         folder, name = os.path.split(self.path)
         temporary = os.path.join(folder, f".{name}.{uuid.uuid4().hex}.tmp")
+        theirs, study_attrs = self._as_the_file_holds()
         try:
             self._open(temporary)
             self._backend.holding = True  # the whole journal in one append
+            for key, value in study_attrs[0].items():
+                self.storage.set_study_user_attr(self.study_id, key, value)
+            for key, value in study_attrs[1].items():
+                self.storage.set_study_system_attr(self.study_id, key, value)
             top = max(self.entries, default=-1)
             ordered = [self.entries.get(n) or placeholder(n) for n in range(top + 1)]
-            for trial in ordered:
-                self.storage.create_new_trial(self.study_id, template_trial=trial)
+            for number, trial in enumerate(ordered):
+                self.storage.create_new_trial(self.study_id, template_trial=self._with_theirs(trial, theirs.get(number)))
             self._backend.commit()
             os.replace(temporary, self.path)  # readers see the old journal or the new one, whole
         finally:
@@ -316,10 +354,36 @@ class Journal:
         self._reopen()
         self.upload(force=True)
 
+    def _as_the_file_holds(self) -> tuple[dict[int, FrozenTrial], tuple[dict, dict]]:
+        """The file's entries by number and the study's (user, system) attributes, others' writes included."""
+        ours = self.entries
+        try:
+            self._reopen()
+            return (dict(self.file_entries),
+                    (self.storage.get_study_user_attrs(self.study_id), self.storage.get_study_system_attrs(self.study_id)))
+        except Exception:  # a file that does not read (the case that makes a rewrite): nothing to carry over
+            return {}, ({}, {})
+        finally:
+            self.entries = ours
+
+    def _with_theirs(self, trial: FrozenTrial, found: FrozenTrial | None) -> FrozenTrial:
+        """`trial` with the attributes another process gave its entry; a state it gave noted (ours stands)."""
+        if found is None:
+            return trial
+        if found.state.is_finished() and found.state != trial.state and trial.state.is_finished():
+            self.overridden.append(f"trial #{number_of(trial)}: another process set its entry in optuna.journal to "
+                                   f"{found.state.name}; results.parquet says {trial.user_attrs.get('status')}, "
+                                   f"and the journal, its view, says {trial.state.name} again")
+        merged = copy.deepcopy(trial)
+        merged.user_attrs = {**found.user_attrs, **trial.user_attrs}
+        merged.system_attrs = {**found.system_attrs, **trial.system_attrs}
+        return merged
+
     def _reopen(self) -> None:
         """Read the journal file anew: its entries as the file holds them."""
         self._open(self.path)
-        self.entries = {number_of(t): t for t in self.storage.get_all_trials(self.study_id, deepcopy=False)}
+        self.file_entries = {number_of(t): t for t in self.storage.get_all_trials(self.study_id, deepcopy=False)}
+        self.entries = dict(self.file_entries)
 
     def upload(self, *, force: bool) -> None:
         """On URI storage, copy the journal into the run folder; unless forced, at most ~5% of the time."""
