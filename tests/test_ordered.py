@@ -177,3 +177,48 @@ def test_finishing_at_the_last_epoch_gives_the_same_search_past_tpes_startup():
     early = [run_two_slots(ending_at_epochs(True), order_seed) for order_seed in (1, 2, 3)]
     assert early[0] == early[1] == early[2] == run_two_slots(ending_at_epochs(False), order_seed=4)
     assert sorted(early[0]) == list(range(14))
+
+
+def halving_run(rungs: tuple[int, ...], speed_seed: int, total: int = 24, epochs: int = 12) -> tuple[dict, float]:
+    """Two slots on a virtual clock, as Tune runs a halving search: each epoch takes a time drawn with
+    `speed_seed`; a trial stops at a rung unless its lr is small (a stand-in for the scheduler's decisions,
+    which depend only on the trials' values, as OrderedHalving's do). Returns the configs by trial number and
+    the slot time left idle while trials were still to start."""
+    ask = functools.partial(suggest, searched=SPACE.searched, experiment_seed=5)
+    s = OrderedSearch(ask, metric="val_acc", mode="max", experiment_seed=5, sampler="tpe", lag=2, unseen=1,
+                      multifidelity="pruned", epochs=epochs, ends_at_epochs=True, rungs=rungs)
+    speeds, clock, idle = random.Random(speed_seed), 0.0, 0.0
+    running: list[list] = []  # [due, trial id, config, epoch]
+    configs: dict[int, dict] = {}
+    while True:
+        while len(running) < 2 and len(configs) < total and (config := s.suggest(f"t{len(configs)}")) is not None:
+            configs[config["trial_number"]] = config
+            running.append([clock + speeds.uniform(0.5, 1.5), f"t{config['trial_number']}", config, 1])
+        if not running:
+            return configs, idle
+        running.sort(key=lambda r: r[0])
+        due, trial_id, config, epoch = running[0]
+        if len(configs) < total:
+            idle += (2 - len(running)) * (due - clock)
+        clock = due
+        result = {"val_acc": score(config) * epoch / epochs, "epoch": epoch}
+        s.on_trial_result(trial_id, result)
+        survives = {1: 0.08, 3: 0.03}.get(epoch, 1.0)  # most stop at epoch 1, a few at 3, the rest run on
+        if epoch == epochs or (epoch in rungs and config["lr"] > survives):
+            s.on_trial_complete(trial_id, result)
+            running.pop(0)
+        else:
+            running[0][0], running[0][3] = clock + speeds.uniform(0.5, 1.5), epoch + 1
+
+
+def test_under_halving_a_slot_does_not_wait_for_a_long_trial_and_the_configs_still_reproduce():
+    """Issue 49 item 3: trial n waited for trial n-2 to end, so while one trial ran its 40 epochs the other
+    slot ran nothing: 2 at once 25% of the time. Seen up to a rung it has surely reached, it waits rarely."""
+    first, idle = halving_run((1, 3, 9), speed_seed=1)
+    second, _ = halving_run((1, 3, 9), speed_seed=2)
+    assert sorted(first) == list(range(24)) and first == second, "the same configs whatever the timing"
+    for seed in (1, 3):  # every earlier trial seen whole, the wait of before: a slot idle for epochs
+        _, idle = halving_run((1, 3, 9), speed_seed=seed)
+        _, idle_whole = halving_run((), speed_seed=seed)
+        assert idle_whole > 1.0 and idle_whole > 10 * idle, (seed, idle, idle_whole)
+    assert len({round(c["lr"], 12) for c in first.values()}) > 20

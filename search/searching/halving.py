@@ -64,6 +64,13 @@ def milestones(first: int, max_t: int, reduction_factor: int) -> list[int]:
     return rungs
 
 
+def rung_epochs(scheduler: str, grace_period: int, max_t: int, reduction_factor: int) -> tuple[int, ...]:
+    """Every epoch at which some trial of the search is judged (asha and bohb: one bracket; hyperband: all)."""
+    brackets = bracket_count(grace_period, max_t, reduction_factor) if scheduler == "hyperband" else 1
+    return tuple(sorted({r for s in range(brackets)
+                         for r in milestones(grace_period * reduction_factor ** s, max_t, reduction_factor)}))
+
+
 def bracket_count(grace_period: int, max_t: int, reduction_factor: int) -> int:
     """Hyperband's brackets: one per rung a bracket can start at (at least one)."""
     return max(1, len(milestones(grace_period, max_t, reduction_factor)))

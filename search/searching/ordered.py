@@ -14,7 +14,18 @@ earlier run's finished trials, the same for every n. Trial n < k of k enqueued c
 (`experiment.enqueue`) is asked with its config enqueued (Study.enqueue_trial), its other keys drawn.
 
 So trial n waits only while one of trials 0 .. n-L-1 is unfinished; those waits are counted
-(`waits`: trial number -> seconds) and reported. A trial's value is its best epoch's metric
+(`waits`: trial number -> seconds) and reported.
+
+Under successive halving (`rungs`: the epochs trials are judged at) most trials end at a low rung and a
+few run on for many epochs; waiting for such a long trial held every other slot idle behind it, one
+trial at a time (issue 49). So there trial n sees trial k of 0 .. n-L-1 up to a horizon, the highest
+rung at or below grace_period * g / (L - 1) epochs, g = n-L-k: while the other slots started g trials
+after it, each a grace_period at least, trial k has had about that long (HORIZON below). A trial that
+ended by its horizon is told as above; one that runs past it is told PRUNED with its curve up to the
+horizon, as a trial stopped there would be (RUNNING where the sampler reads no curve); trial n waits only
+for a trial that has not yet reached its horizon (or, past its planned epochs, ended). Each of these
+depends on n, k and the trial's own reports only, so on the seed. Such a study is built for the one
+suggestion; the kept one serves whenever every trial trial n sees is told whole. A trial's value is its best epoch's metric
 (the epoch best.yaml picks); a trial whose metric never was finite is FAIL to Optuna. A trial
 that ended short of its epochs (stopped at a rung, diverged) is told as `multifidelity` says
 (MULTIFIDELITY below): under halving, TPE gets it PRUNED with its curve (docs/schedulers.md).
@@ -50,6 +61,7 @@ the storage's public methods only.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import time
 import uuid
@@ -82,7 +94,9 @@ SAMPLER_STREAM = 1  # derive_seed stream of sampler seeds (stream 0 seeds the tr
 #   each trial that reached it told with its best value up to it, the others PRUNED as above.
 MULTIFIDELITY = ("final", "pruned", "rung")
 RUNG_POINTS = TPE_SETTINGS["n_startup_trials"]  # trials at a fidelity before "rung" fits the model there
-CACHES = ("_kept", "_told", "_settled", "_fidelity", "_space")  # derived from the record, see _drop_caches
+# how trial n sees an earlier trial under halving (OrderedSearch._sight)
+WHOLE, UPTO, HIDDEN, WAIT = "whole", "upto", "hidden", "wait"
+CACHES = ("_kept", "_told", "_settled", "_fidelity", "_space", "_longest")  # derived from the record, see _drop_caches
 
 
 class KeptStudy(NamedTuple):
@@ -127,7 +141,8 @@ class OrderedSearch(Searcher):
                  experiment_seed: int, sampler: str, lag: int, tpe_settings: Mapping[str, Any] | None = None,
                  enqueued: Sequence[Mapping[str, Any]] = (), warm: Sequence[FrozenTrial] = (),
                  objectives: Objectives | None = None, unseen: int | None = None,
-                 multifidelity: str = "final", epochs: int | None = None, ends_at_epochs: bool = False):
+                 multifidelity: str = "final", epochs: int | None = None, ends_at_epochs: bool = False,
+                 rungs: Sequence[int] = ()):
         super().__init__(metric=first(metric), mode=first(mode))
         # several objectives or constraints (search/spec/objectives.py): a trial's point, not its best epoch
         self.objectives = objectives or Objectives((metric,), (mode,))
@@ -144,6 +159,8 @@ class OrderedSearch(Searcher):
         self.multifidelity, self.epochs = multifidelity, epochs
         # a trial's report of its last planned epoch is its last (the canonical loop): it is finished there
         self.ends_at_epochs = ends_at_epochs
+        # the rung epochs of a halving search: trials are seen up to a horizon (module docstring); (): whole
+        self.rungs = tuple(sorted(rungs))
         self.numbers: dict[str, int] = {}  # Tune trial id -> trial number
         # by number: params, distributions, system attrs (where a sampler such as CMA-ES keeps its state)
         self.asked: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = []
@@ -167,7 +184,7 @@ class OrderedSearch(Searcher):
         running = n - len(self.finished)
         if running >= self.lag:
             return None  # every slot is busy
-        if self._result_out_before(n - self.unseen):
+        if self._must_wait(n):
             self._waiting_since = self._waiting_since or time.monotonic()
             return None  # an earlier result that trial n must see is still out
         if self._waiting_since is not None:
@@ -197,8 +214,10 @@ class OrderedSearch(Searcher):
             self.kernels[n] = fitted
         self.asked.append((dict(asked.params), dict(asked.distributions), dict(asked.system_attrs)))
         self.numbers[trial_id] = n
-        if (self.multifidelity != "final" or self.ends_at_epochs) and (constants.get("epochs") or self.epochs):
+        if (self.multifidelity != "final" or self.ends_at_epochs or self.rungs) and \
+                (constants.get("epochs") or self.epochs):
             self.planned[n] = int(constants.get("epochs") or self.epochs)
+            self._longest = None if self._longest is None else max(self._longest, self.planned[n])
         self.suggested[n] = (time.time(), time.perf_counter() - asking)
         return {**trial.params, **constants}
 
@@ -206,6 +225,40 @@ class OrderedSearch(Searcher):
         """The GP kernel parameters of the latest fit for a trial below n (gp_kernels.py), or None."""
         latest = max((k for k in self.kernels if k < n), default=None)
         return None if latest is None else self.kernels[latest]
+
+    def _must_wait(self, n: int) -> bool:
+        """Whether a result trial n must see is still out: one of trials 0 .. n-L-1 unfinished, or under
+        halving, one that has not yet reached its horizon (or ended by it)."""
+        end = n - self.unseen
+        if not self._result_out_before(end):
+            return False
+        if not self.rungs:
+            return True
+        return any(self._sight(n, k)[0] == WAIT for k in range(self._settled, end) if k not in self.finished)
+
+    def _horizon(self, n: int, k: int) -> int | None:
+        """The epoch up to which trial n sees trial k under halving: the highest rung at or below
+        grace_period * g / (L - 1), g = n-L-k (0: none yet); None: all of it (past its planned epochs)."""
+        planned = self.planned.get(k)
+        bound = self.rungs[0] * (n - self.unseen - k) / max(1, self.lag - 1)
+        if planned is None or bound >= planned:
+            return None
+        return max((r for r in self.rungs if r <= bound and r < planned), default=0)
+
+    def _sight(self, n: int, k: int) -> tuple[str, int | None]:
+        """How trial n sees trial k < n-L: (WHOLE, None) told as it ended, (UPTO, h) PRUNED at horizon h,
+        (HIDDEN, None) running, or (WAIT, None) not yet known; a function of n, k and k's reports only."""
+        horizon = self._horizon(n, k) if self.rungs else None
+        reached = max(self.curves.get(k, {}), default=0)
+        if k in self.finished and (horizon is None or reached <= horizon):
+            return WHOLE, None
+        if horizon is None or (horizon > 0 and reached < horizon and k not in self.finished):
+            return WAIT, None
+        # a curve is all a PRUNED trial tells, and only TPE reads it (one objective, no constraints)
+        if horizon == 0 or self.multifidelity == "final" or self.objectives.several or self.objectives.constraints \
+                or not any(e <= horizon for e in self.curves.get(k, {})):
+            return HIDDEN, None
+        return UPTO, horizon
 
     def _result_out_before(self, end: int) -> bool:
         """Whether one of trials 0 .. end-1 is unfinished; amortised O(1) per suggestion, not a scan of all n."""
@@ -223,19 +276,34 @@ class OrderedSearch(Searcher):
         the trial list read the same either way. A PRUNED trial (MULTIFIDELITY) has its curve as
         intermediate values either way: Trial.report before the tell, create_trial's in a build.
         """
-        fidelity = self._fidelity_for(n)
+        sights = self._sights(n)
+        fidelity = self._fidelity_for(n, sights)
+        if any(how != WHOLE for how, _ in sights.values()):  # seen up to horizons: built for this one suggestion
+            return self._built(n, sights, fidelity)
         if self._kept is not None and fidelity != self._fidelity:
             self._drop_caches()  # "rung" moved up: every told trial's value changes, build it again
         if self._kept is None:
             self._fidelity = fidelity
-            self._kept, self._told = self._built(n), max(0, n - self.unseen)
+            self._kept, self._told = self._built(n, sights, fidelity), max(0, n - self.unseen)
         for k in range(self._told, n - self.unseen):
             self._tell(self._kept, k)
             self._told = k + 1
         return self._kept
 
-    def _built(self, n: int) -> KeptStudy:
-        """A study made from the record for trial n, as every suggestion made it before the study was kept."""
+    def _sights(self, n: int) -> dict[int, tuple[str, int | None]]:
+        """How trial n sees each trial it does not wait for that is not yet told whole for good (_sight)."""
+        if not self.rungs:
+            return {}
+        if self._longest is None:
+            self._longest = max(self.planned.values(), default=0)
+        # past this many trials back, the horizon is past every trial's planned epochs: told whole
+        reach = math.ceil(self._longest * max(1, self.lag - 1) / self.rungs[0]) + 1
+        sights = {k: self._sight(n, k) for k in range(max(0, n - self.unseen - reach), max(0, n - self.unseen))}
+        return {k: sight for k, sight in sights.items() if sight[0] != WHOLE}
+
+    def _built(self, n: int, sights: Mapping[int, tuple[str, int | None]] = {}, fidelity: int | None = None) -> KeptStudy:
+        """A study made from the record for trial n, as every suggestion made it before the study was kept;
+        `sights`: how n sees the trials not told whole (halving), `fidelity`: "rung"'s epoch."""
         # one "study created" line per build is noise; set here, not per suggestion, where it cost 1.5 ms
         # (the logging module clears the level cache of every logger there is, Ray's and Tune's too)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -249,8 +317,9 @@ class OrderedSearch(Searcher):
         study.add_trials(self.warm)
         for k in range(n):
             params, distributions, system_attrs = self.asked[k]
-            if k < n - self.unseen:
-                state, value, curve = self._outcome(k)
+            how, horizon = sights.get(k, (WHOLE, None))
+            if k < n - self.unseen and how != HIDDEN:
+                state, value, curve = self._outcome(k, fidelity, upto=horizon)
                 point = self._point(k)
                 study.add_trial(create_trial(
                     state=state, values=None if value is None else value if isinstance(value, list) else [value],
@@ -264,7 +333,7 @@ class OrderedSearch(Searcher):
 
     def _tell(self, kept: KeptStudy, k: int) -> None:
         """Trial k, running in the study, gets its result: as create_trial made it in a build."""
-        state, value, curve = self._outcome(k)
+        state, value, curve = self._outcome(k, self._fidelity)
         number, point = k + len(self.warm), self._point(k)
         trial = optuna.Trial(kept.study, kept.storage.get_trial_id_from_study_id_trial_number(kept.key, number))
         # as create_trial made them in a build: the point's metrics, and the constraints (TPE, NSGA-II and
@@ -280,27 +349,41 @@ class OrderedSearch(Searcher):
         else:  # a PRUNED trial's value is its last intermediate value, as create_trial was given it
             kept.study.tell(number, state=state)
 
-    def _outcome(self, k: int) -> tuple[TrialState, Any, dict[int, float]]:
-        """How finished trial k is told: its state, its value(s), its curve as intermediate values (PRUNED only)."""
+    def _outcome(self, k: int, fidelity: int | None, upto: int | None = None) -> tuple[TrialState, Any, dict[int, float]]:
+        """How finished trial k is told: its state, its value(s), its curve as intermediate values (PRUNED only).
+        `fidelity`: "rung"'s epoch; `upto`: trial k as seen up to that epoch (UPTO): PRUNED there, as a trial
+        stopped there is, or at "rung"'s fidelity when it reached it."""
+        if upto is not None:
+            curve = {e: v for e, v in self.curves.get(k, {}).items() if e <= upto}
+            if fidelity is not None and max(curve) >= fidelity:
+                return TrialState.COMPLETE, best_value((v for e, v in curve.items() if e <= fidelity), self.mode), {}
+            return TrialState.PRUNED, curve[max(curve)], dict(sorted(curve.items()))
         value, curve = self.finished[k], self.curves.get(k, {})
         if value is None:
             return TrialState.FAIL, None, {}
         last = max(curve, default=None)
         if self.multifidelity == "final" or last is None or self.objectives.several:
             return TrialState.COMPLETE, value, {}
-        if self._fidelity is not None and last >= self._fidelity:  # "rung": its value at the model's fidelity
-            return TrialState.COMPLETE, best_value((v for e, v in curve.items() if e <= self._fidelity), self.mode), {}
+        if fidelity is not None and last >= fidelity:  # "rung": its value at the model's fidelity
+            return TrialState.COMPLETE, best_value((v for e, v in curve.items() if e <= fidelity), self.mode), {}
         if last < self.planned.get(k, last):
             return TrialState.PRUNED, curve[last], dict(sorted(curve.items()))
         return TrialState.COMPLETE, value, {}
 
-    def _fidelity_for(self, n: int) -> int | None:
+    def _fidelity_for(self, n: int, sights: Mapping[int, tuple[str, int | None]] = {}) -> int | None:
         """"rung": the epoch trial n's model is fit at, the highest that RUNG_POINTS of the trials told
-        to it reached (None before there are that many, or for another multifidelity)."""
+        to it reached (None before there are that many, or for another multifidelity); a trial seen up to a
+        horizon (`sights`) reached the horizon."""
         if self.multifidelity != "rung":
             return None
-        lasts = sorted((max(self.curves[k]) for k in range(max(0, n - self.unseen))
-                        if self.finished.get(k) is not None and self.curves.get(k)), reverse=True)
+        lasts = []
+        for k in range(max(0, n - self.unseen)):
+            how, horizon = sights.get(k, (WHOLE, None))
+            if how == UPTO:
+                lasts.append(horizon)
+            elif how == WHOLE and self.finished.get(k) is not None and self.curves.get(k):
+                lasts.append(max(self.curves[k]))
+        lasts.sort(reverse=True)
         return lasts[RUNG_POINTS - 1] if len(lasts) >= RUNG_POINTS else None
 
     def _point(self, k: int) -> dict[str, float | None] | None:
@@ -342,6 +425,7 @@ class OrderedSearch(Searcher):
         self._settled = 0  # trials 0 .. _settled-1 are finished
         self._fidelity: int | None = None  # "rung": the epoch the kept study's values are at
         self._space: optuna.search_space.IntersectionSearchSpace | None = None  # the kept study's, for TPE
+        self._longest: int | None = None  # the most epochs a trial was planned to run (halving's horizons)
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         value = score(result.get(self.metric))
@@ -438,4 +522,5 @@ class OrderedSearch(Searcher):
         self.__dict__.setdefault("planned", {})
         self.__dict__.setdefault("ends_at_epochs", False)
         self.__dict__.setdefault("kernels", {})
+        self.__dict__.setdefault("rungs", ())  # a searcher pickled before horizons: it waits as it did
         self._drop_caches()

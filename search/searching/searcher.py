@@ -22,11 +22,12 @@ from ray.tune.search.optuna import OptunaSearch
 
 from search.searching import warm_start
 from search.searching.choice import resolved
+from search.searching.halving import rung_epochs
 from search.searching.ordered import OrderedSearch, make_sampler
 from search.spec.enqueue import enqueued_params
 from search.spec.objectives import HALVING, objectives_of
 from search.spec.schema import Searched
-from search.spec.space import Space
+from search.spec.space import Space, max_epochs
 from search.store.run_folder import RunFolder
 from trainable.seed import derive_seed
 
@@ -89,7 +90,12 @@ def make_searcher(space: Space, folder: RunFolder | None = None) -> Searcher:
                                  # loop's last; a function's `epochs` report), so the trial waiting for it takes
                                  # an actor Tune would otherwise stop (ordered.py). A function that reports past
                                  # its `epochs` is told its best value up to them: still a function of the seed
-                                 ends_at_epochs=True)
+                                 ends_at_epochs=True,
+                                 # under halving, trial n sees a trial that runs on past its rungs up to a rung
+                                 # it has surely reached: a slot does not wait for a long trial (ordered.py)
+                                 rungs=rung_epochs(experiment.scheduler, experiment.grace_period,
+                                                   max_epochs(space.searched, space.trial_defaults().epochs),
+                                                   experiment.reduction_factor) if halving else ())
     else:  # Tune's OptunaSearch loads the study made here, with the warm start told and the configs enqueued;
         # several objectives: it tells each trial's last result (the point, search/spec/objectives.py)
         storage = InMemoryStorage()
