@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from trainable.config import FACTORY_KEY, FIELDS, SCHEDULE_KEY, TrialConfig, parse_schedule, schedule_note
@@ -24,6 +25,8 @@ from trainable.device import get_default_device
 from trainable.errors import ConfigError, DataError, problem
 from trainable.loop import build_run
 from trainable.replay import print_epochs, replay_worker
+from trainable.kept_code import copies, relocated
+from trainable.kept_code import read_record as read_code_record
 from trainable.yaml_file import flag_value, parse_value, read_yaml_mapping
 
 # best.yaml keeps the trial's outcome beside its config; it is read, not trained on
@@ -80,10 +83,27 @@ def front_numbers(trials: list) -> list:
     return [e.get("trial_number") for e in trials if isinstance(e, dict)]
 
 
+def read_config(path: str) -> dict:
+    """--config's mapping, each FILE.py it names that is gone pointed at its run folder's copy (a note each,
+    said once; trainable/kept_code.py): a best.yaml replays after the cluster that ran it is gone."""
+    raw = read_yaml_mapping(path)
+    folder = Path(path).resolve().parent
+    notes: list[str] = []
+    raw = relocated(raw, copies(folder), notes, read_code_record(folder))
+    for note in dict.fromkeys(notes):
+        if note not in _said:
+            _said.add(note)
+            print(f"note: {note}", file=sys.stderr, flush=True)
+    return raw
+
+
+_said: set[str] = set()
+
+
 def trial_config(args: argparse.Namespace) -> TrialConfig:
     values = {}
     if args.config:
-        document = read_yaml_mapping(args.config)
+        document = read_config(args.config)
         if args.pick is not None:
             document = picked(document, args.pick)
         elif isinstance(document.get("trials"), list) and "objectives" in document:  # a pareto.yaml
@@ -103,7 +123,11 @@ def trial_config(args: argparse.Namespace) -> TrialConfig:
         if not sep or not key:
             raise ConfigError([problem("--set", "must be KEY=VALUE", item)])
         values[key] = parse_value(value)
-    return TrialConfig.from_mapping(values)
+    config = TrialConfig.from_mapping(values)
+    if config.workers > 1 and config.batch_size % config.workers:  # said here, not by each worker's traceback
+        raise ConfigError([problem("workers", f"must divide batch_size ({config.batch_size}): each worker takes "
+                                              "batch_size / workers examples of every batch", config.workers)])
+    return config
 
 
 def config_schedule(args: argparse.Namespace) -> dict[int, dict]:
@@ -129,7 +153,7 @@ def refuse_flags_of_a_function_replay(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        raw = read_yaml_mapping(args.config) if args.config else {}
+        raw = read_config(args.config) if args.config else {}
         if args.config and not raw:  # else the defaults would train, as if no --config had been given
             raise ConfigError([problem("--config", "must hold a trial config (a search's best.yaml works), and "
                                                    "this file is empty", args.config)])

@@ -395,11 +395,6 @@ def cross_field_problems(values: Mapping[str, Any], prefix: str = "") -> list[st
     problems = []
     if values.get("persistent_workers") and not values.get("num_workers", FIELDS["num_workers"].default):
         problems.append(problem(prefix + "persistent_workers", "needs num_workers > 0", True))
-    workers, batch_size = values.get("workers", 1), values.get("batch_size", FIELDS["batch_size"].default)
-    if isinstance(workers, int) and isinstance(batch_size, int) and workers > 1 and batch_size % workers:
-        # found here, before the workers start (each would raise it in a traceback of its own)
-        problems.append(problem(prefix + "workers", f"must divide batch_size ({batch_size}): each worker takes "
-                                                    "batch_size / workers examples of every batch", workers))
     dataset = values.get("dataset", FIELDS["dataset"].default)
     if values.get("data_args") and dataset in BUILTIN_DATASETS:  # else the arguments would go unused, unsaid
         problems.append(problem(prefix + ("args" if prefix == "data." else "data_args"),
