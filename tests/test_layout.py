@@ -202,6 +202,10 @@ def test_a_run_folder_made_by_the_flat_layout_resumes_after_the_move(tmp_path):
     resumed = search([mods], "--resume", "--more-trials", "2")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Traceback" not in resumed.stderr
+    # issue 49 item 8: the unpickled Progress held 0.1.0's Space (no resources.workers): a note per trial, and
+    # the live journal and results parts stayed off for the whole resume
+    assert "AttributeError" not in resumed.stdout + resumed.stderr, resumed.stderr[-3000:]
+    assert "not kept up to date" not in resumed.stderr
     import pandas as pd
 
     frame = pd.read_parquet(run / "results.parquet")

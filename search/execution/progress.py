@@ -163,8 +163,10 @@ class Progress(Callback):
         # clock, the trials that already ended (their results parts), the journal reopened later
         self.__dict__.update(state, started=time.monotonic())
         self.ended = set(self.folder.ended_trials())
-        try:  # the total as the resume wrote it (--more-trials, --num-samples): spec.yaml, not the pickle
-            self.total = self.folder.read_spec()[0].experiment.num_samples
+        try:  # the space as the resume wrote it (--more-trials, --num-samples): spec.yaml, not the pickle, whose
+            # Space an earlier release made (its models may lack a field this release reads: resources.workers)
+            self.space = self.folder.read_spec()[0]
+            self.total = self.space.experiment.num_samples
         except ConfigError:
             pass  # the resume itself reads and checks spec.yaml first; keep the old total
         self._reset()
