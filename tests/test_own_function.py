@@ -136,6 +136,39 @@ def test_a_metric_only_one_trial_reported_is_a_column_of_the_whole_table(front_r
         "one schema for every part"
 
 
+def test_once_its_folder_is_gone_the_front_replays_and_the_run_resumes_from_the_run_folders_copy(front_run, tmp_path,
+                                                                                               capsys):
+    """Issue 49 item 4: a `ray job submit --working-dir .` run named Ray's temporary copy of the user's files;
+    once the cluster stopped, the replay and --resume failed (exit 2, file not found). The run folder keeps a
+    copy of the function and the files beside it (code.yaml, with their sha256)."""
+    import shutil
+
+    from search.cli import load_space
+    from search.driver import run_search
+
+    project, run, _ = front_run
+    record = yaml.safe_load((run / "code.yaml").read_text())
+    assert {Path(p).name for p in record} == {"train_fn.py", "shapes.py"}, "the function and the module it imports"
+    moved = project.with_name("checkout-elsewhere")  # the same code at another path, as on a new cluster
+    shutil.move(project, moved)
+    try:
+        entry = yaml.safe_load((run / "pareto.yaml").read_text())["trials"][0]
+        replay = subprocess.run([sys.executable, "-m", "trainable", "--config", str(run / "pareto.yaml"),
+                                 "--pick", str(entry["trial_number"])], cwd=tmp_path, capture_output=True, text=True,
+                                timeout=120)
+        assert replay.returncode == 0, replay.stderr
+        assert f"note: {project / 'train_fn.py'} is gone (a cluster job's temporary copy?); the run folder's copy " \
+               f"runs: {run / 'code'}" in replay.stderr
+        assert f"score {entry['metrics']['score']:.4f}" in replay.stdout.strip().splitlines()[-1]
+        resumed = run_search(load_space(str(moved / "space.yaml"), [("experiment.num_samples", 7)]), name="front",
+                             resume=True)
+        last = resumed.results[resumed.results["trial_number"] == 6]
+        assert len(last) and set(last["status"]) == {"COMPLETED"}, "the added trial ran the run folder's copy"
+        assert "is gone (a cluster job's temporary copy?)" in capsys.readouterr().err
+    finally:
+        shutil.move(moved, project)
+
+
 def test_a_function_file_that_imports_beside_it_resolves_from_any_folder(tmp_path, monkeypatch):
     """Issue 37 item 6: `No module named ...` when the search did not start in the function's folder."""
     from trainable.function import resolve_function

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import pyarrow.fs as pafs
 import ray
@@ -32,6 +32,7 @@ from ray import tune
 from trainable.config import TrialConfig
 from trainable.device import get_default_device
 from trainable.isolation import GlobalState
+from trainable.kept_code import relocated
 from trainable.measures import import_torchmetrics
 from trainable.report import (CheckpointError, Phases, Placement, epoch_report, load_checkpoint, packed,
                               save_checkpoint)
@@ -89,7 +90,8 @@ def process_started_at() -> float:
 
 
 def run_trial(config: dict[str, Any], *, data: DataHandle, trial_function: Callable[..., None],
-              checkpoint_every: int = 1, trial_timeout: float | None = None) -> None:
+              checkpoint_every: int = 1, trial_timeout: float | None = None,
+              code: Mapping[str, str] | None = None) -> None:
     """What Tune runs: fetch the data (timed, once per actor), then run the trainable, watched
     (trial_timeout: seconds an epoch may take, watchdog.py)."""
     global _start, _watchdog
@@ -109,6 +111,8 @@ def run_trial(config: dict[str, Any], *, data: DataHandle, trial_function: Calla
     _start = TrialStart(ready_at, started_at, fetch_seconds, checkpoint_every, data.ref, trial_timeout)
     if trial_function is tune_trial:  # the canonical loop's metrics module, before the watchdog times an epoch
         import_torchmetrics()
+    if code:  # a file the config names is gone: the run folder's copy (trainable/kept_code.py)
+        config = relocated(config, code)
     before = GlobalState.capture()
     try:
         with Watchdog(trial_timeout, f"trial #{config.get('trial_number')}") as _watchdog:

@@ -34,6 +34,7 @@ from search.searching.choice import resolved
 from search.searching.study import JOURNAL_FILE
 from search.searching.warm_start import read as read_warm_start
 from search.spec.space import Space, example_config, spec_differences, to_raw
+from search.store.code_copy import keep_code
 from search.store.results import RESULTS_FILE
 from search.store.run_folder import BEST_FILE, SPEC_FILE, RunFolder, run_folder_name
 from search.store.storage import Storage, check_storage, is_uri
@@ -42,6 +43,8 @@ from trainable.data import Data, load_data
 from trainable.errors import ConfigError, problem
 from trainable.factories import check_model, width_problems
 from trainable.function import resolve_function
+from trainable.kept_code import copies, relocated
+from trainable.kept_code import read_record as read_code_record
 from trainable.metrics import reports_accuracy
 from trainable.measures import check_measures
 from trainable.report import CheckpointError
@@ -183,6 +186,7 @@ def spec_for_resume(space: Space, folder: RunFolder) -> tuple[Space, dict[str, A
         raise ConfigError([problem("--resume", f"this run was started at {run['path']}; Tune's records in it "
                                                "point there, so resuming the copy would write into the original. "
                                                "Resume it where it was started", folder.path)])
+    stored = with_kept_code(stored, folder)
     if space.data_root is not None and space.data_root != stored.data_root:
         stored = replace(stored, data_root=space.data_root)  # where the files are, not what they are
     changes = resume_changes(space, stored)  # time_budget, stop_when, num_samples (search/searching/budget.py)
@@ -198,6 +202,19 @@ def spec_for_resume(space: Space, folder: RunFolder) -> tuple[Space, dict[str, A
         print(f"note: {space.source} differs from the stored spec of this run in {', '.join(changed)}; "
               f"--resume runs the stored spec ({folder.path}/spec.yaml)", file=sys.stderr, flush=True)
     return stored, run
+
+
+def with_kept_code(stored: Space, folder: RunFolder) -> Space:
+    """The stored spec with each referenced file that is gone (a cluster job's temporary copy) pointed at the
+    run folder's copy (trainable/kept_code.py); a note per file. On URI storage the copies are not local: as is."""
+    if is_uri(folder.path):
+        return stored
+    code, notes = copies(folder.path), []
+    trainable = relocated(stored.trainable, code, notes, read_code_record(folder.path))
+    fixed = relocated(dict(stored.fixed), code, notes)
+    for note in dict.fromkeys(notes):
+        print(f"note: {note}", file=sys.stderr, flush=True)
+    return replace(stored, trainable=trainable, fixed=fixed) if notes else stored
 
 
 def record_changes(folder: RunFolder, stored: Space, run: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
@@ -242,6 +259,7 @@ def prepare(space: Space, storage: Storage, name: str | None, resume: bool, held
         folder = claim(folder, automatic=name is None)
         held.enter_context(folder.held("--name"))
         folder.write_spec(space, data_fingerprint(data))
+        keep_code(folder, space)  # the files it references, so that best.yaml and --resume outlive them
     if early_ray is not None and done is None:  # a finished run's resume starts no Ray
         early_ray.checks_passed()  # the CLI's local Ray begins only now when user code had to be checked
     return space, folder, data, done

@@ -27,6 +27,7 @@ from search.execution.ray_internals import event_writers, quick_stop, record_fil
 from search.execution.session import sigterm_as_sigint
 from search.outputs.phases import first_trial_started
 from search.searching.budget import budgeted, forget_ending
+from trainable.kept_code import copies
 from search.searching.halving import RECORD_FILE as HALVING_RECORD
 from search.searching.halving import OrderedHalving, bracket_count
 from search.searching.pbt import make_pbt, population_space
@@ -286,7 +287,10 @@ def build_tuner(space: Space, folder: RunFolder, data: Data | None, trial_functi
     experiment = space.experiment
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, data=DataHandle.put(None if data is None else data.for_trials()), trial_function=trial_function,
-                             checkpoint_every=experiment.checkpoint_every, trial_timeout=experiment.trial_timeout),
+                             checkpoint_every=experiment.checkpoint_every, trial_timeout=experiment.trial_timeout,
+                             # a trial restored from Tune's record names its files as the run began: where one
+                             # is gone, the run folder's copy (trainable/kept_code.py)
+                             code={} if is_uri(folder.path) else copies(folder.path)),
         trial_resources(space.resources, gpus))
     if resume:  # the searcher and the stopper come back from Tune's record (search/searching/budget.py)
         return tune.Tuner.restore(folder.path, trainable=trainable, resume_unfinished=True, resume_errored=True)
