@@ -444,3 +444,34 @@ def test_a_choice_of_mixed_types_keeps_each_drawn_values_type_through_the_result
     raw["space"] = {"x": {"distribution": "choice", "values": [1, True, 2]}}
     assert "space.x.values: must not hold two values that compare equal (1, 1.0 and true, 0 and false" in \
         problems(raw, tmp_path)
+
+
+@pytest.mark.parametrize("name", ["search", "note", "checkpoint", "world_size", "device", "hostname", "started_at",
+                                  "status", "result"])
+def test_a_name_the_run_folder_keeps_is_refused_as_a_metric_and_as_a_report(tmp_path, name):
+    """Issue 50: a metric named `search` crashed the end of the search (best.yaml's key). One list
+    (search/spec/reserved.py) for the space check and the function's reports."""
+    from search.store.results import reserved_names
+    from trainable.function import tune_keys
+
+    raw = toy_space(tmp_path)
+    raw["experiment"]["metric"] = name
+    assert "experiment.metric: must name a metric of the function, not " in problems(raw, tmp_path)
+    assert f"got '{name}'" in problems(raw, tmp_path)
+    space = parse_space(toy_space(tmp_path), source=str(tmp_path / "space.yaml"))
+    report = Reporter("score", send=lambda *a: None, reserved=reserved_names(space) | tune_keys())
+    with pytest.raises(ReservedName, match=f"a metric cannot be named {name}"):
+        report({"score": 1.0, name: 1.0})
+
+
+@pytest.mark.parametrize("name", ["world_size", "device", "hostname", "node", "started_at", "status", "trial_id",
+                                  "epoch", "feasible", "queue_seconds", "result"])
+def test_a_config_key_named_like_a_column_of_the_run_folder_is_refused(tmp_path, name):
+    """Issue 50: a key `device` made the end of the search crash and results.parquet unreadable (two columns of
+    one name). best.yaml's result keys (note, search, ...) stay free for config keys: they are under `result`."""
+    raw = toy_space(tmp_path)
+    raw["training"][name] = 1
+    assert f"training.{name}: must not be " in problems(raw, tmp_path)
+    raw = toy_space(tmp_path)
+    raw["training"]["note"] = "a note"
+    parse_space(raw, source=str(tmp_path / "space.yaml"))

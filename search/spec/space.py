@@ -40,7 +40,8 @@ from trainable.config import (FACTORY_KEY, FIELDS, MODEL, MOVED, MUTABLE, TrialC
                               cross_field_problems, fields_in, is_plain_data, is_reference, keyword_of, model_key,
                               plain, searchable, section)
 from trainable.errors import ConfigError, problem
-from trainable.function import DRIVER_KEYS, FUNCTION_REPORT_COLUMNS, RESERVED, TRAINABLE_KEY, FunctionConfig
+from search.spec.reserved import COLUMNS, metric_names_taken, why_taken
+from trainable.function import RESERVED, TRAINABLE_KEY, FunctionConfig
 
 SECTIONS = ("experiment", "resources", "model", "data", "training", "space")
 DATA_KEYS = {"args": "data_args"}  # data section key -> trial config field, where they differ
@@ -301,9 +302,9 @@ def _function_experiment(raw: Mapping[str, Any], problems: list[str]) -> Experim
 
 
 def _own_metric_problems(experiment: Experiment, free_names: list[str]) -> list[str]:
-    """A function's metric named like a config key, or like a column of hpsearch's own, would overwrite
-    it in results.parquet and best.yaml (the trial refuses such a report too: trainable/function.py)."""
-    taken = {*free_names, TRAINABLE_KEY, *DRIVER_KEYS, *FUNCTION_REPORT_COLUMNS, "status", "trial_id"}
+    """A function's metric named like a config key, or like a name the run folder uses for itself
+    (search/spec/reserved.py), would overwrite it in results.parquet and best.yaml (the trial refuses
+    such a report too: trainable/function.py)."""
     named = [("experiment.metric", m) for m in names(experiment.metric)] + \
         [("experiment.constraints", c.metric) for c in objectives_of(experiment).constraints if c] + \
         [("experiment.stop_when", k) for k in experiment.stop_when or {}]
@@ -312,8 +313,10 @@ def _own_metric_problems(experiment: Experiment, free_names: list[str]) -> list[
     # where a trial ran and where its slot time went reach Tune packed in one value (trainable/report.py), so the
     # search cannot read them from a report; gpu_memory_reserved_mb is a number of its own
     bookkeeping = {PACKED, *PACKED_COLUMNS}
+    taken = (set(free_names) | metric_names_taken()) - bookkeeping
     return [problem(key, "must name a metric of the function, not a config key or a column of hpsearch's own "
-                         f"({', '.join(sorted(taken))})", name) for key, name in named if name in taken] + \
+                         f"({'a config key of this space' if name in free_names else why_taken(name)})", name)
+            for key, name in named if name in taken] + \
         [problem(key, "must name a metric of the function, not where a trial ran or when (results.parquet's "
                       f"{', '.join(PACKED_COLUMNS)}: not read during a search; gpu_memory_reserved_mb is)", name)
          for key, name in named if name in bookkeeping]
@@ -481,8 +484,10 @@ def _function_keys(raw: Mapping[str, Any], problems: list[str]) -> tuple[dict[st
     for sec in ("training", "space"):
         for key, value in _section(raw, sec, problems).items():
             path = f"{sec}.{key}"
-            if not isinstance(key, str) or not key.isidentifier() or key in RESERVED:
-                rule = "is set by the driver per trial" if key in RESERVED else "must be a Python identifier"
+            if not isinstance(key, str) or not key.isidentifier() or key in RESERVED or key in COLUMNS:
+                rule = "is set by the driver per trial" if key in RESERVED else \
+                    f"must not be {why_taken(key)} (search/spec/reserved.py)" if key in COLUMNS else \
+                    "must be a Python identifier"
                 problems.append(problem(path, rule, value))
             elif key in fixed or key in {d.name for d in searched}:
                 problems.append(problem(path, "is set twice; set it in one place", value))

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from optuna.distributions import IntDistribution
 
 from search.spec.objectives import FEASIBLE, objectives_of
+from search.spec.reserved import BEST_KEYS, SEARCH_COLUMNS, metric_names_taken  # noqa: F401  (one home)
 from search.spec.schema import conditions, not_drawn
 from search.spec.space import Space
 from trainable.config import FACTORY_KEY, FIELDS, TrialConfig, field_of, json_text, keyword_of, kind
@@ -59,12 +60,6 @@ def config_columns(space: Space) -> list[str]:
     return ordered
 
 
-# Derived where the searcher's record meets the trial's, on the first row of each run of a
-# trial: the searcher's time to suggest it, its wait for an actor, the actor's wait for it,
-# the actor's start or reuse.
-SEARCH_COLUMNS = ["suggest_seconds", "queue_seconds", "idle_seconds", "start_seconds"]
-
-
 def report_columns(space: Space) -> list[str]:
     """The columns of a trial's reports that every trial has (a function's own metrics join them as reported)."""
     if space.trainable:
@@ -78,16 +73,12 @@ def columns(space: Space) -> list[str]:
     return ["trial_id", "status", *config_columns(space), *report_columns(space), *SEARCH_COLUMNS, FEASIBLE]
 
 
-# best.yaml's `result` keys beside the metrics: a metric of the same name would overwrite one
-BEST_KEYS = ("trial_number", "trial_id", "epoch", "metric", "checkpoint", "note", "search", "trials")
-
-
 def reserved_names(space: Space) -> frozenset[str]:
     """The names a function trainable's metrics cannot take: every column results.parquet holds for
     itself (its config keys, status, trial_id, where and when it ran, ...) and best.yaml's own keys.
     `epoch` among them: the function may report it only as the count of reports (trainable/function.py)."""
     measured = set(objectives_of(space.experiment).measured)
-    return frozenset(c for c in [*columns(space), *BEST_KEYS] if c not in measured)
+    return frozenset(c for c in [*columns(space), *metric_names_taken()] if c not in measured)
 
 
 JSON = {b"json": b"1"}  # field metadata: the column holds JSON text of nested or mixed values
