@@ -10,6 +10,7 @@ Everything a user can get wrong fails before Ray starts.
 from __future__ import annotations
 
 import errno
+import sys
 from contextlib import ExitStack
 from typing import Callable
 
@@ -60,6 +61,11 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
             resources, auto_note = resolve_auto(space, data, folder, resume=resume, private=session.private)  # gpus: auto, measured
             capacity = check_capacity(resources, session.private)  # 0 only where an autoscaler will add the nodes
         slots = slot_count(experiment.max_concurrent, capacity)
+        if slots < min(experiment.max_concurrent, experiment.num_samples):  # said now, not found in the Slots line
+            each = f"{resources.workers} workers of " if resources.workers > 1 else ""
+            print(f"note: experiment.max_concurrent is {experiment.max_concurrent}, but Ray's nodes hold {slots} "
+                  f"trial(s) of {each}{resources.cpus:g} CPU and {resources.gpus} GPU at once: {slots} at a time",
+                  file=sys.stderr, flush=True)
         gpu_plan = plan_gpus(resources, min(slots, experiment.num_samples), session.private)  # spread over every GPU
         phases.mark("probe")
         tuner = build_tuner(space, folder, data, trainable, gpus=gpu_plan.gpus, resume=resume)

@@ -307,6 +307,7 @@ def test_a_stopped_search_exits_130_marks_unfinished_trials_and_resumes(tmp_path
     assert (frame["status"] == INTERRUPTED).any() or frame["trial_id"].nunique() < 4
     assert "STOPPED" not in set(frame["status"]), "an interrupted trial is not one the scheduler stopped"
     assert "Tuner.restore" not in err + out, "hpsearch's resume command only, not Tune's"
+    assert "Stop signal received" not in err + out, "nor Tune's advice to press Ctrl-C again (issue 49 item 10)"
     assert_outputs_agree(run)
     if stop == signal.SIGTERM:
         return  # the driver turns SIGTERM into SIGINT (search/execution/session.py): from here on, one path

@@ -455,3 +455,28 @@ def test_what_other_processes_write_during_a_search_is_still_there_at_its_end(tm
     first, second = study.get_trials()[:2]
     assert second.user_attrs["label"] == "baseline" and second.user_attrs["trial_id"] == "b"
     assert get_note(optuna.Trial(study, first._trial_id)) == "a note on #0"
+
+
+def test_a_trial_another_process_asks_for_is_left_out_saying_so_and_the_numbering_holds(tmp_path, capsys):
+    """Issue 49 item 10: an outside study.ask() on the live journal showed as "TypeError: '>' not supported"."""
+    import subprocess
+    import sys
+
+    space = journal_space()
+    folder, journal = a_ended_b_running(tmp_path, "j-20261205-191500")
+    subprocess.run([sys.executable, "-c", "import sys, optuna; from optuna.storages.journal import JournalFileBackend;"
+                    "optuna.load_study(study_name=sys.argv[2], storage=optuna.storages.JournalStorage("
+                    "JournalFileBackend(sys.argv[1]))).ask()", journal.path, folder.name], check=True)
+    progress = Progress(folder, space)  # the search goes on: #2 starts in a held batch, #1 ends
+    live = progress.journal
+    live.hold()
+    progress._start_entry("c", config(2, 0.11), live)
+    live.commit()
+    progress.add_to_journal(rows("b", 1, 0.12, [0.6, 0.8]))
+    progress.add_to_journal(rows("c", 2, 0.11, [0.4, 0.9]))
+    listed = dashboard_trials(journal.path, folder.name)
+    assert [(t.number, t.user_attrs.get("trial_number"), t.state.name) for t in listed] == [
+        (0, 0, "COMPLETE"), (1, 1, "COMPLETE"), (2, 2, "COMPLETE")]
+    said = capsys.readouterr().err
+    assert "optuna.journal: 1 trial(s) another process added to the study (Optuna number 2, no trial_number" in said
+    assert "TypeError" not in said and "not kept up to date" not in said

@@ -392,3 +392,17 @@ def test_several_objectives_the_report_lists_the_front_at_pareto_yamls_epoch_wit
                      ["#0", "t0", "STOPPED", "3", "0.5", "0.2"]]
     front = yaml.safe_load((tmp_path / "two" / "pareto.yaml").read_text())["trials"]
     assert [(e["trial_number"], e["epoch"], e["status"]) for e in front] == [(0, 3, "STOPPED")]
+
+
+def test_the_learning_curves_show_a_trial_stopped_after_one_epoch():
+    """Issue 49 item 12: a one-epoch curve is a line of one point, which draws nothing (7 of 20 trials of an
+    ASHA search were missing from the figure); each curve's end is a dot."""
+    import pandas as pd
+
+    from search.outputs.report import learning_curves
+
+    frame = pd.DataFrame({"trial_id": ["a", "a", "a", "b", "c", "c"], "trial_number": [0, 0, 0, 1, 2, 2],
+                          "epoch": [1, 2, 3, 1, 1, 2], "val_acc": [0.5, 0.6, 0.7, 0.3, 0.4, 0.45]})
+    figure = learning_curves(frame, "val_acc", best_trial="a")
+    dots = [tuple(p) for c in figure.axes[0].collections for p in getattr(c, "get_offsets", lambda: [])()]
+    assert (1.0, 0.3) in dots and (2.0, 0.45) in dots, dots

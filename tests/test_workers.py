@@ -102,11 +102,14 @@ def test_more_workers_than_this_machine_holds_exit_2_before_ray(tmp_path, data_r
 
 
 @pytest.mark.slow
-def test_a_two_worker_search_reports_world_size_2_and_replays_on_2_workers(ray_local, tmp_path, data_root):
+def test_a_two_worker_search_reports_world_size_2_and_replays_on_2_workers(ray_local, tmp_path, data_root, capsys):
     space = small_space(tmp_path, data_root, resources={"cpus": 1, "workers": 2},
-                        experiment={"num_samples": 2, "max_concurrent": 1}, training={"epochs": 1},
+                        experiment={"num_samples": 2, "max_concurrent": 2}, training={"epochs": 1},
                         data={"train_size": 1000, "val_size": 300})
     outcome = run_search(space, name="two")
+    # issue 49 item 12: 2 workers of 1 CPU on 2 CPUs run one trial at a time, said as the search starts
+    assert "note: experiment.max_concurrent is 2, but Ray's nodes hold 1 trial(s) of 2 workers of 1 CPU and 0 GPU " \
+           "at once: 1 at a time" in capsys.readouterr().err
     frame = outcome.results
     assert set(frame["status"]) == {COMPLETED} and frame["trial_id"].nunique() == 2
     assert (frame["world_size"] == 2).all() and (frame["workers"] == 2).all()

@@ -78,7 +78,11 @@ def quiet(verbose: bool = False) -> None:
       does it at every exploit) before Tune's snapshot has copied that file to the run folder: there
       is nothing there to bring back, and the trial's file on the driver goes on;
     - Tune's "The `X` operation took 0.6 s, which may be a performance bottleneck" about its own steps
-      (results, snapshots) on a busy machine: advice on Tune's internals the user cannot act on.
+      (results, snapshots) on a busy machine: advice on Tune's internals the user cannot act on;
+    - after Ctrl-C or SIGTERM, Tune's "Stop signal received ... Press CTRL+C ... to skip": hpsearch ends the
+      search in seconds itself (search/execution/ray_internals.py quick_stop) and prints its --resume command.
+    Not silenced: Ray's "(raylet) A worker died ..." lines, which Ray's error thread prints to the terminal
+    itself, past any logger.
     """
     if verbose:
         return
@@ -98,6 +102,8 @@ def quiet(verbose: bool = False) -> None:
     for handler in logging.getLogger("ray").handlers:
         if not any(isinstance(f, _Once) for f in handler.filters):
             handler.addFilter(_Once())
+            # on the handler, not the logger: ray_internals.quick_stop's filter on Tune's logger must still read it
+            handler.addFilter(DropMessages("Stop signal received"))
 
 
 def reachable(address: str, timeout_s: float) -> bool:

@@ -150,6 +150,7 @@ class Journal:
         self._upload_due = False  # a forced upload came while holding (a rewrite): the commit forces it
         self.overridden: list[str] = []  # entries another process ended otherwise, set back by a rewrite (notes)
         self.file_entries: dict[int, FrozenTrial] = {}
+        self.foreign: list[FrozenTrial] = []  # trials of the study without a trial_number: another process's
         if is_uri(folder.path) and not os.path.exists(self.path):  # a resume on another machine
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             copy = folder.storage.read(f"{folder.name}/{JOURNAL_FILE}")
@@ -162,8 +163,8 @@ class Journal:
         for t in trials:  # the later of two entries of one trial wins
             if number_of(t) is not None:
                 self.entries[number_of(t)] = t
-        if any(number_of(t) != t.number for t in trials):  # written in finishing order (before hpsearch 0.2)
-            self._rewrite()
+        if any(number_of(t) != t.number for t in trials):  # written in finishing order (before hpsearch 0.2),
+            self._rewrite()  # or another process added a trial (study.ask()): numbered as results.parquet, anew
         else:
             self.upload(force=False)  # the run folder has a journal from the start
 
@@ -202,6 +203,8 @@ class Journal:
             in_order = False
         if not in_order:  # another process wrote the file meanwhile: read it as it is
             self._reopen()
+            if self.foreign:  # and added a trial, which takes an Optuna number of the run's own
+                self._rewrite()
         self.upload(force=self._upload_due)
 
     def trial_of(self, rows: Sequence[Mapping[str, Any]], *, best: bool = False) -> FrozenTrial:
@@ -335,6 +338,12 @@ class Journal:
         folder, name = os.path.split(self.path)
         temporary = os.path.join(folder, f".{name}.{uuid.uuid4().hex}.tmp")
         theirs, study_attrs = self._as_the_file_holds()
+        if self.foreign:
+            numbers = ", ".join(str(t.number) for t in self.foreign)
+            self.overridden.append(f"optuna.journal: {len(self.foreign)} trial(s) another process added to the "
+                                   f"study (Optuna number {numbers}, no trial_number: study.ask()?) are left out "
+                                   "of it: its trials are results.parquet's, numbered as there; to add configs "
+                                   "to a search, use experiment.enqueue or a warm start")
         try:
             self._open(temporary)
             self._backend.holding = True  # the whole journal in one append
@@ -382,7 +391,9 @@ class Journal:
     def _reopen(self) -> None:
         """Read the journal file anew: its entries as the file holds them."""
         self._open(self.path)
-        self.file_entries = {number_of(t): t for t in self.storage.get_all_trials(self.study_id, deepcopy=False)}
+        trials = self.storage.get_all_trials(self.study_id, deepcopy=False)
+        self.foreign = [t for t in trials if number_of(t) is None]  # added by another process (study.ask())
+        self.file_entries = {number_of(t): t for t in trials if number_of(t) is not None}
         self.entries = dict(self.file_entries)
 
     def upload(self, *, force: bool) -> None:

@@ -71,6 +71,9 @@ def learning_curves(frame: pd.DataFrame, metric: str, best_trial: str | None) ->
     others = [np.column_stack([epochs[a:b], values[a:b]]) for a, b in zip(starts, [*starts[1:], len(ids)])
               if ids[a] != best_trial]
     axes.add_collection(LineCollection(others, colors="tab:gray", alpha=0.5, linewidths=1))
+    # where each curve ends, a dot: a trial a scheduler stopped after one epoch has no line to draw
+    ends = np.array([curve[-1] for curve in others]).reshape(-1, 2)
+    axes.scatter(ends[:, 0], ends[:, 1], s=10, color="tab:gray", alpha=0.6, zorder=2)
     axes.autoscale_view()
     best = rows[rows["trial_id"] == best_trial]
     if len(best):

@@ -226,7 +226,10 @@ def format_summary(frame: pd.DataFrame, best: dict[str, Any] | None, timing: Tim
         + (" among those that met experiment.constraints, then the others"
            if "feasible" in frame.columns and frame["feasible"].eq(False).any() else "")
         + f", {frame['trial_id'].nunique()} trials: "
-        + status_counts(frame),
+        + status_counts(frame)
+        # the table's rows are one epoch of each trial, which its `epoch` column names
+        + ("; a row per trial at its point (its last epoch with every objective finite)" if also
+           else "; a row per trial at its best epoch"),
         format_table(frame, metric, mode, searched, also=also),
         "",
     ]
