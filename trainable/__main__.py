@@ -87,6 +87,8 @@ def read_config(path: str) -> dict:
     """--config's mapping, each FILE.py it names that is gone pointed at its run folder's copy (a note each,
     said once; trainable/kept_code.py): a best.yaml replays after the cluster that ran it is gone."""
     raw = read_yaml_mapping(path)
+    if "://" in path:  # on an object store: its files as they are named (the run folder's copies are not local)
+        return raw
     folder = Path(path).resolve().parent
     notes: list[str] = []
     raw = relocated(raw, copies(folder), notes, read_code_record(folder))

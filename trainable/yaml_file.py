@@ -220,10 +220,30 @@ def _decode(path: Path, data: bytes) -> str:
                            f"{error.start} (line {line})"]) from None
 
 
+def _read_uri(uri: str) -> bytes:
+    """A file on an object store (s3://bucket/run/best.yaml, an endpoint in its query as pyarrow takes it)."""
+    import pyarrow.fs as pafs
+
+    try:
+        fs, path = pafs.FileSystem.from_uri(uri)
+        with fs.open_input_stream(path) as stream:
+            data = stream.read(MAX_FILE_BYTES + 1)
+    except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
+        raise ConfigError([problem(uri, "cannot be read", str(error).splitlines()[0][:300])]) from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError([f"{uri}: must be at most {MAX_FILE_BYTES} bytes (1 MiB), got more"])
+    return data
+
+
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
-    """The top-level mapping of a YAML file (an empty file is an empty mapping)."""
-    path = Path(path)
-    text = _decode(path, _read_bytes(path))
+    """The top-level mapping of a YAML file (an empty file is an empty mapping); a URI reads through pyarrow."""
+    if "://" in str(path):
+        uri = str(path)
+        text = _decode(Path(uri.split("?", 1)[0]), _read_uri(uri))
+        path = uri  # type: ignore[assignment]  (named as given in messages)
+    else:
+        path = Path(path)
+        text = _decode(path, _read_bytes(path))
     try:
         data = _load(text)
     except yaml.YAMLError as error:

@@ -240,7 +240,9 @@ def rerun_command(path: str, space: Space) -> str:
         return (f"python -m search --space {space.source} --num-samples 1 with the config of {path} fixed "
                 f"(python -m trainable replays a function on one process, and this one ran on "
                 f"{space.resources.workers} workers)")
-    where = path if not is_uri(path) else "best.yaml"
+    # on an object store, the URI itself (python -m trainable reads it), with the endpoint the storage path gave
+    query = space.experiment.storage_path.partition("?")[2] if is_uri(path) else ""
+    where = f"{path}?{query}" if query else path
     return f"python -m trainable --config {where}" + (f" --data-root {space.data_root}" if space.data_root else "")
 
 

@@ -48,7 +48,7 @@ from search.spec.space import Space, parse_space, to_raw
 from search.store.results import RECORD_FILE as TRIAL_RECORD
 from search.store.results import RESULTS_FILE, is_json, results_schema, table, table_bytes
 from search.store.searcher_record import RECORD_FILE, record_from_json
-from search.store.storage import Storage, is_uri
+from search.store.storage import Storage, apply_options, is_uri, split_query
 from trainable.errors import ConfigError, problem
 from trainable.yaml_file import Loader, dump_yaml
 
@@ -542,8 +542,10 @@ def open_run(run: str, *, results: bool = True) -> RunFolder:
     report, compare, export, check and a warm start read the results, and would fail on it with a
     KeyError far from the cause. False for a caller that needs only Tune's record (a restore)."""
     # a local folder by its absolute path, so `report .` and `report /` name a folder, not ""
-    where = run.rstrip("/") if is_uri(run) else os.path.abspath(os.path.expanduser(run))
+    base, options = split_query(run) if is_uri(run) else (run, {})
+    where = base.rstrip("/") if is_uri(run) else os.path.abspath(os.path.expanduser(run))
     parent, _, name = where.rpartition("/")
+    apply_options(options)  # an endpoint in the URI's query (search/store/storage.py URI_OPTIONS)
     folder = RunFolder(Storage.at(parent or "/"), name)
     if not name or folder.storage.read(f"{name}/{SPEC_FILE}") is None:
         raise NotARunFolder(f"{run}: not a run folder of hpsearch (it has no {SPEC_FILE}); name a folder "

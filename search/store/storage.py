@@ -22,6 +22,32 @@ def is_uri(path: str) -> bool:
     return "://" in path
 
 
+# An S3 URI may carry the endpoint of an S3-compatible store in its query, as pyarrow's and Ray's docs show for
+# MinIO (`s3://bucket/runs?endpoint_override=host:9000&scheme=http`). hpsearch appends run names and file names
+# to the storage path, which a query would end up in the middle of, and Tune and its workers open the same
+# store: so the options become the AWS SDK's own environment variables, which pyarrow and boto read in this
+# process and the local Ray's workers inherit (a cluster's nodes need them set there), and the query is dropped.
+URI_OPTIONS = {"endpoint_override": "AWS_ENDPOINT_URL", "region": "AWS_DEFAULT_REGION", "scheme": None}
+
+
+def split_query(uri: str) -> tuple[str, dict[str, str]]:
+    """A URI without its query, and the query's options."""
+    base, _, query = uri.partition("?")
+    options = dict(pair.partition("=")[::2] for pair in query.split("&") if pair) if query else {}
+    return base, options
+
+
+def apply_options(options: dict[str, str]) -> None:
+    """Set the environment a URI's query asks for (URI_OPTIONS), for this process and the Ray it starts."""
+    endpoint = options.get("endpoint_override")
+    if endpoint:
+        if "://" not in endpoint:
+            endpoint = f"{options.get('scheme', 'https')}://{endpoint}"
+        os.environ["AWS_ENDPOINT_URL"] = endpoint
+    if options.get("region"):
+        os.environ["AWS_DEFAULT_REGION"] = os.environ["AWS_REGION"] = options["region"]
+
+
 def _write_local(temporary: str, path: str, data: bytes) -> None:
     """Write data to a new file at `temporary` (never an existing one, never through a link), then rename it."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -68,7 +94,13 @@ class Storage:
     @classmethod
     def at(cls, storage_path: str) -> "Storage":
         # Tune needs an absolute path; a relative one is relative to where the command runs
-        return cls(storage_path if is_uri(storage_path) else os.path.abspath(os.path.expanduser(storage_path)))
+        if not is_uri(storage_path):
+            return cls(os.path.abspath(os.path.expanduser(storage_path)))
+        base, options = split_query(storage_path)
+        if options and set(options) <= set(URI_OPTIONS):  # others: check_storage refuses them
+            apply_options(options)
+            return cls(base)
+        return cls(storage_path)
 
     def _fs(self) -> tuple[pafs.FileSystem, str]:
         if is_uri(self.uri):
@@ -133,11 +165,28 @@ def check_storage(storage: Storage, min_free_mb: float | None = None) -> None:
     `min_free_mb` (experiment.min_free_mb: the disk guard would stop the search at its first step)."""
     key = "experiment.storage_path"
     if is_uri(storage.uri):
+        unknown = sorted(set(split_query(storage.uri)[1]) - set(URI_OPTIONS))
+        if unknown:
+            raise ConfigError([problem(key, f"a storage URI's query may set {', '.join(URI_OPTIONS)} (the AWS "
+                                            f"SDK's environment takes the rest: AWS_ACCESS_KEY_ID, ...), not "
+                                            f"{', '.join(unknown)}", storage.uri)])
         try:
-            pafs.FileSystem.from_uri(storage.uri)
+            fs, path = pafs.FileSystem.from_uri(storage.uri)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError, ValueError) as error:
             raise ConfigError([problem(key, f"not a storage URI pyarrow can open ({error}); use a folder, "
                                             "s3://, gs:// or another pyarrow.fs scheme", storage.uri)]) from None
+        if isinstance(fs, pafs.LocalFileSystem):  # file://: a folder, checked where it is written
+            return
+        bucket = path.strip("/").split("/", 1)[0]
+        endpoint = os.environ.get("AWS_ENDPOINT_URL", "the store's default endpoint")
+        try:
+            found = fs.get_file_info(bucket).type != pafs.FileType.NotFound
+        except OSError as error:  # unreachable, refused credentials: the SDK's message, its first line
+            raise ConfigError([problem(key, f"cannot reach the object store at {endpoint} "
+                                            f"({str(error).splitlines()[0][:300]})", storage.uri)]) from None
+        if not found:
+            raise ConfigError([problem(key, f"bucket {bucket!r} does not exist at {endpoint}: make it first",
+                                       storage.uri)])
         return
     path = storage.uri
     existing = path
