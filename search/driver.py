@@ -64,7 +64,7 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
         if slots < min(experiment.max_concurrent, experiment.num_samples):  # said now, not found in the Slots line
             each = f"{resources.workers} workers of " if resources.workers > 1 else ""
             print(f"note: experiment.max_concurrent is {experiment.max_concurrent}, but Ray's nodes hold {slots} "
-                  f"trial(s) of {each}{resources.cpus:g} CPU and {resources.gpus} GPU at once: {slots} at a time",
+                  f"trial(s) of {each}{resources.cpus:g} CPU and {resources.gpus:g} GPU at once: {slots} at a time",
                   file=sys.stderr, flush=True)
         gpu_plan = plan_gpus(resources, min(slots, experiment.num_samples), session.private)  # spread over every GPU
         phases.mark("probe")

@@ -108,7 +108,8 @@ def test_a_search_on_file_uri_storage_resumes_and_reruns_the_failed_trial(on_uri
         .reset_index(drop=True), kept.sort_values("trial_number")[columns].reset_index(drop=True), check_dtype=False)
     best = yaml.safe_load((run / "best.yaml").read_text())
     assert best["result"]["val_acc"] == frame["val_acc"].max()
-    assert "python -m trainable --config best.yaml" in (run / "best.yaml").read_text(), "download it first"
+    # the re-run names best.yaml where it is, which python -m trainable reads (issue 51)
+    assert f"python -m trainable --config file://{run / 'best.yaml'}" in (run / "best.yaml").read_text()
     assert not resumed.interrupted and "Top trials by val_acc (max), 2 trials: 2 completed" in resumed.summary
 
 

@@ -19,8 +19,10 @@ So trial n waits only while one of trials 0 .. n-L-1 is unfinished; those waits 
 Under successive halving (`rungs`: the epochs trials are judged at) most trials end at a low rung and a
 few run on for many epochs; waiting for such a long trial held every other slot idle behind it, one
 trial at a time (issue 49). So there trial n sees trial k of 0 .. n-L-1 up to a horizon, the highest
-rung at or below grace_period * g / (L - 1) epochs, g = n-L-k: while the other slots started g trials
-after it, each a grace_period at least, trial k has had about that long (HORIZON below). A trial that
+rung at or below grace_period * g / U epochs, g = n-U-k, U the trials unseen to n (`unseen`:
+experiment.lag, max_concurrent - 1 by default): while the U other slots started g trials after it, each a
+grace_period at least, trial k has had about that long. U, not max_concurrent: a search with a set lag
+gives the same trials at any max_concurrent, as it always did. A trial that
 ended by its horizon is told as above; one that runs past it is told PRUNED with its curve up to the
 horizon, as a trial stopped there would be (RUNNING where the sampler reads no curve); trial n waits only
 for a trial that has not yet reached its horizon (or, past its planned epochs, ended). Each of these
@@ -238,9 +240,9 @@ class OrderedSearch(Searcher):
 
     def _horizon(self, n: int, k: int) -> int | None:
         """The epoch up to which trial n sees trial k under halving: the highest rung at or below
-        grace_period * g / (L - 1), g = n-L-k (0: none yet); None: all of it (past its planned epochs)."""
+        grace_period * g / U, g = n-U-k, U = unseen (0: none yet); None: all of it (past its planned epochs)."""
         planned = self.planned.get(k)
-        bound = self.rungs[0] * (n - self.unseen - k) / max(1, self.lag - 1)
+        bound = self.rungs[0] * (n - self.unseen - k) / max(1, self.unseen)
         if planned is None or bound >= planned:
             return None
         return max((r for r in self.rungs if r <= bound and r < planned), default=0)
@@ -297,13 +299,15 @@ class OrderedSearch(Searcher):
         if self._longest is None:
             self._longest = max(self.planned.values(), default=0)
         # past this many trials back, the horizon is past every trial's planned epochs: told whole
-        reach = math.ceil(self._longest * max(1, self.lag - 1) / self.rungs[0]) + 1
+        reach = math.ceil(self._longest * max(1, self.unseen) / self.rungs[0]) + 1
         sights = {k: self._sight(n, k) for k in range(max(0, n - self.unseen - reach), max(0, n - self.unseen))}
         return {k: sight for k, sight in sights.items() if sight[0] != WHOLE}
 
     def _built(self, n: int, sights: Mapping[int, tuple[str, int | None]] = {}, fidelity: int | None = None) -> KeptStudy:
         """A study made from the record for trial n, as every suggestion made it before the study was kept;
-        `sights`: how n sees the trials not told whole (halving), `fidelity`: "rung"'s epoch."""
+        `sights`: how n sees the trials not told whole (halving), `fidelity`: "rung"'s epoch (found here if None)."""
+        if fidelity is None:
+            fidelity = self._fidelity_for(n, sights)
         # one "study created" line per build is noise; set here, not per suggestion, where it cost 1.5 ms
         # (the logging module clears the level cache of every logger there is, Ray's and Tune's too)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
