@@ -46,7 +46,7 @@ from ray.tune.experiment import Trial
 from search.execution.ray_internals import last_failure_is_contract_error, no_retry_of_contract_errors
 from search.outputs.journal import Journal
 from search.searching.budget import end_search
-from search.searching.failing import FAILING_AFTER, FirstFailures
+from search.searching.failing import FAILING_AFTER, FirstFailures, last_line
 from search.searching.study import RUNNING
 from search.spec.objectives import first, mark_feasible, objectives_of
 from search.spec.ranking import best_value, is_better, score
@@ -104,7 +104,7 @@ def error_line(trial) -> str:
         error = Path(trial.error_file).read_text() if trial.error_file else trial.get_error()
     except Exception:  # unreadable: the line still says where the traceback is
         error = None
-    return str(error).strip().splitlines()[-1][:300] if error is not None and str(error).strip() else "?"
+    return last_line(error)
 
 
 def clock(seconds: float) -> str:

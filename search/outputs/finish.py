@@ -20,7 +20,7 @@ from search.outputs.pareto import checkpoints_by_epoch, write_pareto
 from search.outputs.phases import TIMING_FILE, Phases
 from search.outputs.summary import Timing, format_summary, journal_note, status_counts, wall_line
 from search.searching.budget import ended_note, read_ended
-from search.searching.failing import alike
+from search.searching.failing import alike, last_line
 from search.searching.halving import RECORD_FILE as HALVING_RECORD
 from search.searching.halving import read_record as read_halving
 from search.searching.pbt import replay_config
@@ -335,7 +335,7 @@ def failed_lines(grid, folder: RunFolder, trial_timeout: float | None) -> str:
     groups: dict[str, list[tuple[str, str, str]]] = {}
     for result in grid:
         if result.error is not None:  # after max_failures restarts; Tune keeps the traceback
-            line = str(result.error).strip().splitlines()[-1][:300]
+            line = last_line(result.error)
             groups.setdefault(alike(line), []).append((folder.trial_path(result.path), line, str(result.error)))
     out = ""
     for failures in groups.values():

@@ -23,6 +23,13 @@ FAILING_AFTER = 3  #: the first trials to end that must all fail alike; fewer wh
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 
+def last_line(error: object) -> str:
+    """An error's last line (Tune's text ends with the exception's type and message), at most 300 characters;
+    '?' for none: the line the progress, the summary and this rule compare."""
+    text = "" if error is None else str(error).strip()
+    return text.splitlines()[-1][:300] if text else "?"
+
+
 def alike(line: str) -> str:
     """An error's last line with its numbers masked: what two failures must share to be one error."""
     return _NUMBER.sub("#", line.strip())
