@@ -139,6 +139,17 @@ def test_the_summary_times_the_whole_command_and_its_phases_add_up(tmp_path):
     assert f"Ray's shutdown {timing['phases']['shutdown']:.1f} s" in phases
 
 
+def test_the_summary_line_prints_the_seconds_timing_yaml_keeps_at_a_rounding_edge():
+    # 0.04996 s printed as 0.0 where timing.yaml kept 0.05, which reads 0.1: the two disagreed (CI, stop 53)
+    from search.outputs.phases import Phases
+    phases = Phases()
+    phases.seconds = {"results": 0.04996, "shutdown": 0.14951}
+    kept = phases.record()["phases"]
+    assert phases.line() == ", ".join(f"{name} {kept[key]:.1f}" for key, name in
+                                      [("results", "results.parquet and the journal"),
+                                       ("shutdown", "Ray's shutdown")]) + " s"
+
+
 def test_a_command_is_timed_from_its_process_start_to_within_a_few_ticks():
     # /proc/stat's btime is whole seconds: a start taken from it was up to 1 s early, and so the
     # summary's wall time and its imports phase were up to 1 s long

@@ -81,8 +81,9 @@ class Phases:
         return self._last - self.started
 
     def line(self) -> str:
-        """The summary's line: each phase's seconds, in order."""
-        return ", ".join(f"{NAMES[name]} {seconds:.1f}" for name, seconds in self.seconds.items()) + " s"
+        """The summary's line: each phase's seconds, in order, from the figures timing.yaml keeps (rounded
+        first, so that 0.04996 reads as timing.yaml's 0.05 does)."""
+        return ", ".join(f"{NAMES[name]} {seconds:.1f}" for name, seconds in self.record()["phases"].items()) + " s"
 
     def record(self) -> dict[str, Any]:
         """timing.yaml: the wall time and the phases, in seconds."""
