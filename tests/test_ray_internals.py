@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import logging
 
 import pytest
@@ -104,3 +105,25 @@ def test_tune_still_asks_a_trials_max_failures_whether_to_restart_it(tmp_path):
     (tmp_path / "error.pkl").write_bytes(pickle.dumps(contract))
     assert not 1 <= trial.max_failures, "a contract error is not restarted"
     assert pickle.loads(pickle.dumps(trial.max_failures)) == 2, "Tune's records keep the plain number"
+
+
+def test_the_quiet_mode_keeps_the_raylets_worker_died_line_off_the_terminal(capfd, monkeypatch):
+    # Ray's error thread prints what the raylet publishes with print_to_stdstream, past any logger
+    import ray._private.worker as worker
+
+    from search.execution.session import quiet
+
+    line = {"lines": ["A worker died or was killed while executing a task by an unexpected system error."],
+            "pid": "raylet", "is_err": False}
+    for name in ("RAY_AIR_NEW_OUTPUT", "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S",
+                 "TUNE_PRINT_ALL_TRIAL_ERRORS"):
+        monkeypatch.setenv(name, os.environ.get(name, ""))  # quiet() sets them: back as they were after
+    was = worker._worker_logs_enabled
+    try:
+        worker.print_to_stdstream(dict(line), ignore_prefix=False)
+        assert "A worker died" in capfd.readouterr().out  # what a search printed before
+        quiet()
+        worker.print_to_stdstream(dict(line, lines=["A worker died again, elsewhere"]), ignore_prefix=False)
+        assert "A worker died" not in capfd.readouterr().out
+    finally:
+        worker._worker_logs_enabled = was

@@ -25,6 +25,10 @@ fails when Ray changes what it relies on, so an upgrade says where to look inste
   nowhere else but to copy it) becomes an int that answers that comparison as `max_failures` does, unless
   the failure just written is a function's contract error (trainable/function.py ContractError), which is
   the same on every try: then the trial ends ERROR at once.
+- `silent_raylet_errors`: Ray's error thread on the driver prints what the raylet publishes ("(raylet) A
+  worker died or was killed ...") straight to the terminal with `print_worker_logs`, past any logger and
+  whatever log_to_driver says; its one switch is the module flag `_worker_logs_enabled` (Ray's debugger
+  turns it off the same way). A trial whose worker died ends ERROR, and hpsearch says so in its own line.
 - The logger names the quiet mode filters (search/execution/session.py's `quiet`) are Ray's
   module paths, `ray._private.worker` among them: a renamed module only makes a hint visible again.
 """
@@ -129,6 +133,13 @@ def no_retry_of_contract_errors(trial: Any) -> None:
     """Make Tune end `trial` ERROR without a restart when it fails with a contract error (idempotent)."""
     if not isinstance(trial.max_failures, _Retries):
         trial.max_failures = _Retries(trial.max_failures, trial)
+
+
+def silent_raylet_errors() -> None:
+    """The raylet's error lines ("A worker died ...") are not printed on this driver (quiet mode)."""
+    import ray._private.worker as worker
+
+    worker._worker_logs_enabled = False
 
 
 def record_file(logger, trial) -> TextIO | None:

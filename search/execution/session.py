@@ -23,6 +23,7 @@ from contextlib import contextmanager
 import ray
 from ray.exceptions import AuthenticationError
 
+from search.execution.ray_internals import silent_raylet_errors
 from trainable.errors import ConfigError, problem
 
 
@@ -81,8 +82,9 @@ def quiet(verbose: bool = False) -> None:
       (results, snapshots) on a busy machine: advice on Tune's internals the user cannot act on;
     - after Ctrl-C or SIGTERM, Tune's "Stop signal received ... Press CTRL+C ... to skip": hpsearch ends the
       search in seconds itself (search/execution/ray_internals.py quick_stop) and prints its --resume command.
-    Not silenced: Ray's "(raylet) A worker died ..." lines, which Ray's error thread prints to the terminal
-    itself, past any logger.
+    - Ray's "(raylet) A worker died or was killed ..." hint, which Ray's error thread prints to the terminal
+      past any logger (search/execution/ray_internals.py silent_raylet_errors): the trial ends ERROR and
+      the progress says so in one line, with where its error.txt is.
     """
     if verbose:
         return
@@ -98,6 +100,7 @@ def quiet(verbose: bool = False) -> None:
         logging.getLogger(name).addFilter(DropMessages("which may be a performance bottleneck"))
     logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
         DropMessages("Token authentication is enabled for this Ray cluster"))
+    silent_raylet_errors()
     warnings.filterwarnings("once", append=True)  # after every filter set (-W, ignores): only the default changes
     for handler in logging.getLogger("ray").handlers:
         if not any(isinstance(f, _Once) for f in handler.filters):
