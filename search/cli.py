@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 import traceback
+from pathlib import Path
 from typing import Any, Sequence
 
 from search.outputs.phases import command_start
@@ -99,8 +100,16 @@ def apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, 
 
 
 def load_space(path: str, pairs: list[tuple[str, Any]]) -> Space:
-    """Read, override and validate a space file (ConfigError listing every problem)."""
-    return with_overrides(read_yaml_mapping(path), pairs, path)
+    """Read, override and validate a space file (ConfigError listing every problem, the named code's too)."""
+    raw = read_yaml_mapping(path)
+    try:
+        return with_overrides(raw, pairs, path)
+    except ConfigError as error:
+        try:
+            overridden = set_keys(raw, pairs)  # the code the overrides name, where they name any
+        except ConfigError:
+            raise error from None
+        raise with_code_problems(error, overridden, path) from None
 
 
 def report_main(argv: Sequence[str]) -> int:
@@ -177,7 +186,7 @@ def check_main(argv: Sequence[str]) -> int:
     try:
         space = load_space(args.space, assignments(args))
         check_name(args)  # as the search itself refuses it
-    except ConfigError as error:  # in a second: neither torch nor Ray is imported yet
+    except ConfigError as error:  # in a second: neither torch nor Ray is imported yet, unless the file names code
         print(f"error: {error}", file=sys.stderr)
         return 2
     # torch and Ray's modules: only once the space file passed (a bad file fails in a second)
@@ -190,6 +199,16 @@ def check_main(argv: Sequence[str]) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def with_code_problems(error: ConfigError, raw: dict[str, Any], path: str) -> ConfigError:
+    """The space file's problems and, in the same answer, those of the code it names (search/spec/user_code.py):
+    a key the file's own check already faulted is not said twice."""
+    from search.spec.user_code import code_problems
+
+    said = {line.split(":", 1)[0] for line in error.problems}
+    more = [line for line in code_problems(raw, Path(path).resolve().parent) if line.split(":", 1)[0] not in said]
+    return ConfigError(error.problems + more, error.source) if more else error
 
 
 def check_name(args: argparse.Namespace) -> None:

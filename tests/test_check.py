@@ -57,6 +57,21 @@ def test_check_exits_2_with_the_messages_of_a_run_and_neither_starts_ray(tmp_pat
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir()), "no run folder is left"
 
 
+def test_check_says_the_files_problems_and_its_codes_in_one_pass(tmp_path, monkeypatch, capsys, ray_inits):
+    # before, the code a faulty file names was imported only once the file was right: a second `check`
+    monkeypatch.chdir(tmp_path)
+    raw = blob_space(tmp_path, experiment={"num_samples": 0})
+    raw["data"]["dataset"] = "broken.py:blobs"
+    write(tmp_path / "broken.py", "import not_a_module_anywhere\n")
+    write(tmp_path / "space.yaml", yaml.safe_dump(raw))
+    searched, checked = run_and_check(capsys, ["--space", "space.yaml"])
+    assert searched[0] == checked[0] == 2 and checked[1] == searched[1]
+    assert "2 problem(s) in space.yaml" in checked[1]
+    assert "experiment.num_samples: must be an integer" in checked[1]
+    assert "data.dataset: cannot import" in checked[1] and "not_a_module_anywhere" in checked[1]
+    assert "Traceback" not in checked[1] and not ray_inits
+
+
 @pytest.mark.parametrize("name", ["../x", "a/b", "."])
 def test_check_refuses_a_run_name_that_the_search_refuses(tmp_path, monkeypatch, capsys, ray_inits, name):
     monkeypatch.chdir(tmp_path)
