@@ -127,8 +127,8 @@ class Objectives:
             return None
         if self.several:
             return epochs[-1]
-        sign = 1 if self.modes[0] == "max" else -1
-        return max(epochs, key=lambda e: (sign * score(reports[e][self.metrics[0]]), -e))
+        sign = 1 if self.modes[0] == "max" else -1  # of equal values the later epoch, as ranking.ranked picks
+        return max(epochs, key=lambda e: (sign * score(reports[e][self.metrics[0]]), e))
 
     def values(self, report: Mapping[str, Any]) -> list[float]:
         return [score(report.get(m)) for m in self.metrics]
