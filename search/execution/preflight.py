@@ -34,6 +34,7 @@ from search.searching.choice import resolved
 from search.searching.study import JOURNAL_FILE
 from search.searching.warm_start import read as read_warm_start
 from search.spec.space import Space, example_config, spec_differences, to_raw
+from search.spec.status import TUNE_TERMINATED
 from search.store.code_copy import keep_code
 from search.store.results import RESULTS_FILE
 from search.store.run_folder import BEST_FILE, SPEC_FILE, RunFolder, run_folder_name
@@ -331,7 +332,7 @@ def finished(space: Space, folder: RunFolder) -> tuple[pd.DataFrame, dict[str, A
     in Tune's record (an errored one is retried), each with its record, and results.parquet, best.yaml's
     checkpoint and the journal read; else None."""
     saved = folder.saved_statuses()  # statuses.json while Tune's state is the one the search's end read
-    if len(saved) < space.experiment.num_samples or any(s != "TERMINATED" for s in saved.values()):
+    if len(saved) < space.experiment.num_samples or any(s != TUNE_TERMINATED for s in saved.values()):
         return None
     if folder.records_missing(list(saved)):
         return None  # a trial folder is gone: the resume rebuilds its rows and says so

@@ -29,6 +29,7 @@ from search.searching.warm_start import summary_line as warm_start_line
 from search.spec.objectives import HALVING, feasible_only, first, mark_feasible, names, objectives_of
 from search.spec.ranking import best_candidates, ranked
 from search.spec.space import Space
+from search.spec.status import TUNE_ENDED, TUNE_PENDING, TUNE_TERMINATED
 from search.store.results import (ERROR, INTERRUPTED, LOST, RECORD_FILE, config_from_row, read_record, results_schema,
                                   to_frame, trial_id_of, trial_rows, with_reported)
 from search.store.retention import on_storage
@@ -81,14 +82,14 @@ def derive(folder: RunFolder, space: Space, grid, notes: list[str], ran_to_end: 
     for result in grid:
         trial_id = trial_id_of(result)
         if ran_to_end:
-            status, config = ("ERROR" if result.error is not None else "TERMINATED"), None
+            status, config = (ERROR if result.error is not None else TUNE_TERMINATED), None
             statuses[trial_id] = status
         else:
-            status, config = saved.get(trial_id, ("TERMINATED", None))
+            status, config = saved.get(trial_id, (TUNE_TERMINATED, None))
         reports = read_record(result.filesystem, result.path)
-        if not reports and result.error is None and status == "PENDING":
+        if not reports and result.error is None and status == TUNE_PENDING:
             continue
-        ended = status in ("TERMINATED", "ERROR")
+        ended = status in TUNE_ENDED
         trial_config = result.config or config
         trial = trial_rows(trial_id, trial_config, reports, done=ended, error=result.error is not None,
                            suggested=suggested.get((trial_config or {}).get("trial_number")))

@@ -35,10 +35,10 @@ from search.spec.objectives import objectives_of, pareto_front, point_row
 from search.spec.ranking import best_candidates, best_value, score
 from search.spec.schema import conditions, not_drawn
 from search.spec.space import Space
-from search.store.results import DIVERGED, ERROR, INTERRUPTED, STOPPED, is_json, results_schema
+from search.spec.status import DIVERGED, ERROR, INTERRUPTED, PENDING, RUNNING, STOPPED
+from search.store.results import is_json, results_schema
 
 JOURNAL_FILE = "optuna.journal"
-RUNNING, PENDING = "RUNNING", "PENDING"  # the status user attribute of a trial running, or not yet started
 # a trial that has not ended, as the journal holds it: the status user attribute -> Optuna's state
 UNENDED = {RUNNING: TrialState.RUNNING, INTERRUPTED: TrialState.RUNNING, PENDING: TrialState.WAITING}
 

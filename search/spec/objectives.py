@@ -32,6 +32,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from search.spec.status import DIVERGED, UNFINISHED
 from trainable.errors import problem
 from trainable.metrics import OBJECTIVES, metric_name, score
 
@@ -239,7 +240,7 @@ def fronts(points: Sequence[Sequence[float] | None], violations: Sequence[float]
     return out
 
 
-def points(frame: pd.DataFrame, objectives: Objectives, statuses: Iterable[str] = ("ERROR", "INTERRUPTED")
+def points(frame: pd.DataFrame, objectives: Objectives, statuses: Iterable[str] = UNFINISHED
            ) -> pd.DataFrame:
     """Each trial's point row, in trial-number order, for trials whose status is not in `statuses`
     (an errored or unfinished trial is never on the front, as it is never best)."""
@@ -258,7 +259,7 @@ def points(frame: pd.DataFrame, objectives: Objectives, statuses: Iterable[str] 
 def pareto_front(frame: pd.DataFrame, objectives: Objectives) -> pd.DataFrame:
     """The feasible non-dominated trials' point rows, in trial-number order. A DIVERGED trial is never on
     it: its point is an epoch before its metric broke, a model that went on to NaN."""
-    candidates = points(frame, objectives, ("ERROR", "INTERRUPTED", "DIVERGED"))
+    candidates = points(frame, objectives, (*UNFINISHED, DIVERGED))
     candidates = candidates[[objectives.feasible(r) for _, r in candidates.iterrows()]] if len(candidates) else \
         candidates
     keep = non_dominated(candidates[list(objectives.metrics)].to_numpy(dtype=float), objectives.modes)

@@ -25,6 +25,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from search.spec.objectives import Objectives, feasible_only
+from search.spec.status import ERROR, UNFINISHED
 from trainable.metrics import score
 
 __all__ = ["score", "signed", "best_value", "is_better", "Rank", "rank", "ranked", "best_candidates", "points"]
@@ -88,10 +89,10 @@ def best_candidates(frame: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame
     INTERRUPTED) where one has a score; else an interrupted trial's; an errored trial's only where no
     other trial scored (best.yaml's note then says so)."""
     scored = ranked(frame, metric, mode)
-    succeeded = bool((scored["status"] != "ERROR").any())  # before feasibility: an infeasible trial counts
+    succeeded = bool((scored["status"] != ERROR).any())  # before feasibility: an infeasible trial counts
     scored = feasible_only(scored)
-    finished = scored[~scored["status"].isin(["ERROR", "INTERRUPTED"])]
-    return finished if len(finished) else scored[scored["status"] != "ERROR"] if succeeded else scored
+    finished = scored[~scored["status"].isin(list(UNFINISHED))]
+    return finished if len(finished) else scored[scored["status"] != ERROR] if succeeded else scored
 
 
 def points(frame: pd.DataFrame, objectives: Objectives) -> pd.DataFrame:

@@ -27,6 +27,7 @@ from search.spec.objectives import FEASIBLE, objectives_of
 from search.spec.reserved import BEST_KEYS, SEARCH_COLUMNS, metric_names_taken  # noqa: F401  (one home)
 from search.spec.schema import conditions, not_drawn
 from search.spec.space import Space
+from search.spec.status import COMPLETED, DIVERGED, ERROR, INTERRUPTED, LOST, STOPPED  # noqa: F401 (re-exported)
 from trainable.config import FACTORY_KEY, FIELDS, TrialConfig, field_of, json_text, keyword_of, kind
 from trainable.function import (DRIVER_KEYS, FUNCTION_REPORT_COLUMNS, METRIC_NAMES, TRAINABLE_KEY, FunctionConfig,
                                 is_function, trial_config)
@@ -36,11 +37,7 @@ from trainable.report import report_columns as epoch_report_columns
 
 RESULTS_FILE = "results.parquet"
 RECORD_FILE = "result.json"  # Tune's per-trial record: one JSON line per report
-# How each trial ended. INTERRUPTED: the search stopped (Ctrl-C, SIGTERM, a killed driver)
-# before the trial finished; --resume continues it from its last checkpoint.
-COMPLETED, STOPPED, DIVERGED, ERROR, INTERRUPTED = "COMPLETED", "STOPPED", "DIVERGED", "ERROR", "INTERRUPTED"
-# LOST: the trial's folder (Tune's record of it) and its results part are both gone; a note names it.
-LOST = "LOST"
+# How each trial ended: search/spec/status.py, the one list (COMPLETED, ..., LOST are imported from here too)
 
 
 def config_columns(space: Space) -> list[str]:
