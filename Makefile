@@ -7,7 +7,7 @@ export HPSEARCH_DATA ?= $(HOME)/.cache/hpsearch
 # Offline copies of MNIST's four raw files, used when present (see docs/your-model-and-data.md).
 MNIST_RAW ?= ../shared/data/MNIST/raw
 
-.PHONY: run test install browser data bench gpu-check clean
+.PHONY: run test lint install browser data bench gpu-check clean
 
 # Which PyTorch build .venv gets when it is made (an existing .venv keeps its build: `make clean`
 # first to change it). TORCH=cpu: PyTorch's CPU-only wheels from PyTorch's own index (no CUDA
@@ -61,8 +61,12 @@ browser:
 # Two test files at a time (pytest-xdist, whole files per worker so module fixtures are made
 # once): most of a test's time is Ray and processes starting, so two cores overlap it. The 20 slowest
 # tests are printed at the end (docs/testing.md keeps them), so where the time goes shows in every run.
-test: $(VENV)/.installed-test browser
+test: $(VENV)/.installed-test browser lint
 	$(PY) -m pytest -n 2 --dist loadfile --durations=20
+
+# ruff's checks ([tool.ruff] in pyproject.toml): a second, before the tests' half hour
+lint: $(VENV)/.installed-test
+	$(PY) -m ruff check .
 
 bench: install data
 	$(PY) bench/epoch.py

@@ -167,7 +167,7 @@ def main() -> int:
     # driver's imports, Ray's own processes), packed on every core, against the wall times the goals allow
     slots = rows[0]["service"]["slots"]
     kinds = dict.fromkeys(kind for row in rows for kind in row["service"]["run"].processes)
-    processes = {kind: median("service", lambda m: m["run"].processes.get(kind, 0.0)) for kind in kinds}
+    processes = {kind: median("service", lambda m: m["run"].processes.get(kind, 0.0)) for kind in kinds}  # noqa: B023 (called here)
     for goal, wanted in (("wall <= 1.15x floor", 1.15 * median("service", lambda m: m["training"]) / slots),
                          ("optuna / service >= 1.3x", median("optuna", lambda m: m["wall"]) / 1.3)):
         print(f"{goal} needs {wanted:.1f} s;\n{least_work(processes, trial_imports, wanted)}")
@@ -177,7 +177,7 @@ def main() -> int:
     for side in ("service", "optuna"):
         kinds = dict.fromkeys(kind for row in rows for kind in row[side]["run"].processes)
         print(f"{side} CPU by process (median s): "
-              + ", ".join(f"{kind} {median(side, lambda m: m['run'].processes.get(kind, 0.0)):.1f}" for kind in kinds))
+              + ", ".join(f"{kind} {median(side, lambda m: m['run'].processes.get(kind, 0.0)):.1f}" for kind in kinds))  # noqa: B023
     return 0
 
 

@@ -16,7 +16,8 @@ trial files of Tune's.
 
 Each side is a subprocess; the sides alternate which runs first, per N and per round, so
 machine noise falls on both; with --rounds R every N runs R times and the tables give medians
-(one run's plain side swings between about 19 and 38 ms a trial on these machines). Cost per trial = the span from the first trial's start to the last trial's
+(one run's plain side swings between about 19 and 38 ms a trial on these machines). Cost per trial = the span
+from the first trial's start to the last trial's
 report, over N (start-up and the end of the search excluded; the start-up comparison is
 bench/search.py's). Printed per N: ms per trial for each side, their ratio, and for the service
 the growth exponent of its span against N (1.0: flat cost per trial) and where its slot time

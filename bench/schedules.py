@@ -238,7 +238,7 @@ def report(done: dict[tuple[str, str, int], list[tuple[int, float, float]]], tab
             for seed in seeds:
                 fifo = done["fifo + tpe", table, seed]
                 target = min(loss for _, loss, _ in fifo)
-                spent = epochs_to(done[label, table, seed], lambda rs: min(r[1] for r in rs) <= target + 1e-12)
+                spent = epochs_to(done[label, table, seed], lambda rs: min(r[1] for r in rs) <= target + 1e-12)  # noqa: B023
                 hits += math.isfinite(spent)
                 per_seed.append(spent / fifo[-1][0])
             shares.append(statistics.median(per_seed))
@@ -256,7 +256,7 @@ def report(done: dict[tuple[str, str, int], list[tuple[int, float, float]]], tab
                 fifo = done["MO fifo", table, seed]
                 reference = (max(loss for _, loss, _ in fifo), max(size for _, _, size in fifo) * 1.01)
                 target = hypervolume([(loss, size) for _, loss, size in fifo], reference)
-                spent = epochs_to(done[label, table, seed], lambda rs: hypervolume(
+                spent = epochs_to(done[label, table, seed], lambda rs, reference=reference, target=target: hypervolume(
                     [(loss, size) for _, loss, size in rs], reference) >= target - 1e-12)
                 per_seed.append(spent / fifo[-1][0])
             shares.append(statistics.median(per_seed))

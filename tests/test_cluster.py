@@ -109,7 +109,7 @@ def trial_spans(frame: pd.DataFrame) -> pd.DataFrame:
 
 def most_at_once_per_gpu(spans: pd.DataFrame) -> int:
     most = 0
-    for gpu_key, group in spans.assign(gpu=spans["gpus"].str.split(",")).explode("gpu").groupby(["node", "gpu"]):
+    for _, group in spans.assign(gpu=spans["gpus"].str.split(",")).explode("gpu").groupby(["node", "gpu"]):
         for _, trial in group.iterrows():  # trials running at the moment this one started
             overlapping = group[(group["start"] <= trial["start"]) & (group["end"] > trial["start"])]
             most = max(most, len(overlapping))

@@ -354,7 +354,7 @@ def test_an_address_that_answers_http_is_refused_at_once(tmp_path):
     finally:
         server.shutdown()
     assert done.returncode == 2 and no_traceback(done), done.stderr[-2000:]
-    assert f"--address: answers HTTP there (Ray's dashboard, or another web server), not Ray's GCS" in done.stderr
+    assert "--address: answers HTTP there (Ray's dashboard, or another web server), not Ray's GCS" in done.stderr
 
 
 def test_a_corrupt_test_part_is_found_before_any_trial(tmp_path, data_root):

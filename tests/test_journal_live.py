@@ -138,7 +138,7 @@ def test_a_held_batch_is_one_append_read_as_written_and_seen_by_the_dashboard_wh
         journal = Journal(folder, space)
         appends = []
         original = journal._backend._file.append_logs
-        journal._backend._file.append_logs = lambda logs: (appends.append(len(logs)), original(logs))[1]
+        journal._backend._file.append_logs = lambda logs: (appends.append(len(logs)), original(logs))[1]  # noqa: B023
         if held:
             journal.hold()
         journal.put(journal.trial_of(rows("a", 0, 0.15, [0.5, 0.7])))

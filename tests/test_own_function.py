@@ -3,7 +3,8 @@
 One search, shared by the file: a function with two objectives and a constraint, whose file imports a
 module beside it, searched from another folder (the test's working directory is the repository),
 with trials that run in Ray's worker processes (another folder again), one of which diverges, and
-one that reports a metric the others do not; it reports one dict per epoch, as Tune's `tune.report` takes it. Its pareto.yaml is checked against the front recomputed
+one that reports a metric the others do not; it reports one dict per epoch, as Tune's `tune.report` takes it.
+Its pareto.yaml is checked against the front recomputed
 from results.parquet alone and against the journal's own study; a front trial replays from a third folder.
 """
 

@@ -111,7 +111,7 @@ def test_searches_started_at_once_on_a_fresh_data_root_all_read_it(data_root, tm
     readers = [subprocess.Popen([sys.executable, "-c", LOAD, str(tmp_path)], cwd=Path(__file__).parents[1],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
     outputs = [reader.communicate(timeout=300) for reader in readers]
-    for reader, (out, err) in zip(readers, outputs):
+    for reader, (_, err) in zip(readers, outputs):
         assert reader.returncode == 0, err[-2000:]
     assert len({out for out, _ in outputs}) == 1 and outputs[0][0].startswith("60000 "), outputs
 

@@ -22,7 +22,7 @@ from trainable.config import MUTABLE, TrialConfig, schedule_period
 from trainable.data import Arrays, Data, Standardize
 from trainable.distributed import SINGLE, ShardedBatches, World, summed, wrap_model
 from trainable.factories import build_model
-from trainable.measures import ACCURACY, LossFunction, accuracy_metric, build_loss, build_metrics, fit_outputs
+from trainable.measures import ACCURACY, LossFunction, build_loss, build_metrics, fit_outputs
 from trainable.report import EpochRecord
 from trainable.seed import global_rng_states, set_global_rng_states, set_seed
 

@@ -5,7 +5,8 @@ problem it makes itself (so it runs offline, in seconds), mixed precision with t
 (bfloat16 on the CPU, float16 with a GradScaler on a GPU), and a checkpoint each epoch so a
 restarted trial continues where it stopped. It never imports Ray.
 
-Run it alone:  python -c "from train import train; train({'lr': 0.05, 'hidden': 64, 'epochs': 3, 'seed': 0}, lambda checkpoint=None, **m: print(m))"
+Run it alone:
+  python -c "from train import train; train({'lr': 0.05, 'hidden': 64, 'epochs': 3, 'seed': 0}, lambda checkpoint=None, **m: print(m))"
 """
 
 from __future__ import annotations

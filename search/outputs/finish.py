@@ -401,7 +401,9 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
         entry = best_entry(best, test, note, metric, folder.name, schema, metrics, trials=frame["trial_id"].nunique(),
                            function=bool(space.trainable))
         folder.write_best(best_yaml(entry, best_path, space))
-    summary = format_summary(frame, entry, timing, no_best=no_best if succeeded else no_success(frame, metric, interrupted), metric=metric, mode=first(experiment.mode),
+    summary = format_summary(frame, entry, timing,
+                             no_best=no_best if succeeded else no_success(frame, metric, interrupted),
+                             metric=metric, mode=first(experiment.mode),
                              searched=[d.name for d in space.searched], gpus_per_trial=gpus_per_trial,
                              also=tuple(names(experiment.metric)[1:]),
                              gpu_notes=gpu_notes, rerun=rerun_command(best_path, space))

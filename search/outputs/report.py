@@ -236,8 +236,8 @@ def figures(frame: pd.DataFrame, space: Space, best_trial: str | None,
             out[name] = (caption, _message("every finished trial has the same parameters: nothing to draw"))
         else:
             wanted = {"target": lambda t: sign * t.values[0]} if target and name == "importance" else target
-            out[name] = (caption, _guarded(lambda: _optuna_figure(plot, study, target_name=metric, **wanted,
-                                                                  **kwargs)))
+            out[name] = (caption, _guarded(lambda plot=plot, wanted=wanted, kwargs=kwargs: _optuna_figure(
+                plot, study, target_name=metric, **wanted, **kwargs)))
     if objectives.several:
         out["pareto"] = ("Pareto front: every finished trial at its point (its last epoch whose objectives are all "
                          "finite, as in pareto.yaml); infeasible ones in grey",

@@ -35,7 +35,8 @@ that ended short of its epochs (stopped at a rung, diverged) is told as `multifi
 With `ends_at_epochs` (every search builds it so: search/searching/searcher.py) a trial is
 finished at its report of its last planned epoch, a step before Tune ends it. For the canonical
 loop, which reports nothing after it, the value is the same either way; a function trainable
-that reports past its `epochs` is told its best value up to them. What changes is when a waiting trial can be asked. Tune decides whether to keep
+that reports past its `epochs` is told its best value up to them. What changes is when a waiting trial can be asked.
+Tune decides whether to keep
 an ended trial's actor for reuse when the trial ends, before it asks the searcher again, and keeps
 one idle actor at most: a trial that ends while its successor waits for an earlier trial's result
 parks its actor, and when that earlier trial then ended, its actor was stopped, although the

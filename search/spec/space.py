@@ -550,16 +550,16 @@ def spec_differences(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, An
 
     A top-level value that is not a section (`trainable: train.py:train`) is compared whole, under its own name."""
     out = []
-    for section in sorted(set(a) | set(b)):
-        left, right = a.get(section), b.get(section)
+    for sec in sorted(set(a) | set(b)):
+        left, right = a.get(sec), b.get(sec)
         if not all(isinstance(side, dict) or side is None for side in (left, right)):
             if left != right:
-                out.append((section, ABSENT if section not in a else left, ABSENT if section not in b else right))
+                out.append((sec, ABSENT if sec not in a else left, ABSENT if sec not in b else right))
             continue
         left, right = left or {}, right or {}
         for key in sorted(set(left) | set(right)):
             if left.get(key, ABSENT) != right.get(key, ABSENT):
-                out.append((f"{section}.{key}", left.get(key, ABSENT), right.get(key, ABSENT)))
+                out.append((f"{sec}.{key}", left.get(key, ABSENT), right.get(key, ABSENT)))
     return out
 
 
