@@ -64,9 +64,10 @@ browser:
 test: $(VENV)/.installed-test browser lint
 	$(PY) -m pytest -n 2 --dist loadfile --durations=20
 
-# ruff's checks ([tool.ruff] in pyproject.toml): a second, before the tests' half hour
+# ruff's checks and mypy's ([tool.ruff], [tool.mypy] in pyproject.toml): about 2 minutes, mostly mypy
 lint: $(VENV)/.installed-test
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 bench: install data
 	$(PY) bench/epoch.py
