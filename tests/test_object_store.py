@@ -12,6 +12,7 @@ import os
 import shlex
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -30,21 +31,28 @@ ENV = {**{k: v for k, v in os.environ.items() if k != "AWS_ENDPOINT_URL"},
        "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """moto's S3 server with one bucket; its host:port."""
+@contextmanager
+def moto_server(log: Path, env: dict[str, str] | None = None):
+    """moto's S3 server on a free localhost port, stopped after; its host:port."""
     port = free_port()
-    log = tmp_path_factory.mktemp("moto") / "moto.log"
     with log.open("w") as out:
-        server = subprocess.Popen([MOTO, "-p", str(port)], stdout=out, stderr=subprocess.STDOUT)
+        server = subprocess.Popen([MOTO, "-p", str(port)], stdout=out, stderr=subprocess.STDOUT,
+                                  env={**os.environ, **(env or {})})
     try:
         assert reachable(f"127.0.0.1:{port}", 60), log.read_text()[-2000:]
-        pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", access_key="test", secret_key="test",
-                          region="us-east-1", allow_bucket_creation=True).create_dir(BUCKET)
         yield f"127.0.0.1:{port}"
     finally:
         server.terminate()
         server.wait(30)
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """moto's S3 server with one bucket; its host:port."""
+    with moto_server(tmp_path_factory.mktemp("moto") / "moto.log") as endpoint:
+        pafs.S3FileSystem(endpoint_override=endpoint, scheme="http", access_key="test", secret_key="test",
+                          region="us-east-1", allow_bucket_creation=True).create_dir(BUCKET)
+        yield endpoint
 
 
 def uri(endpoint: str, path: str = "runs", bucket: str = BUCKET) -> str:
@@ -90,6 +98,18 @@ def test_bad_object_storage_exits_2_before_ray_and_claims_nothing(s3, tmp_path, 
     assert listed(s3, "runs") == [], "nothing claimed"
 
 
+def test_credentials_the_store_refuses_exit_2_and_say_so(tmp_path):
+    """moto checks credentials once told to (INITIAL_NO_AUTH_ACTION_COUNT=0): the AWS SDK's 403 was said as
+    "cannot reach the object store", which sent a user to look at the network."""
+    with moto_server(tmp_path / "moto.log", {"INITIAL_NO_AUTH_ACTION_COUNT": "0"}) as endpoint:
+        done = command("-m", "search", "--space", str(space_file(tmp_path)), "--storage-path", uri(endpoint),
+                       "--name", "x", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert f"experiment.storage_path: the object store at http://{endpoint} refused access to bucket " \
+           f"'{BUCKET}': check the credentials" in done.stderr, done.stderr
+    assert "Started a local Ray" not in done.stderr
+
+
 @pytest.mark.slow
 def test_a_search_on_s3_with_the_endpoint_in_its_uri_and_the_commands_that_read_it(s3, tmp_path):
     """The run on the bucket; its summary's re-run line works as printed (it named a best.yaml not on this
@@ -113,3 +133,16 @@ def test_a_search_on_s3_with_the_endpoint_in_its_uri_and_the_commands_that_read_
     assert runs.returncode == 0 and "s3run finished    2/2" in runs.stdout, runs.stdout + runs.stderr
     report = command("-m", "search", "report", uri(s3, "runs/s3run"), cwd=elsewhere)
     assert report.returncode == 0 and f"s3://{BUCKET}/runs/s3run/report.html" in report.stdout, report.stderr
+    compared = command("-m", "search", "compare", uri(s3, "runs/s3run"), uri(s3, "runs/s3run"), cwd=elsewhere)
+    assert compared.returncode == 0 and best.split("score ")[1].split()[0] in compared.stdout, \
+        compared.stdout + compared.stderr
+    exported = command("-m", "search", "export", uri(s3, "runs/s3run"), "-o", "best.pt", cwd=elsewhere)
+    assert exported.returncode == 0 and (elsewhere / "best.pt").stat().st_size > 0, exported.stderr[-3000:]
+    # a second search on the bucket, checked, then warm-started from the first run's URI: told its 2 trials
+    checked = command("-m", "search", "check", "--space", str(space_file(tmp_path)), "--storage-path", uri(s3),
+                      "--warm-start", uri(s3, "runs/s3run"), cwd=tmp_path)
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    warm = command("-m", "search", "--space", str(space_file(tmp_path)), "--storage-path", uri(s3), "--name", "warm",
+                   "--warm-start", uri(s3, "runs/s3run"), "--set", "experiment.num_samples=1", "--quiet",
+                   cwd=tmp_path)
+    assert warm.returncode == 0 and "warm start: 2 trial(s) from " in warm.stdout + warm.stderr, warm.stdout[-3000:] + warm.stderr[-3000:]

@@ -159,6 +159,11 @@ class Storage:
             return stream.read()
 
 
+# what the AWS SDK's error says when the store answered but refused the credentials or the bucket
+DENIED = ("ACCESS_DENIED", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "INVALID_ACCESS_KEY_ID",
+          "SIGNATURE_DOES_NOT_MATCH", "HTTP response code 403")
+
+
 def check_storage(storage: Storage, min_free_mb: float | None = None) -> None:
     """The storage path is a usable folder (or URI) before anything starts; ConfigError otherwise. A local
     folder must be one this process can make and write in (tried, and undone), on a disk larger than
@@ -182,8 +187,14 @@ def check_storage(storage: Storage, min_free_mb: float | None = None) -> None:
         try:
             found = fs.get_file_info(bucket).type != pafs.FileType.NotFound
         except OSError as error:  # unreachable, refused credentials: the SDK's message, its first line
-            raise ConfigError([problem(key, f"cannot reach the object store at {endpoint} "
-                                            f"({str(error).splitlines()[0][:300]})", storage.uri)]) from None
+            said = str(error).splitlines()[0][:300]
+            if any(word in said for word in DENIED):
+                raise ConfigError([problem(key, f"the object store at {endpoint} refused access to bucket "
+                                                f"{bucket!r}: check the credentials (AWS_ACCESS_KEY_ID and "
+                                                f"AWS_SECRET_ACCESS_KEY, or AWS_PROFILE) and the bucket's policy "
+                                                f"({said})", storage.uri)]) from None
+            raise ConfigError([problem(key, f"cannot reach the object store at {endpoint} ({said})",
+                                       storage.uri)]) from None
         if not found:
             raise ConfigError([problem(key, f"bucket {bucket!r} does not exist at {endpoint}: make it first",
                                        storage.uri)])
