@@ -17,7 +17,7 @@ from search.searching.searcher import suggest
 from search.spec.schema import Searched
 
 SEARCHED = tuple(Searched(f"x{i}", FloatDistribution(0.0, 1.0)) for i in range(3))
-TRIALS = 17  # trial n is asked on trials 0 .. n-3 (lag 2): 12 at random (GPSampler's 10 startup), 5 from the model
+TRIALS = 17  # trials 0-9 from a Sobol sequence (ordered.GP_START), then 7 from the model, fit on trials 0 .. n-3 (lag 2)
 
 
 def loss(config: dict) -> float:
@@ -54,7 +54,7 @@ def uninterrupted() -> tuple[OrderedSearch, dict[int, dict]]:
 
 def test_each_model_fit_is_recorded_after_the_startup_trials(uninterrupted):
     s, _ = uninterrupted
-    assert sorted(s.kernels) == list(range(12, TRIALS))
+    assert sorted(s.kernels) == list(range(10, TRIALS))
     lengthscales, scale, noise = s.kernels[TRIALS - 1]["_gprs_cache_list"][0]
     assert len(lengthscales) == 3 and scale > 0 and noise > 0
 
@@ -62,9 +62,20 @@ def test_each_model_fit_is_recorded_after_the_startup_trials(uninterrupted):
 def test_the_fits_start_from_the_last_one_and_that_changes_the_search(uninterrupted):
     _, configs = uninterrupted
     unchained = drive(searcher(), before_ask=lambda s: s.kernels.clear())  # every fit from Optuna's defaults
-    assert [unchained[n] for n in range(13)] == [configs[n] for n in range(13)], \
+    assert [unchained[n] for n in range(11)] == [configs[n] for n in range(11)], \
         "the startup trials, and the first fit (from the defaults either way)"
-    assert any(unchained[n] != configs[n] for n in range(13, TRIALS))
+    assert any(unchained[n] != configs[n] for n in range(11, TRIALS))
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+def test_the_start_is_a_sobol_sequence_and_the_gp_takes_over_at_gp_start(uninterrupted):
+    # random starts reached TPE's 50-trial result in 38 trials, Sobol starts in 26 (docs/search-quality.md)
+    _, configs = uninterrupted
+    sobol = optuna.samplers.QMCSampler(seed=3, scramble=True, warn_asynchronous_seeding=False)
+    plain = optuna.create_study(sampler=sobol)
+    plain.optimize(lambda t: loss({d.name: t.suggest_float(d.name, 0.0, 1.0) for d in SEARCHED}), n_trials=10)
+    points = [[t.params[f"x{i}"] for i in range(3)] for t in plain.trials]
+    assert [[configs[n][f"x{i}"] for i in range(3)] for n in range(10)] == points, "one study's Sobol points"
 
 
 def test_a_searcher_restored_from_its_record_suggests_what_the_uninterrupted_one_did(uninterrupted, tmp_path):

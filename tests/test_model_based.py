@@ -84,12 +84,13 @@ def test_auto_chooses_its_gp_and_reproduces(ray_local, tmp_path):
     assert spec["experiment"]["sampler"] == "gp"
     assert spec["run"]["sampler_choice"] == "sampler auto: gp (3 numeric parameters, 14 trials)"
     assert "sampler auto: gp (3 numeric parameters, 14 trials)" in second.summary
-    # each trial is asked on the trials up to 3 below it: the GP fit its model for trial 13 (10 told), and its
-    # kernel parameters are in the searcher's record, where a resume takes them from (gp_kernels.py)
+    # trials 0-9 are a Sobol sequence (ordered.GP_START), then each trial is asked on the trials up to 3 below it:
+    # the GP fit its model for trials 10-13, and its kernel parameters are in the searcher's record, where a
+    # resume takes them from (gp_kernels.py)
     import json
 
     record = json.loads((tmp_path / "auto-4" / "searcher.json").read_text())
-    assert sorted(record["kernels"]) == ["13"]
+    assert sorted(record["kernels"], key=int) == ["10", "11", "12", "13"]
 
 
 @pytest.fixture(scope="module")

@@ -87,6 +87,7 @@ from trainable.seed import derive_seed
 
 # Pinned: Optuna 5 changed TPE's defaults, which silently changes every seeded search.
 TPE_SETTINGS = {"multivariate": True, "constant_liar": True, "n_startup_trials": 10, "n_ei_candidates": 24}
+GP_START = 10  # the GP's start-up trials, as Optuna's GPSampler's n_startup_trials
 SAMPLER_STREAM = 1  # derive_seed stream of sampler seeds (stream 0 seeds the trials)
 # How a trial that ended short of its epochs (stopped at a rung, diverged) is told to the study;
 # bench/multifidelity.py measures them (docs/schedulers.md):
@@ -111,8 +112,11 @@ class KeptStudy(NamedTuple):
 
 
 def make_sampler(name: str, experiment_seed: int, number: int,
-                 tpe_settings: Mapping[str, Any] = TPE_SETTINGS) -> optuna.samplers.BaseSampler:
-    """The sampler that asks for trial `number`; its randomness is a function of (seed, number)."""
+                 tpe_settings: Mapping[str, Any] = TPE_SETTINGS, *, told: int | None = None) -> optuna.samplers.BaseSampler:
+    """The sampler that asks for trial `number`; its randomness is a function of (seed, number).
+
+    `told`: how many trials a warm start told the study, where a sampler is made per trial (OrderedSearch);
+    None: one sampler asks for every trial of a study (Tune's OptunaSearch)."""
     seed = derive_seed(experiment_seed, number, stream=SAMPLER_STREAM)
     if name == "nsga2":  # for several objectives (search/spec/objectives.py); reads the trials' constraints too
         return optuna.samplers.NSGAIISampler(seed=seed)
@@ -124,8 +128,16 @@ def make_sampler(name: str, experiment_seed: int, number: int,
         return optuna.samplers.QMCSampler(seed=experiment_seed, scramble=True, warn_asynchronous_seeding=False)
     if name == "cmaes":  # its state travels in the trials' system attrs, kept per trial number below
         return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=1, warn_independent_sampling=False)
+    if name == "gp" and told is not None:
+        # GP_START trials from one scrambled Sobol sequence (less the warm start's), then the GP on whatever trial
+        # n sees: at 4 at once, 26 trials where random starts needed 38 to reach TPE's 50-trial result
+        # (median of 7 numeric tasks, bench/numeric.py; docs/search-quality.md)
+        if number + told < GP_START:  # a `when:` key is drawn at random, as the GP draws it, without a warning
+            return optuna.samplers.QMCSampler(seed=experiment_seed, scramble=True, warn_asynchronous_seeding=False,
+                                              warn_independent_sampling=False)
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=1)
     if name == "gp":
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=TPE_SETTINGS["n_startup_trials"])
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=GP_START)
     raise ValueError(f"unknown sampler {name!r}")  # validated in the space file
 
 
@@ -199,7 +211,8 @@ class OrderedSearch(Searcher):
             kept = self._study_for(n)
             study = kept.study
             study.sampler = with_kernels(self._with_kept_space(
-                make_sampler(self.sampler, self.experiment_seed, n, self.tpe_settings)), self._kernels_before(n))
+                make_sampler(self.sampler, self.experiment_seed, n, self.tpe_settings, told=len(self.warm))),
+                self._kernels_before(n))
             try:
                 if n < len(self.enqueued):
                     study.enqueue_trial(self.enqueued[n])  # the one waiting trial: ask() takes it
