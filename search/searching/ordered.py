@@ -130,8 +130,7 @@ def make_sampler(name: str, experiment_seed: int, number: int,
         return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=1, warn_independent_sampling=False)
     if name == "gp" and told is not None:
         # GP_START trials from one scrambled Sobol sequence (less the warm start's), then the GP on whatever trial
-        # n sees: at 4 at once, 26 trials where random starts needed 38 to reach TPE's 50-trial result
-        # (median of 7 numeric tasks, bench/numeric.py; docs/search-quality.md)
+        # n sees: a Sobol start covers the box where random points clump (measured: docs/search-quality.md)
         if number + told < GP_START:  # a `when:` key is drawn at random, as the GP draws it, without a warning
             return optuna.samplers.QMCSampler(seed=experiment_seed, scramble=True, warn_asynchronous_seeding=False,
                                               warn_independent_sampling=False)
