@@ -46,7 +46,8 @@ class RebuildingSearch(OrderedSearch):
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study = optuna.create_study(storage=storage, direction="maximize" if self.mode == "max" else "minimize",
                                         # the GP's fit starts where the last one ended, as in OrderedSearch (gp_kernels.py)
-                                        sampler=with_kernels(make_sampler(self.sampler, self.experiment_seed, n),
+                                        sampler=with_kernels(make_sampler(self.sampler, self.experiment_seed, n,
+                                                                          told=len(self.warm)),
                                                              self._kernels_before(n)))
         study_id = storage.get_study_id_from_name(study.study_name)
         for key, value in self.study_attrs.items():

@@ -119,6 +119,7 @@ def test_the_quiet_mode_keeps_the_raylets_worker_died_line_off_the_terminal(capf
                  "TUNE_PRINT_ALL_TRIAL_ERRORS"):
         monkeypatch.setenv(name, os.environ.get(name, ""))  # quiet() sets them: back as they were after
     was = worker._worker_logs_enabled
+    worker._worker_logs_enabled = True  # as a new process has it: another test file may have run quiet() here
     try:
         worker.print_to_stdstream(dict(line), ignore_prefix=False)
         assert "A worker died" in capfd.readouterr().out  # what a search printed before

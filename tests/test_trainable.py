@@ -17,8 +17,8 @@ from torch import nn
 from trainable.batches import InMemoryBatches
 from trainable.config import OPTIMIZERS, SOURCES, TrialConfig, schedule_note
 from trainable.data import BUILTIN_CLASSES, TORCHVISION_SETS, Data, Standardize, split
-from trainable.loop import (EpochRecord, accuracy_metric, build_run, evaluate, evaluate_model, train,
-                            train_and_evaluate)
+from trainable.loop import EpochRecord, build_run, evaluate, evaluate_model, train, train_and_evaluate
+from trainable.measures import accuracy_metric
 from trainable.model import make_mlp
 from trainable.report import CHECKPOINT_FILE, CheckpointError, load_checkpoint, save_checkpoint
 
