@@ -12,7 +12,10 @@ Searchers are driven as bench/quality.py drives them (in-process, as Tune drives
 clock; every trial takes 1-1.5 units, drawn from its config, so finishing orders vary): hpsearch's
 OrderedSearch with `sampler: auto` (search/searching/choice.py decides per task), tpe and gp at
 max_concurrent 4, gp without the kernel chain (search/searching/gp_kernels.py: each fit from Optuna's
-defaults, as before it), plain Optuna's GP and TPE one at a time, Tune's OptunaSearch at 4, random search.
+defaults, as before it), plain Optuna's GP and TPE one at a time, Tune's OptunaSearch at 4, random search;
+and peers where their packages are installed (pip install "syne-tune[gpsearchers]" botorch smac), each 4 at once:
+Syne Tune's GP BO (BOTorch: logEI, pending trials fantasised), SMAC3's random forest (its HPO facade) and GP
+(its black-box facade; about 3 s of CPU a suggestion here, so not in the default set).
 
 The figure: for each task, TPE's result is the mean over seeds of `hpsearch tpe @4`'s best after 50 trials;
 a searcher reaches it at the first N where its own mean best after N trials is as good. Printed per task and
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import math
 import statistics
 import sys
@@ -195,6 +199,77 @@ class NoKernelChain(Ordered):
         return asked
 
 
+class SyneTune:
+    """A peer: Syne Tune's GP Bayesian optimisation (its BOTorch baseline, botorch's SingleTaskGP and logEI),
+    driven through its scheduler interface as its own Tuner drives it. Running trials are pending: the searcher
+    fantasises their results (its default) when it suggests the next."""
+
+    def __init__(self, task: Task, seed: int, trials: int):
+        from syne_tune.config_space import lograndint, loguniform, randint, uniform
+        from syne_tune.optimizer.baselines import BOTorch
+
+        def domain(d: Searched):
+            dist = d.distribution
+            if isinstance(dist, IntDistribution):
+                return (lograndint if dist.log else randint)(dist.low, dist.high)
+            return (loguniform if dist.log else uniform)(dist.low, dist.high)
+
+        import torch
+
+        torch.set_num_threads(1)  # one core per bench worker, as the other searchers have
+        # Syne Tune's start-up configs are drawn with numpy's global generator (Domain.sample() without a
+        # random_state), so the run is seeded there too, or two runs of one seed would differ
+        np.random.seed(seed)
+        self.scheduler = BOTorch({d.name: domain(d) for d in task.searched}, metric="loss", do_minimize=True,
+                                 random_seed=seed)
+        self.count = 0
+
+    def ask(self) -> tuple[Any, dict[str, Any]]:
+        from syne_tune.backend.trial_status import Trial
+
+        suggestion = self.scheduler.suggest()
+        trial = Trial(trial_id=self.count, config=suggestion.config, creation_time=None)
+        self.count += 1
+        self.scheduler.on_trial_add(trial)
+        return trial, suggestion.config
+
+    def tell(self, trial: Any, loss: float) -> None:
+        self.scheduler.on_trial_result(trial, {"loss": loss})
+        self.scheduler.on_trial_complete(trial, {"loss": loss})
+
+
+class Smac:
+    """A peer: SMAC3 through its ask/tell interface, 4 configs asked before their results (as its parallel
+    runners do). `facade` "hpo": a random forest and local search (its default for HPO); "bb": a GP (its
+    black-box facade). Deterministic tasks, so each config is evaluated once; told the run's trials, as its
+    initial design is sized from them."""
+
+    def __init__(self, task: Task, seed: int, trials: int, facade: str):
+        import logging
+        import tempfile
+
+        from ConfigSpace import ConfigurationSpace, Float, Integer
+        from smac import BlackBoxFacade, HyperparameterOptimizationFacade, Scenario
+
+        space = ConfigurationSpace(seed=seed)
+        for d in task.searched:
+            kind = Integer if isinstance(d.distribution, IntDistribution) else Float
+            space.add(kind(d.name, (d.distribution.low, d.distribution.high), log=d.distribution.log))
+        self.folder = tempfile.TemporaryDirectory()  # SMAC writes its run history; nothing here reads it
+        scenario = Scenario(space, deterministic=True, n_trials=trials, seed=seed, output_directory=Path(self.folder.name))
+        make = HyperparameterOptimizationFacade if facade == "hpo" else BlackBoxFacade
+        self.smac = make(scenario, target_function=lambda config, seed=0: 0.0, overwrite=True, logging_level=logging.ERROR)
+
+    def ask(self) -> tuple[Any, dict[str, Any]]:
+        info = self.smac.ask()
+        return info, dict(info.config)
+
+    def tell(self, info: Any, loss: float) -> None:
+        from smac.runhistory.dataclasses import TrialValue
+
+        self.smac.tell(info, TrialValue(cost=loss))
+
+
 SEARCHERS: dict[str, tuple[int, Callable[[Task, int], Runner]]] = {
     "hpsearch auto @4": (CONCURRENCY, None),  # the run of the sampler auto chooses (auto_sampler)
     "hpsearch tpe @4": TABLE_SEARCHERS["hpsearch tpe @4"],
@@ -205,6 +280,14 @@ SEARCHERS: dict[str, tuple[int, Callable[[Task, int], Runner]]] = {
     "tune OptunaSearch @4": TABLE_SEARCHERS["tune OptunaSearch @4"],
     "random": TABLE_SEARCHERS["random"],
 }
+# Peers, each 4 at once, made for (task, seed, trials); optional packages: pip install "syne-tune[gpsearchers]" botorch smac
+PEERS: dict[str, tuple[int, Callable[[Task, int, int], Runner], str]] = {
+    "syne-tune BOTorch @4": (CONCURRENCY, SyneTune, "syne_tune"),
+    "smac hpo @4": (CONCURRENCY, functools.partial(Smac, facade="hpo"), "smac"),
+    "smac bb @4": (CONCURRENCY, functools.partial(Smac, facade="bb"), "smac"),
+}
+SEARCHERS |= {label: (concurrency, None) for label, (concurrency, _, _) in PEERS.items()}
+DEFAULT_SET = tuple(label for label in SEARCHERS if label != "smac bb @4")
 QUICK = ("hpsearch auto @4", "hpsearch tpe @4", "random")
 
 
@@ -215,7 +298,12 @@ def run_one(job: tuple[str, str, int, int]) -> tuple[str, str, int, np.ndarray, 
     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
     task = TASKS[name]
     concurrency, make = SEARCHERS[label]
-    losses, seconds, _ = simulate(make(task, seed), task, trials, concurrency)
+    if label in PEERS:
+        warnings.simplefilter("ignore")  # the peers' own warnings (botorch's, SMAC's): not this bench's to act on
+        runner = PEERS[label][1](task, seed, trials)
+    else:
+        runner = make(task, seed)
+    losses, seconds, _ = simulate(runner, task, trials, concurrency)
     return label, name, seed, np.minimum.accumulate(losses), 1000 * statistics.mean(seconds)
 
 
@@ -274,7 +362,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--searchers", help=f"comma-separated labels (known: {', '.join(SEARCHERS)})")
     parser.add_argument("--tasks", help=f"comma-separated tasks (known: {', '.join(TASKS)})")
     args = parser.parse_args(argv)
-    labels = list(QUICK if args.quick else SEARCHERS)
+    labels = list(QUICK if args.quick else DEFAULT_SET)
     if args.searchers:
         labels = [label.strip() for label in args.searchers.split(",")]
     tasks = list(QUICK_TASKS if args.quick else TASKS)
@@ -283,6 +371,11 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [x for x in labels if x not in SEARCHERS] + [t for t in tasks if t not in TASKS]
     if unknown:
         parser.error(f"unknown searchers or tasks: {unknown}")
+    missing = [label for label in labels if label in PEERS and importlib.util.find_spec(PEERS[label][2]) is None]
+    if missing:
+        print(f"left out, their package is not installed: {', '.join(missing)} "
+              '(pip install "syne-tune[gpsearchers]" botorch smac)')
+        labels = [label for label in labels if label not in missing]
     seeds = args.seeds or (2 if args.quick else 10)
     trials = max(args.trials or (AT if args.quick else 60), AT)
     runs = sorted({resolved_label(label, TASKS[t], trials) for label in {*labels, REFERENCE} for t in tasks})
