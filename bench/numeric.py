@@ -13,7 +13,7 @@ clock; every trial takes 1-1.5 units, drawn from its config, so finishing orders
 OrderedSearch with `sampler: auto` (search/searching/choice.py decides per task), tpe and gp at
 max_concurrent 4, gp without the kernel chain (search/searching/gp_kernels.py: each fit from Optuna's
 defaults, as before it), plain Optuna's GP and TPE one at a time, Tune's OptunaSearch at 4, random search;
-and peers where their packages are installed (pip install "syne-tune[gpsearchers]" botorch smac), each 4 at once:
+and peers where their packages are installed (pip install -e '.[peers]'), each 4 at once:
 Syne Tune's GP BO (BOTorch: logEI, pending trials fantasised), SMAC3's random forest (its HPO facade) and GP
 (its black-box facade; about 3 s of CPU a suggestion here, so not in the default set).
 
@@ -280,7 +280,7 @@ SEARCHERS: dict[str, tuple[int, Callable[[Task, int], Runner]]] = {
     "tune OptunaSearch @4": TABLE_SEARCHERS["tune OptunaSearch @4"],
     "random": TABLE_SEARCHERS["random"],
 }
-# Peers, each 4 at once, made for (task, seed, trials); optional packages: pip install "syne-tune[gpsearchers]" botorch smac
+# Peers, each 4 at once, made for (task, seed, trials); optional packages: pip install -e '.[peers]'
 PEERS: dict[str, tuple[int, Callable[[Task, int, int], Runner], str]] = {
     "syne-tune BOTorch @4": (CONCURRENCY, SyneTune, "syne_tune"),
     "smac hpo @4": (CONCURRENCY, functools.partial(Smac, facade="hpo"), "smac"),
@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> None:
     missing = [label for label in labels if label in PEERS and importlib.util.find_spec(PEERS[label][2]) is None]
     if missing:
         print(f"left out, their package is not installed: {', '.join(missing)} "
-              '(pip install "syne-tune[gpsearchers]" botorch smac)')
+              "(pip install -e '.[peers]')")
         labels = [label for label in labels if label not in missing]
     seeds = args.seeds or (2 if args.quick else 10)
     trials = max(args.trials or (AT if args.quick else 60), AT)
