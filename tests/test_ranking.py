@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from search.spec.objectives import FEASIBLE, Bound, Objectives
+from search.spec.objectives import FEASIBLE, Bound, Objectives, fronts
 from search.spec.ranking import best_candidates, best_value, is_better, points, rank, ranked, signed
 
 
@@ -86,3 +87,36 @@ def test_with_several_objectives_a_trials_point_is_its_last_epoch_with_every_obj
     rows = ROWS.assign(size=[5.0, 4.0, math.nan, 1.0, 1.0, 2.0, 3.0])
     two = Objectives(("val_loss", "size"), ("min", "min"))
     assert points(rows, two).set_index("trial_id")["epoch"].to_dict() == {"a": 2, "b": 1, "c": 1, "d": 1}
+
+
+def pairwise_fronts(points, violations):
+    """The definition of fronts(), pair by pair: peel the points no point left dominates."""
+    def dominates(i, j):
+        if points[i] is None:
+            return False
+        if points[j] is None:
+            return True
+        if violations[i] > 0 or violations[j] > 0:
+            return violations[i] < violations[j]
+        return all(a >= b for a, b in zip(points[i], points[j])) and any(a > b for a, b in zip(points[i], points[j]))
+    left, out, front = set(range(len(points))), [0] * len(points), 0
+    while left:
+        level = {i for i in left if not any(dominates(j, i) for j in left if j != i)}
+        for i in level:
+            out[i] = front
+        left -= level
+        front += 1
+    return out
+
+
+def test_fronts_sort_by_domination_with_constraints_and_unscored_points():
+    assert fronts([], []) == []
+    # (2, 1) and (1, 2) trade off; (1, 1) is below both; a tie is on the same front; None is below everything;
+    # an infeasible point is below every feasible one, the less violating above the more
+    assert fronts([(2, 1), (1, 2), (1, 1), (1, 1), None, (9, 9), (9, 9)], [0, 0, 0, 0, 0, 0.5, 0.1]) == [0, 0, 1, 1, 4, 3, 2]
+    rng = np.random.default_rng(0)
+    for case in range(40):  # ties (values on a grid of 4), unscored points, infeasible ones, 1 to 3 objectives
+        n, width = int(rng.integers(1, 60)), int(rng.integers(1, 4))
+        points = [None if rng.random() < 0.1 else tuple(rng.integers(0, 4, width).astype(float)) for _ in range(n)]
+        violations = [float(rng.choice([0, 0, 0, 0.5, 1.5])) for _ in range(n)]
+        assert fronts(points, violations) == pairwise_fronts(points, violations), case
