@@ -10,18 +10,27 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+import optuna
+import pandas as pd
 import pyarrow.fs as pafs
 import pytest
 import yaml
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
 
 from search.execution.session import reachable
+from search.store.results import COMPLETED
+from search.store.run_folder import RunFolder
+from search.store.storage import Storage
 from tests.heads import free_port
-from tests.helpers import TOY_FUNCTION
+from tests.helpers import TOY_FUNCTION, assert_outputs_agree
+from tests.test_resume import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 # the test extra's moto, beside this Python (a `moto_server` earlier on PATH may be another install's)
@@ -59,10 +68,14 @@ def uri(endpoint: str, path: str = "runs", bucket: str = BUCKET) -> str:
     return f"s3://{bucket}/{path}?endpoint_override={endpoint}&scheme=http"
 
 
+def client(endpoint: str) -> pafs.S3FileSystem:
+    """pyarrow's own S3 client of the test's bucket, as a user's script would make it."""
+    return pafs.S3FileSystem(endpoint_override=endpoint, scheme="http", access_key="test", secret_key="test",
+                             region="us-east-1")
+
+
 def listed(endpoint: str, path: str) -> list[str]:
-    fs = pafs.S3FileSystem(endpoint_override=endpoint, scheme="http", access_key="test", secret_key="test",
-                           region="us-east-1")
-    return [i.path for i in fs.get_file_info(pafs.FileSelector(f"{BUCKET}/{path}", allow_not_found=True))]
+    return [i.path for i in client(endpoint).get_file_info(pafs.FileSelector(f"{BUCKET}/{path}", allow_not_found=True))]
 
 
 def command(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -146,3 +159,157 @@ def test_a_search_on_s3_with_the_endpoint_in_its_uri_and_the_commands_that_read_
                    "--warm-start", uri(s3, "runs/s3run"), "--set", "experiment.num_samples=1", "--quiet",
                    cwd=tmp_path)
     assert warm.returncode == 0 and "warm start: 2 trial(s) from " in warm.stdout + warm.stderr, warm.stdout[-3000:] + warm.stderr[-3000:]
+
+
+# ---- a driver SIGKILLed mid-search on S3, resumed from another machine (issue 51, item 2) ----
+
+# The toy function at about half a second an epoch: its 6 trials of 2 epochs, 2 at a time, last long enough
+# for the driver to be killed between them (in milliseconds, the search would end before any kill)
+SLOW_TOY = TOY_FUNCTION + """
+
+import time
+
+_toy = train
+
+
+def train(config, report, checkpoint=None):
+    def slow_report(**values):
+        time.sleep(0.5)
+        report(**values)
+
+    _toy(config, slow_report, checkpoint)
+"""
+
+
+def modified(endpoint: str, path: str) -> dict[str, float]:
+    """Each file under `path` in the bucket (relative to it) -> when it was last written (unix time)."""
+    infos = client(endpoint).get_file_info(pafs.FileSelector(f"{BUCKET}/{path}", allow_not_found=True, recursive=True))
+    return {i.path[len(f"{BUCKET}/{path}/"):]: i.mtime.timestamp() for i in infos if i.type == pafs.FileType.File}
+
+
+def parts_in_bucket(endpoint: str, run: str) -> list[str]:
+    return [p for p in listed(endpoint, f"runs/{run}/results.parquet") if p.endswith(".parquet")]
+
+
+def snapshot_in_part(folder: RunFolder) -> str | None:
+    """What in the bucket is not of one moment of the search, or None: Tune uploads each snapshot file by file,
+    in the background, while its num_to_keep (Tune's or the driver's) deletes checkpoints."""
+    try:
+        trials = folder.analysis().trials
+    except ValueError:  # no state yet, or one being written
+        return None
+    if {t.trial_id for t in trials} != set(folder.searcher_state().get("numbers", {})):
+        return "Tune's state and the searcher's record hold other trials"
+    gone = [t.checkpoint.path for t in trials if t.status != "TERMINATED" and t.checkpoint
+            and t.checkpoint.filesystem.get_file_info(t.checkpoint.path).type == pafs.FileType.NotFound]
+    return f"Tune's state names checkpoints no longer there: {gone}" if gone else None
+
+
+def paused_at_a_kill_point(driver: subprocess.Popen, endpoint: str, folder: RunFolder) -> bool:
+    """Whether the bucket holds two results parts and Tune's snapshot in part (or five parts), the driver paused
+    (SIGSTOP) while the bucket is looked at, so that what is seen is what a kill then leaves; else it goes on."""
+    parts = len(parts_in_bucket(endpoint, folder.name))
+    if parts < 2:
+        return False
+    driver.send_signal(signal.SIGSTOP)
+    if parts >= 5 or snapshot_in_part(folder):
+        return True
+    driver.send_signal(signal.SIGCONT)
+    return False
+
+
+def download_run(endpoint: str, run: str, into: Path) -> Path:
+    """The run folder as the bucket holds it, copied to `into`/<run> (its name: the journal's study)."""
+    local = into / run
+    pafs.copy_files(f"{BUCKET}/runs/{run}", str(local), source_filesystem=client(endpoint),
+                    destination_filesystem=pafs.LocalFileSystem())
+    return local
+
+
+def in_own_session(args: list[str], *, timeout: float, **popen) -> subprocess.CompletedProcess:
+    """subprocess.run in a session of its own, whose processes (the command's Ray too) are all stopped after."""
+    process = subprocess.Popen(args, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, **popen)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+    return subprocess.CompletedProcess(args, process.returncode, out, err)
+
+
+@pytest.mark.slow
+def test_a_driver_killed_on_s3_resumes_on_another_machine_with_every_trial_once(s3, tmp_path, monkeypatch):
+    """The driver SIGKILLed once two results parts are in the bucket and Tune's upload of a snapshot is under
+    way (or once five are, if none was caught so), then `--resume` from another folder with an empty cache (a
+    new head machine: no local journal, no Ray session, nothing but the bucket). A user's run ended with a trial
+    missing and another's rows twice (5 trials of 2, 2, 2, 2 and 4 rows), or with rows lost and repeated (2, 2,
+    1, 3, 2, 2): the resume read Tune's files of different moments. Tune snapshots at every step here
+    (TUNE_GLOBAL_CHECKPOINT_S=0), so that its upload is under way most of the time, as it was when Tune's
+    num_to_keep forced a snapshot after every checkpoint."""
+    (tmp_path / "toy.py").write_text(SLOW_TOY)
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({
+        "trainable": "toy.py:train",
+        "experiment": {"name": "s3", "metric": "score", "mode": "max", "num_samples": 6, "max_concurrent": 2,
+                       "seed": 4},
+        "resources": {"cpus": 1}, "training": {"epochs": 2},
+        "space": {"lr": {"distribution": "float", "low": 0.1, "high": 0.9}}}))
+    run, epochs = "killed", [1, 2]
+    search = [sys.executable, "-m", "search", "--space", str(space), "--storage-path", uri(s3), "--name", run,
+              "--quiet"]
+    first_cache, second_cache, elsewhere = tmp_path / "cache-a", tmp_path / "cache-b", tmp_path / "elsewhere"
+    for folder in (first_cache, second_cache, elsewhere):
+        folder.mkdir()
+    for name, value in {**ENV, "AWS_ENDPOINT_URL": f"http://{s3}"}.items():  # for the code's own helpers, here
+        if name.startswith("AWS_"):
+            monkeypatch.setenv(name, value)
+    bucket_run = RunFolder(Storage(f"s3://{BUCKET}/runs"), run)
+
+    # its own session, so everything it starts (its Ray too) can be stopped by its group id
+    with (tmp_path / "driver.log").open("w") as log:
+        driver = subprocess.Popen(search, cwd=tmp_path, start_new_session=True, stdout=log, stderr=subprocess.STDOUT,
+                                  env={**ENV, "XDG_CACHE_HOME": str(first_cache), "TUNE_GLOBAL_CHECKPOINT_S": "0"})
+    try:
+        wait_for(lambda: True if driver.poll() is not None or paused_at_a_kill_point(driver, s3, bucket_run) else None,
+                 240, "two results parts in the bucket and Tune's upload under way")
+        assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=30)
+    finally:
+        try:
+            os.killpg(driver.pid, signal.SIGKILL)  # what the killed driver had started
+        except ProcessLookupError:
+            pass
+    at_kill = modified(s3, f"runs/{run}")
+    before = pd.read_parquet(download_run(s3, run, tmp_path / "at-kill") / "results.parquet")
+    torn = f"the bucket at the kill: {snapshot_in_part(bucket_run) or 'one moment of the search'}"
+
+    resumed = in_own_session([*search, "--resume"], cwd=elsewhere, timeout=240,
+                             env={**ENV, "XDG_CACHE_HOME": str(second_cache)})
+    assert resumed.returncode == 0, (torn, resumed.stderr[-3000:])
+    folder = download_run(s3, run, tmp_path / "after")
+    frame = pd.read_parquet(folder / "results.parquet")
+    rows = frame.groupby("trial_number")["epoch"].apply(sorted).to_dict()
+    assert rows == {n: epochs for n in range(6)}, (torn, rows, resumed.stderr[-3000:])
+    assert frame.groupby("trial_number")["trial_id"].nunique().eq(1).all() and frame["trial_id"].nunique() == 6
+    assert set(frame["status"]) == {COMPLETED}
+    # what was in the bucket at the kill is kept as it was (a trial run again gives the same rows)
+    columns = ["trial_number", "epoch", "seed", "lr", "score"]
+    kept = frame[frame["trial_number"].isin(before["trial_number"])].sort_values(["trial_number", "epoch"])
+    pd.testing.assert_frame_equal(kept[columns].reset_index(drop=True),
+                                  before.sort_values(["trial_number", "epoch"])[columns].reset_index(drop=True))
+    # the bound (docs/stops-and-resume.md): what the kill lost is what ended after Tune's last snapshot
+    # (tune_state.zip), and that ran again with the same rows; a trial whose part was written before it stays
+    assert "tune_state.zip" in at_kill, sorted(at_kill)
+    ended_before = {p.split("/")[1].removesuffix(".parquet") for p, when in at_kill.items()
+                    if p.startswith("results.parquet/") and p.endswith(".parquet") and when < at_kill["tune_state.zip"]}
+    assert ended_before <= set(frame["trial_id"]), (ended_before, resumed.stderr[-3000:])
+    # the journal in the run folder holds every trial once, each COMPLETE; best.yaml is the best of them
+    study = optuna.load_study(study_name=run, storage=JournalStorage(JournalFileBackend(str(folder / "optuna.journal"))))
+    assert sorted(t.user_attrs["trial_number"] for t in study.trials) == list(range(6))
+    assert {t.state.name for t in study.trials} == {"COMPLETE"}
+    assert_outputs_agree(folder)

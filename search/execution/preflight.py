@@ -38,6 +38,8 @@ from search.spec.status import TUNE_TERMINATED
 from search.store.code_copy import keep_code
 from search.store.results import RESULTS_FILE
 from search.store.run_folder import BEST_FILE, SPEC_FILE, RunFolder, run_folder_name
+from search.store.snapshot import SNAPSHOT_FILE
+from search.store.snapshot import restore as restore_snapshot
 from search.store.storage import Storage, check_storage, is_uri
 from trainable.config import keyword_of, schedule_note
 from trainable.data import Data, load_data
@@ -242,6 +244,11 @@ def prepare(space: Space, storage: Storage, name: str | None, resume: bool, held
     if resume:
         held.enter_context(folder.held("--resume"))
         folder.check_no_links("--resume")
+        # on URI storage, Tune's last snapshot as it saved it: its upload may have been cut short
+        if restored := restore_snapshot(folder):
+            print(f"note: Tune's files in {folder.path} were not all of its last snapshot ({', '.join(restored)} "
+                  f"differed: the driver stopped while they were uploaded); they are put back from {SNAPSHOT_FILE}",
+                  file=sys.stderr, flush=True)
         space, run = spec_for_resume(space, folder)
     data = check_search(space)
     if not resume:  # a refused warm start fails here, before the run folder is claimed

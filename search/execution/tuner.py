@@ -37,6 +37,7 @@ from search.spec.space import Space, max_epochs
 from search.store.results import RECORD_FILE
 from search.store.retention import KeepCheckpoints
 from search.store.run_folder import RunFolder
+from search.store.snapshot import TuneStateCopy
 from search.store.storage import is_uri
 from trainable.adapter import DataHandle, run_trial
 from trainable.data import Data
@@ -266,16 +267,16 @@ def disk_guard(space: Space, folder: RunFolder) -> list[DiskGuard]:
     return [] if is_uri(folder.path) else [DiskGuard(folder.path, space.experiment.min_free_mb)]
 
 
-def driver_keeps(space: Space, folder: RunFolder) -> bool:
-    """Whether the driver deletes the checkpoints num_to_keep does not keep (local storage), not Tune
-    (an object store, whose state uploads can lag: search/store/retention.py)."""
-    return space.experiment.num_to_keep is not None and not is_uri(folder.path)
+def snapshot_copy(folder: RunFolder) -> list[TuneStateCopy]:
+    """On URI storage, each of Tune's snapshots as one object in the run folder (search/store/snapshot.py)."""
+    return [TuneStateCopy(folder)] if is_uri(folder.path) else []
 
 
-def keep_checkpoints(space: Space, folder: RunFolder) -> list[KeepCheckpoints]:
-    """experiment.num_to_keep, kept by the driver (search/store/retention.py) where it can be."""
+def keep_checkpoints(space: Space) -> list[KeepCheckpoints]:
+    """experiment.num_to_keep, kept by the driver (search/store/retention.py), not by Tune, on every storage: on
+    URI storage Tune deleted a checkpoint while the state there still named it (search/store/snapshot.py)."""
     experiment = space.experiment
-    if not driver_keeps(space, folder):
+    if experiment.num_to_keep is None:
         return []
     return [KeepCheckpoints(experiment.num_to_keep, None if several(experiment) else first(experiment.metric),
                             None if several(experiment) else first(experiment.mode))]
@@ -307,12 +308,10 @@ def build_tuner(space: Space, folder: RunFolder, data: Data | None, trial_functi
             name=folder.name,
             storage_path=folder.storage.uri,
             stop=stop,
-            # On local storage Tune keeps every checkpoint: KeepCheckpoints deletes those beyond
-            # num_to_keep, but none that Tune's last saves name as a trial's latest (Tune's num_to_keep
-            # also saves its whole state after every num_to_keep-th checkpoint of a trial;
-            # search/store/retention.py). On an object store Tune's num_to_keep does it.
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=None if driver_keeps(space, folder)
-                                                    else experiment.num_to_keep,
+            # Tune keeps every checkpoint: KeepCheckpoints deletes those beyond num_to_keep, but none that
+            # Tune's last saves name as a trial's latest (Tune's num_to_keep also saves its whole state after
+            # every num_to_keep-th checkpoint of a trial; search/store/retention.py)
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=None,
                                                     # several objectives: a trial's point is its last epoch
                                                     checkpoint_score_attribute=None if several(experiment)
                                                     else first(experiment.metric), checkpoint_score_order=first(experiment.mode)),
@@ -320,9 +319,12 @@ def build_tuner(space: Space, folder: RunFolder, data: Data | None, trial_functi
             # Tune snapshots its state by its own rule, at most ~5% of the driver's time (max(10 s,
             # 19x a snapshot's cost)). A SIGKILLed driver loses the trials that ended since: a
             # reproducible search reruns them identically, and their parts written before the kill
-            # are dropped on resume (run_folder.drop_unrecorded_parts; docs/stops-and-resume.md)
+            # are dropped on resume (run_folder.drop_unrecorded_parts; docs/stops-and-resume.md); on
+            # URI storage the snapshot a resume reads is tune_state.zip (search/store/snapshot.py), copied
+            # before KeepCheckpoints deletes what the snapshot before named
             callbacks=[Progress(folder, space), *disk_guard(space, folder), *tracker_callbacks(space, folder),
-                       *keep_checkpoints(space, folder), FirstTrialStart(), KeepingJsonLogger(), NoProgressCsv()],
+                       *snapshot_copy(folder), *keep_checkpoints(space), FirstTrialStart(),
+                       KeepingJsonLogger(), NoProgressCsv()],
             verbose=0,
         ),
     )

@@ -18,10 +18,12 @@ from the latest checkpoint Tune's saved state names, and Tune refuses a trial wh
 gone. So a checkpoint that was a trial's latest at one of Tune's last two saves (Tune calls
 `get_state` at each) is deleted only once two later saves have passed: the copy on storage may
 lag the newest by an upload (Tune uploads its state in the background, and starts no upload while
-one runs). That lag is milliseconds on a local disk and has no bound on an object store, so only
-local storage paths keep checkpoints this way; on s3://, gs:// and file:// URIs Tune's own
-num_to_keep does (search/execution/tuner.py). Tune's final save, waited for, ends a search that runs to its
-end, so what is still held then goes too; after an error in Tune's loop, or a stop, it stays.
+one runs). That lag is milliseconds on a local disk. On an object store it has no bound, and
+Tune's own num_to_keep, which deletes at once, left a run folder whose state named deleted
+checkpoints; there a resume reads tune_state.zip instead, the state of the last save, written
+whole before that save's upload (search/store/snapshot.py), which names only checkpoints held here.
+Tune's final save, waited for, ends a search that runs to its end, so what is still held then goes
+too; after an error in Tune's loop, or a stop, it stays.
 After a stop or a kill, a resumed trial's older checkpoints are ranked with its new ones at its
 next checkpoint; a trial that had ended may keep up to two more.
 

@@ -13,6 +13,8 @@
     statuses.json    every trial's status in Tune's record, as the end of the search found it, with the
                      names, sizes and times of Tune's state files then: a --resume finds a finished run
                      without reading Tune's record while those files are unchanged
+    tune_state.zip   on URI storage, Tune's last snapshot as one object, which a --resume puts back first
+                     (search/store/snapshot.py)
 
 Derived files are rewritten from the record, never merged with an older copy of themselves.
 """
