@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import copy
+import os
+import signal
+import subprocess
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -123,3 +127,9 @@ def assert_kept_checkpoints(run: Path, metric: str = "val_acc") -> None:
         saved = [(r[metric], i, r["checkpoint_dir_name"]) for i, r in enumerate(reports) if r.get("checkpoint_dir_name")]
         expected = {saved[-1][2], max(saved)[2]} if saved else set()
         assert {p.name for p in trial.glob("checkpoint_*")} == expected, trial.name
+
+
+def stop_session(process: subprocess.Popen) -> None:
+    """SIGKILL every process in `process`'s session (started with start_new_session=True): its Ray too."""
+    with suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)

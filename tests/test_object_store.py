@@ -29,7 +29,7 @@ from search.store.results import COMPLETED
 from search.store.run_folder import RunFolder
 from search.store.storage import Storage
 from tests.heads import free_port
-from tests.helpers import TOY_FUNCTION, assert_outputs_agree
+from tests.helpers import TOY_FUNCTION, assert_outputs_agree, stop_session
 from tests.test_resume import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -233,10 +233,7 @@ def in_own_session(args: list[str], *, timeout: float, **popen) -> subprocess.Co
     try:
         out, err = process.communicate(timeout=timeout)
     finally:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        stop_session(process)
         process.wait()
     return subprocess.CompletedProcess(args, process.returncode, out, err)
 
@@ -280,10 +277,7 @@ def test_a_driver_killed_on_s3_resumes_on_another_machine_with_every_trial_once(
         driver.send_signal(signal.SIGKILL)
         driver.wait(timeout=30)
     finally:
-        try:
-            os.killpg(driver.pid, signal.SIGKILL)  # what the killed driver had started
-        except ProcessLookupError:
-            pass
+        stop_session(driver)  # what the killed driver had started
     at_kill = modified(s3, f"runs/{run}")
     before = pd.read_parquet(download_run(s3, run, tmp_path / "at-kill") / "results.parquet")
     torn = f"the bucket at the kill: {snapshot_in_part(bucket_run) or 'one moment of the search'}"

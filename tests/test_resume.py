@@ -4,7 +4,6 @@ from the spec stored in its run folder, whatever the space file says by then."""
 from __future__ import annotations
 
 import copy
-import os
 import signal
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import pytest
 import yaml
 
 from search.store.results import COMPLETED
-from tests.helpers import SMALL, assert_kept_checkpoints, assert_outputs_agree
+from tests.helpers import SMALL, assert_kept_checkpoints, assert_outputs_agree, stop_session
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -61,10 +60,7 @@ def test_killed_search_resumes_without_losing_trials(tmp_path, data_root):
         driver.send_signal(signal.SIGKILL)
         driver.wait(timeout=30)
     finally:
-        try:
-            os.killpg(driver.pid, signal.SIGKILL)  # what the killed driver had started
-        except ProcessLookupError:
-            pass
+        stop_session(driver)  # what the killed driver had started
     assert driver.returncode == -signal.SIGKILL
 
     # the user edits the space file before resuming: the stored spec still decides
