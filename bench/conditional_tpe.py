@@ -29,9 +29,9 @@ sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
 import optuna  # noqa: E402
 
+from search.definition.space import parse_space  # noqa: E402
 from search.searching.ordered import TPE_SETTINGS, OrderedSearch  # noqa: E402
 from search.searching.searcher import suggest  # noqa: E402
-from search.spec.space import parse_space  # noqa: E402
 
 SPACE = {"space": {
     "optimizer": {"distribution": "choice", "values": ["sgd", "adamw"]},

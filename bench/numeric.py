@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
 from bench.quality import SEARCHERS as TABLE_SEARCHERS, AskTell, Ordered, Runner, in_workers, simulate  # noqa: E402
 from search.searching.choice import choose_sampler  # noqa: E402
-from search.spec.schema import Searched  # noqa: E402
+from search.definition.schema import Searched  # noqa: E402
 
 REFERENCE, AT = "hpsearch tpe @4", 50  # the result every searcher is timed to: this one's mean best after 50 trials
 CONCURRENCY = 4

@@ -60,7 +60,7 @@ sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
 from search.searching.choice import choose_sampler  # noqa: E402
 from search.searching.ordered import TPE_SETTINGS, OrderedSearch  # noqa: E402
-from search.spec.schema import Searched  # noqa: E402
+from search.definition.schema import Searched  # noqa: E402
 from search.searching.searcher import suggest  # noqa: E402
 
 # family -> (the package's benchmark class name, metric, whether larger is better)

@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
 from search.store.results import RESULTS_FILE, part_bytes, results_schema, trial_rows  # noqa: E402
 from search.store.run_folder import RunFolder  # noqa: E402
-from search.spec.space import Space, parse_space  # noqa: E402
+from search.definition.space import Space, parse_space  # noqa: E402
 from search.store.storage import Storage  # noqa: E402
 from trainable.report import REPORT_COLUMNS  # noqa: E402
 from trainable.yaml_file import read_yaml_mapping  # noqa: E402

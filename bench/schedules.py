@@ -50,9 +50,9 @@ sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
 from bench.curves import EPOCHS, GRID, TABLES, load  # noqa: E402
 from bench.quality import in_workers  # noqa: E402
+from search.definition.space import Space, parse_space  # noqa: E402
 from search.execution.tuner import make_scheduler, param_space  # noqa: E402
 from search.searching.searcher import make_searcher  # noqa: E402
-from search.spec.space import Space, parse_space  # noqa: E402
 
 Metrics = Callable[[dict[str, Any], int], dict[str, float]]  # (config, epoch) -> the metrics reported then
 

@@ -39,9 +39,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
+from search.definition.space import Space, parse_space  # noqa: E402
 from search.searching.ordered import TPE_SETTINGS, OrderedSearch  # noqa: E402
 from search.searching.searcher import suggest  # noqa: E402
-from search.spec.space import Space, parse_space  # noqa: E402
 from tests.test_ordered_scale import RebuildingSearch  # noqa: E402
 from trainable.yaml_file import read_yaml_mapping  # noqa: E402
 

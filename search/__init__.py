@@ -6,7 +6,7 @@ importing this package loads neither Ray nor torch.
 
 The layers, each allowed to import only those listed before it (tests/test_layout.py checks it):
 
-    spec/        the space file -> Space: schema, space, overrides, objectives, ranking ("best")
+    definition/  the space file -> Space: schema, space, overrides, objectives, ranking ("best")
     store/       the run folder on a disk or an object store: spec.yaml, results.parquet's rows, checkpoints
                  (not `run/`: a subpackage of that name would replace `search.run`, the API, once imported)
     searching/   what to try next: the searcher, reproducible order, halving, PBT, budgets, warm start
@@ -32,7 +32,8 @@ __all__ = ["load_best", "restore", "run"]
 # one release (they are the same module objects as the new paths). `search.outputs` is now a package:
 # its __init__ answers the old module's names.
 MOVED = {
-    "schema": "spec.schema", "space": "spec.space", "overrides": "spec.overrides", "objectives": "spec.objectives",
+    "schema": "definition.schema", "space": "definition.space", "overrides": "definition.overrides",
+    "objectives": "definition.objectives",
     "storage": "store.storage", "run_folder": "store.run_folder", "results": "store.results", "retention": "store.retention",
     "searcher": "searching.searcher", "ordered": "searching.ordered", "halving": "searching.halving",
     "pbt": "searching.pbt", "budget": "searching.budget", "study": "searching.study",
@@ -42,6 +43,9 @@ MOVED = {
     "tuner": "execution.tuner", "capacity": "execution.capacity", "gpu_probe": "execution.gpu_probe",
     "preflight": "execution.preflight", "progress": "execution.progress", "disk_guard": "execution.disk_guard",
     "mlflow_logger": "execution.mlflow_logger",
+    # search/spec/, the package's name until search/definition/ (a folder named spec/ reads as tests), and its modules
+    "spec": "definition", **{f"spec.{name}": f"definition.{name}" for name in (
+        "enqueue", "objectives", "overrides", "ranking", "reserved", "schema", "space", "status", "user_code")},
 }
 
 
@@ -61,5 +65,7 @@ class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass  # already executed under its new name
 
 
+# first: `search.spec.schema`'s parent is search/definition/, where the path finder would load schema.py a second
+# time as a new module, and an editable install's finder or a leftover search/spec/__pycache__ answers `search.spec`
 if not any(isinstance(finder, _Moved) for finder in sys.meta_path):
-    sys.meta_path.append(_Moved())
+    sys.meta_path.insert(0, _Moved())

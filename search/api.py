@@ -32,10 +32,10 @@ def run(space: str | Path | Mapping[str, Any], *, overrides: Mapping[str, Any] |
     line per finished trial instead of one per epoch).
     """
     # torch, Ray and pandas: only on a call; `import search` must not load them
+    from search.definition.space import with_overrides
     from search.driver import run_search
     from search.execution.progress import quiet_progress
     from search.execution.session import quiet as quiet_ray
-    from search.spec.space import with_overrides
 
     if overrides is not None and not isinstance(overrides, Mapping):
         raise ConfigError([problem("overrides", 'must be a mapping of "section.key" to a value, as --set',

@@ -22,10 +22,10 @@ import traceback
 from pathlib import Path
 from typing import Any, Sequence
 
+from search.definition.overrides import set_keys
+from search.definition.schema import run_name_problem
+from search.definition.space import Space, with_overrides
 from search.outputs.phases import command_start
-from search.spec.overrides import set_keys
-from search.spec.schema import run_name_problem
-from search.spec.space import Space, with_overrides
 from trainable.errors import ConfigError, DataError, DiskFull, problem
 from trainable.yaml_file import flag_value, parse_value, read_yaml_mapping
 
@@ -202,9 +202,9 @@ def check_main(argv: Sequence[str]) -> int:
 
 
 def with_code_problems(error: ConfigError, raw: dict[str, Any], path: str) -> ConfigError:
-    """The space file's problems and, in the same answer, those of the code it names (search/spec/user_code.py):
+    """The space file's problems and, in the same answer, those of the code it names (search/definition/user_code.py):
     a key the file's own check already faulted is not said twice."""
-    from search.spec.user_code import code_problems
+    from search.definition.user_code import code_problems
 
     said = {line.split(":", 1)[0] for line in error.problems}
     more = [line for line in code_problems(raw, Path(path).resolve().parent) if line.split(":", 1)[0] not in said]
@@ -212,7 +212,7 @@ def with_code_problems(error: ConfigError, raw: dict[str, Any], path: str) -> Co
 
 
 def check_name(args: argparse.Namespace) -> None:
-    """--name must be a run folder's name (search/spec/schema.py run_name_problem); ConfigError if not."""
+    """--name must be a run folder's name (search/definition/schema.py run_name_problem); ConfigError if not."""
     if args.name is not None and (wrong := run_name_problem(args.name)):
         raise ConfigError([wrong])
 

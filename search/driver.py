@@ -14,6 +14,8 @@ import sys
 from contextlib import ExitStack
 from typing import Callable
 
+from search.definition.objectives import objectives_of
+from search.definition.space import Space
 from search.execution.capacity import check_capacity, plan_gpus
 from search.execution.disk_guard import stop_reason
 from search.execution.gpu_probe import resolve_auto
@@ -23,8 +25,6 @@ from search.execution.tuner import build_tuner, fit
 from search.outputs.finish import Outcome, finish, resume_command, with_time
 from search.outputs.phases import Phases
 from search.outputs.summary import slot_count
-from search.spec.objectives import objectives_of
-from search.spec.space import Space
 from search.store.results import reserved_names
 from search.store.storage import Storage, check_storage
 from trainable.adapter import tune_trial

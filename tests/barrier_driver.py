@@ -31,8 +31,8 @@ def barrier_trial(started: Path, count: int):
 
 def main() -> int:
     space_file, address, name, started, count = sys.argv[1:]
+    from search.definition.space import parse_space
     from search.driver import run_search
-    from search.spec.space import parse_space
     from trainable.yaml_file import read_yaml_mapping
 
     Path(started).mkdir(parents=True, exist_ok=True)

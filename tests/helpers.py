@@ -10,7 +10,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from search.spec.space import Space, parse_space
+from search.definition.space import Space, parse_space
 
 SMALL: dict[str, Any] = {
     # one trial at a time: a second slot costs each search a second trial process (about 6 CPU-seconds of

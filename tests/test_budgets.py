@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from search.definition.schema import budget_seconds
+from search.definition.space import parse_space
 from search.searching.budget import ended_note
-from search.spec.schema import budget_seconds
-from search.spec.space import parse_space
 from tests.helpers import small_space
 from trainable.errors import ConfigError
 

@@ -23,9 +23,9 @@ import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
 from search.cli import apply_overrides, parse_args
+from search.definition.schema import Resources
+from search.definition.space import parse_space
 from search.execution.capacity import trials_fit
-from search.spec.schema import Resources
-from search.spec.space import parse_space
 from trainable.yaml_file import read_yaml_mapping
 
 REPO = Path(__file__).resolve().parents[1]

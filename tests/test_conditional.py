@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from search.driver import run_search
-from search.spec.schema import conditions, not_drawn
+from search.definition.schema import conditions, not_drawn
 from search.searching.searcher import suggest
-from search.spec.space import example_config, parse_space, to_raw
+from search.definition.space import example_config, parse_space, to_raw
 from search.searching.study import make_study
 from tests.helpers import SMALL
 from trainable.config import TrialConfig

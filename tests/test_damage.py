@@ -22,7 +22,7 @@ from search.outputs.finish import kept_rows
 from search.execution.preflight import check_same_data, data_fingerprint
 from search.store.results import RESULTS_FILE, results_schema, table, trial_rows
 from search.store.run_folder import RunFolder, spec_hash
-from search.spec.space import parse_space
+from search.definition.space import parse_space
 from search.store.storage import Storage
 from search.searching.study import JOURNAL_FILE, journal
 from tests.helpers import assert_outputs_agree, small_space
@@ -258,7 +258,7 @@ def test_an_empty_results_part_folder_is_named_with_exit_2_by_every_command_that
     reads it as a frame without columns. runs, report, compare, export, check and a warm start ended in a
     KeyError traceback; each now names the run and what is missing, and `runs` lists the other runs."""
     from search.cli import main
-    from search.spec.space import to_raw
+    from search.definition.space import to_raw
 
     space, first = finished
     storage = Path(first.path).parent

@@ -1,7 +1,7 @@
 """The README and docs/ show space files that parse and links that lead somewhere.
 
 Convention (docs/testing.md): a fenced ```yaml block whose first line is exactly
-`# space file` is a space file, and is parsed with `search.spec.space.parse_space`. A YAML block
+`# space file` is a space file, and is parsed with `search.definition.space.parse_space`. A YAML block
 whose top-level keys are all space-file sections must carry that marker, so an example can
 not slip past this test by leaving it out. Relative links (`[text](path)`, `![alt](path)`)
 must name an existing file, and an `#anchor` into a Markdown page one of its headings.
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from search.spec.space import parse_space
+from search.definition.space import parse_space
 from trainable.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]

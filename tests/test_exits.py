@@ -186,7 +186,7 @@ def test_the_summary_of_an_interrupted_search_without_a_success_promises_no_exit
 def test_the_resume_command_goes_back_to_the_cluster_the_search_joined(tmp_path):
     from search.outputs.finish import resume_command
     from search.store.run_folder import RunFolder
-    from search.spec.space import parse_space
+    from search.definition.space import parse_space
     from search.store.storage import Storage
 
     raw = {"experiment": {"name": "x"}, "space": {"lr": {"distribution": "float", "low": 0.01, "high": 0.3}}}

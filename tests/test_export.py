@@ -19,7 +19,7 @@ from search.cli import main
 from search.driver import run_search
 from search.outputs.export import META_FILE, export
 from search.store.run_folder import open_run
-from search.spec.space import parse_space, to_raw
+from search.definition.space import parse_space, to_raw
 from trainable.data import load_data, prepare_inputs
 from trainable.errors import ConfigError
 from tests.helpers import TOY_FUNCTION, assert_kept_checkpoints, small_space

@@ -20,7 +20,7 @@ import torch
 import yaml
 
 from search.store.results import COMPLETED, INTERRUPTED
-from search.spec.ranking import ranked
+from search.definition.ranking import ranked
 from tests.helpers import SMALL, TOY_FUNCTION, assert_kept_checkpoints, assert_outputs_agree
 from tests.test_resume import wait_for
 from tests.test_trainable_data import write_idx

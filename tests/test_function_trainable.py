@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from search.spec.space import parse_space
+from search.definition.space import parse_space
 from search.store.run_folder import STATUSES_FILE, RunFolder, _saved_trials
 from search.store.storage import Storage
 from trainable.errors import ConfigError
@@ -344,7 +344,7 @@ def test_a_metric_of_several_numbers_is_refused_by_name():
 
 
 def test_spec_differences_compare_the_trainable_reference_whole():
-    from search.spec.space import spec_differences
+    from search.definition.space import spec_differences
 
     a = {"trainable": "a.py:train", "training": {"epochs": 3}, "space": None}
     b = {"trainable": "b.py:train", "training": {"epochs": 4, "lr": 0.1}, "space": {}}
@@ -450,7 +450,7 @@ def test_a_choice_of_mixed_types_keeps_each_drawn_values_type_through_the_result
                                   "status", "result"])
 def test_a_name_the_run_folder_keeps_is_refused_as_a_metric_and_as_a_report(tmp_path, name):
     """Issue 50: a metric named `search` crashed the end of the search (best.yaml's key). One list
-    (search/spec/reserved.py) for the space check and the function's reports."""
+    (search/definition/reserved.py) for the space check and the function's reports."""
     from search.store.results import reserved_names
     from trainable.function import tune_keys
 

@@ -11,10 +11,10 @@ import optuna
 import pytest
 from optuna.distributions import FloatDistribution
 
+from search.definition.schema import Searched
 from search.searching.gp_kernels import kernels_of, with_kernels
 from search.searching.ordered import OrderedSearch
 from search.searching.searcher import suggest
-from search.spec.schema import Searched
 
 SEARCHED = tuple(Searched(f"x{i}", FloatDistribution(0.0, 1.0)) for i in range(3))
 TRIALS = 17  # trials 0-9 from a Sobol sequence (ordered.GP_START), then 7 from the model, fit on trials 0 .. n-3 (lag 2)

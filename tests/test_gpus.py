@@ -29,8 +29,8 @@ from search.driver import run_search
 from search.execution.gpu_probe import (Round, choose_trials_per_gpu, copies_wanted, largest_config, probe,
                                         rounds_to_try)
 from search.store.results import COMPLETED
-from search.spec.schema import Resources
-from search.spec.space import parse_space
+from search.definition.schema import Resources
+from search.definition.space import parse_space
 from tests.helpers import SMALL, small_space
 from trainable.data import load_data
 

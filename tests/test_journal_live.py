@@ -17,7 +17,7 @@ import pytest
 from search.outputs.journal import Journal, local_journal_path
 from search.execution.progress import Progress
 from search.store.run_folder import RunFolder
-from search.spec.space import parse_space
+from search.definition.space import parse_space
 from search.store.storage import Storage
 from search.searching.study import JOURNAL_FILE
 from tests.helpers import small_space

@@ -19,7 +19,7 @@ import ray
 import yaml
 
 from search.cli import apply_overrides, parse_args
-from search.spec.space import parse_space
+from search.definition.space import parse_space
 from trainable.yaml_file import read_yaml_mapping
 
 REPO = Path(__file__).resolve().parents[1]

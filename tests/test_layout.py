@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from tests.helpers import TOY_FUNCTION, assert_outputs_agree
 
 REPO = Path(__file__).resolve().parents[1]
 # search/'s layers, lowest first: a module may import only its own layer and those before it
-LAYERS = ["spec", "store", "searching", "outputs", "execution"]
+LAYERS = ["definition", "store", "searching", "outputs", "execution"]
 
 
 def modules() -> dict[str, Path]:
@@ -118,7 +119,7 @@ def test_best_is_defined_once():
     pattern = re.compile(r"^\s*def (best_of|ranked|best_row)\(", re.M)
     found = [(p.relative_to(REPO), m.group(1)) for p in (REPO / "search").rglob("*.py")
              for m in pattern.finditer(p.read_text())]
-    assert found == [(Path("search/spec/ranking.py"), "ranked")]
+    assert found == [(Path("search/definition/ranking.py"), "ranked")]
 
 
 def test_search_run_stays_the_api_after_every_module_is_imported():
@@ -162,6 +163,31 @@ def test_old_module_paths_are_the_new_modules():
     from search.outputs.finish import Outcome as moved
 
     assert Outcome is moved
+
+
+def test_search_spec_is_search_definition_for_run_folders_pickled_before_the_rename():
+    """search/spec/ is now search/definition/: every module of it answers to its old path too, as the same
+    module, and an object pickled under the old path loads (a fresh interpreter: nothing imported yet)."""
+    import search
+
+    defined = sorted(p.stem for p in (REPO / "search" / "definition").glob("*.py") if p.stem != "__init__")
+    assert [old for old in search.MOVED if old.startswith("spec.")] == [f"spec.{name}" for name in defined]
+    from search.definition.objectives import Bound, Objectives
+
+    old = pickle.dumps(Objectives(("loss",), ("min",), (Bound("params", "<=", 2.0),)), protocol=2)
+    assert old.count(b"search.definition.objectives\n") == 2
+    old = old.replace(b"search.definition.objectives\n", b"search.spec.objectives\n")
+    probe = ("import pickle, sys\n"
+             f"got = pickle.loads({old!r})\n"
+             "import search.spec.objectives\n"
+             "from search.spec.objectives import Objectives\n"
+             "import search.definition, search.definition.objectives as new\n"
+             "assert search.spec is search.definition and search.spec.objectives is new, sys.modules['search.spec']\n"
+             "assert type(got) is Objectives is new.Objectives, type(got)\n"
+             "print(got.measured, new.__file__)\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["('loss',", "'params')", str(REPO / "search" / "definition" / "objectives.py")]
 
 
 TOY = TOY_FUNCTION

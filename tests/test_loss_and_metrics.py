@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from search.store.results import columns
-from search.spec.space import parse_space
+from search.definition.space import parse_space
 from tests.helpers import SMALL
 from trainable.config import TrialConfig
 from trainable.data import load_data

@@ -18,8 +18,8 @@ import yaml
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
+from search.definition.space import parse_space
 from search.driver import run_search
-from search.spec.space import parse_space
 from tests.helpers import small_space
 
 pytestmark = pytest.mark.slow

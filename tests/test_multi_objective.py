@@ -9,10 +9,10 @@ import random
 import pandas as pd
 import pytest
 
-from search.spec.objectives import non_dominated, objectives_of, pareto_front, parse_constraint
+from search.definition.objectives import non_dominated, objectives_of, pareto_front, parse_constraint
 from search.searching.ordered import OrderedSearch
 from search.searching.searcher import suggest
-from search.spec.space import parse_space
+from search.definition.space import parse_space
 from trainable.errors import ConfigError
 
 LR = {"lr": {"distribution": "float", "low": 0.01, "high": 0.3, "log": True}}
@@ -141,7 +141,7 @@ def test_the_summary_lists_infeasible_trials_after_the_feasible_ones_and_marks_t
 
 
 def test_infeasible_trials_are_never_best_with_one_objective():
-    from search.spec.objectives import feasible_only, mark_feasible
+    from search.definition.objectives import feasible_only, mark_feasible
 
     objectives = objectives_of(parse_space({"experiment": {"constraints": ["params <= 1000"]}, "space": LR})
                                .experiment)

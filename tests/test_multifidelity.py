@@ -8,9 +8,9 @@ import random
 import pytest
 from optuna.trial import TrialState
 
+from search.definition.space import parse_space
 from search.searching.ordered import OrderedSearch
 from search.searching.searcher import suggest
-from search.spec.space import parse_space
 
 SPACE = parse_space({"space": {"lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3},
                                "momentum": {"distribution": "uniform", "low": 0.5, "high": 0.9}}})

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
+from search.definition.schema import OPTUNA_SAMPLERS as SAMPLERS
+from search.definition.space import parse_space
 from search.searching.ordered import OrderedSearch
 from search.searching.searcher import suggest
-from search.spec.schema import OPTUNA_SAMPLERS as SAMPLERS
-from search.spec.space import parse_space
 
 SPACE = parse_space({"space": {"lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3},
                                "batch_size": {"distribution": "choice", "values": [32, 64]},

@@ -21,8 +21,8 @@ from search.store.searcher_record import RECORD, RECORD_FILE
 from search.searching.ordered import OrderedSearch, make_sampler
 from search.searching.searcher import suggest
 from search.searching.gp_kernels import kernels_of, with_kernels
-from search.spec.schema import OPTUNA_SAMPLERS as SAMPLERS
-from search.spec.space import parse_space
+from search.definition.schema import OPTUNA_SAMPLERS as SAMPLERS
+from search.definition.space import parse_space
 
 SPACE = parse_space({"space": {"lr": {"distribution": "loguniform", "low": 0.01, "high": 0.3},
                                "batch_size": {"distribution": "choice", "values": [32, 64]},

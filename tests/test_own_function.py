@@ -23,7 +23,7 @@ import pytest
 import yaml
 from optuna.storages.journal import JournalFileBackend
 
-from search.spec.space import parse_space
+from search.definition.space import parse_space
 
 # beside the function: what `from shapes import ...` must find from any folder
 SHAPES = """

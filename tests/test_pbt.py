@@ -12,8 +12,8 @@ import torch
 import yaml
 from optuna.distributions import FloatDistribution
 
+from search.definition.schema import Searched
 from search.searching.pbt import ClipToRange, replay_config
-from search.spec.schema import Searched
 from tests.helpers import small_space
 from trainable.__main__ import main as trainable_main
 from trainable.config import TrialConfig, parse_schedule

@@ -13,8 +13,8 @@ from pathlib import Path
 import optuna
 import pytest
 
+from search.definition.space import parse_space
 from search.searching.searcher import make_searcher
-from search.spec.space import parse_space
 
 TOY = '''
 def train(config, report, checkpoint=None):

@@ -17,7 +17,7 @@ from search.searching.ordered import OrderedSearch
 from search.store.results import RESULTS_FILE
 from search.store.run_folder import PROBE_FILE, SPEC_FILE, RunFolder
 from search.searching.searcher import suggest
-from search.spec.space import parse_space
+from search.definition.space import parse_space
 from search.store.storage import Storage
 from trainable.errors import ConfigError
 

@@ -1,4 +1,4 @@
-"""search/spec/ranking.py, the rule the most code shares, on its own: scores, ties, statuses, feasibility,
+"""search/definition/ranking.py, the rule the most code shares, on its own: scores, ties, statuses, feasibility,
 and the one best epoch that `ranked` and `Objectives.point_epoch` must agree on. No Ray, no torch."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from search.spec.objectives import FEASIBLE, Bound, Objectives, fronts
-from search.spec.ranking import best_candidates, best_value, is_better, points, rank, ranked, signed
+from search.definition.objectives import FEASIBLE, Bound, Objectives, fronts
+from search.definition.ranking import best_candidates, best_value, is_better, points, rank, ranked, signed
 
 
 @pytest.mark.parametrize("value, mode, expected", [

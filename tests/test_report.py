@@ -356,10 +356,10 @@ def test_several_objectives_the_report_lists_the_front_at_pareto_yamls_epoch_wit
     import pandas as pd
     import yaml
 
+    from search.definition.objectives import objectives_of
+    from search.definition.space import parse_space
     from search.outputs.pareto import write_pareto
     from search.outputs.report import write_report
-    from search.spec.objectives import objectives_of
-    from search.spec.space import parse_space
     from search.store.results import results_schema
     from search.store.run_folder import RunFolder
     from search.store.storage import Storage

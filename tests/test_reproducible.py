@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from search.definition.space import parse_space
 from search.driver import run_search
-from search.spec.space import parse_space
 from tests.helpers import SMALL
 
 pytestmark = pytest.mark.slow

@@ -126,9 +126,9 @@ def test_the_best_epoch_of_tied_scores_is_the_one_whose_checkpoint_is_kept(tmp_p
     `make run` printed no test accuracy and `export` exited 2. One rule now: of equal scores, the later epoch."""
     import pandas as pd
 
-    from search.spec.ranking import points, ranked
-    from search.spec.objectives import objectives_of
-    from search.spec.schema import Experiment
+    from search.definition.ranking import points, ranked
+    from search.definition.objectives import objectives_of
+    from search.definition.schema import Experiment
 
     keep, trial = KeepCheckpoints(num_to_keep=1, metric="val_acc", mode="max"), Trial(tmp_path / "t0")
     accuracies = [0.90, 0.97, 0.96, 0.97, 0.95]  # epochs 2 and 4 tie

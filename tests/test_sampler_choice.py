@@ -8,10 +8,10 @@ import copy
 import pytest
 import yaml
 
+from search.definition.space import parse_space
 from search.execution.preflight import spec_for_resume
 from search.searching.choice import GP_TRIALS, resolved
 from search.searching.searcher import make_searcher
-from search.spec.space import parse_space
 from search.store.run_folder import RunFolder
 from search.store.storage import Storage
 

@@ -10,9 +10,9 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from search.store.results import results_schema
-from search.spec.schema import label
+from search.definition.schema import label
 from search.searching.searcher import suggest
-from search.spec.space import example_config, parse_space, to_raw
+from search.definition.space import example_config, parse_space, to_raw
 from trainable.errors import ConfigError
 
 MAPPINGS = [{"act": "relu", "depth": 2}, {"depth": 3, "act": "tanh"}]  # keys in two orders

@@ -22,7 +22,7 @@ import yaml
 
 from search.execution.capacity import check_capacity
 from search.store.results import COMPLETED
-from search.spec.schema import Resources
+from search.definition.schema import Resources
 from tests.helpers import SMALL
 from tests.heads import RAY, own_head
 

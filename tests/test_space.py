@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from search.cli import apply_overrides, assignments, load_space, parse_args, set_keys
-from search.spec.schema import is_run_name
-from search.spec.space import example_config, parse_space, to_raw
+from search.definition.schema import is_run_name
+from search.definition.space import example_config, parse_space, to_raw
 from trainable.errors import ConfigError
 from trainable.yaml_file import read_yaml_mapping
 
@@ -335,7 +335,7 @@ def test_the_canonical_loop_and_a_function_get_the_same_answer_from_one_parse_pa
     """One parse path: a rule on the experiment and its schedule holds for both kinds of trial. A
     reproducible asha whose checkpoint_every does not divide grace_period is refused for both, in
     the same words (a function trainable's space used to pass it and ignore checkpoint_every)."""
-    from search.spec.space import parse_space
+    from search.definition.space import parse_space
     from trainable.errors import ConfigError
 
     experiment = {"scheduler": "asha", "grace_period": 3, "checkpoint_every": 2, "reproducible": True}

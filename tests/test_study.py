@@ -12,7 +12,7 @@ import pandas as pd
 from search.outputs.journal import Journal
 from search.execution.progress import Progress
 from search.store.run_folder import RunFolder
-from search.spec.space import parse_space
+from search.definition.space import parse_space
 from search.store.storage import Storage
 from search.searching.study import JOURNAL_FILE, frozen_trial, journal, make_study
 

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from search.definition.space import parse_space
 from search.driver import run_search
-from search.spec.space import parse_space
 from tests.helpers import assert_outputs_agree
 from tests.test_user_code import blob_space, write
 

@@ -16,7 +16,7 @@ from optuna.storages.journal import JournalFileBackend
 from search.outputs.journal import WARM_STUDY, Journal
 from search.store.run_folder import RunFolder
 from search.searching.searcher import make_searcher
-from search.spec.space import parse_space
+from search.definition.space import parse_space
 from search.store.storage import Storage
 from search.searching.warm_start import NUMBER, UNFINISHED, WARM_START_FILE, WarmStart, read, select, told
 from tests.helpers import small_space

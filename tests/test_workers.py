@@ -18,10 +18,10 @@ import pytest
 import yaml
 from ray.cluster_utils import Cluster
 
+from search.definition.schema import Resources
+from search.definition.space import parse_space
 from search.driver import run_search
 from search.execution.capacity import trial_resources, trials_fit, workers_fit
-from search.spec.schema import Resources
-from search.spec.space import parse_space
 from search.store.results import COMPLETED
 from tests.helpers import SMALL, assert_outputs_agree, small_space
 from trainable.errors import ConfigError

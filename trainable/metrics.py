@@ -20,7 +20,7 @@ EPOCH_METRIC = re.compile(r"(train|val)_[a-z0-9_]+")  #: the form of a canonical
 
 def metric_name(name: str) -> bool:
     """A name the canonical loop may report: one of OBJECTIVES, or train_/val_<column> of training.metrics
-    (checked against training.loss and training.metrics by search/spec/schema.py training_metric_problems)."""
+    (checked against training.loss and training.metrics by search/definition/schema.py training_metric_problems)."""
     return name in OBJECTIVES or EPOCH_METRIC.fullmatch(name) is not None
 # the class-name prefixes a column name drops: MulticlassF1Score and BinaryF1Score are both f1_score
 TASK_PREFIX = re.compile(r"^(Multiclass|Multilabel|Binary)(?=[A-Z0-9])")

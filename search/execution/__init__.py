@@ -6,5 +6,5 @@ spread or measured), tuner (the Tuner, new or restored), the callbacks Tune runs
 (progress, disk_guard, mlflow_logger) and ray_internals (every use of Ray's private parts, in one
 place).
 
-May import: search.outputs, search.searching, search.store, search.spec and trainable/.
+May import: search.outputs, search.searching, search.store, search.definition and trainable/.
 """

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import ray
 from ray.tune import PlacementGroupFactory
 
+from search.definition.schema import Resources
 from search.execution.ray_internals import autoscaler_status
-from search.spec.schema import Resources
 
 # Ray's unit for fractional resources is 1/10000; compare in those units to avoid 0.1+0.2 noise.
 UNIT = 10_000

@@ -35,9 +35,9 @@ from typing import Any, Iterator
 import ray
 import torch
 
+from search.definition.schema import AUTO, Resources
+from search.definition.space import Space, example_config
 from search.execution.capacity import alive_nodes, fraction, has_autoscaler
-from search.spec.schema import AUTO, Resources
-from search.spec.space import Space, example_config
 from search.store.run_folder import PROBE_FILE, RunFolder
 from trainable.config import TrialConfig, keyword_of
 from trainable.data import Data

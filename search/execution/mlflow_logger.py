@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ray.air.integrations.mlflow import MLflowLoggerCallback
 
-from search.spec.ranking import best_value
+from search.definition.ranking import best_value
 
 
 class TrialValueLogger(MLflowLoggerCallback):

@@ -33,8 +33,8 @@ from search.searching.budget import resume_changes
 from search.searching.choice import resolved
 from search.searching.study import JOURNAL_FILE
 from search.searching.warm_start import read as read_warm_start
-from search.spec.space import Space, example_config, spec_differences, to_raw
-from search.spec.status import TUNE_TERMINATED
+from search.definition.space import Space, example_config, spec_differences, to_raw
+from search.definition.status import TUNE_TERMINATED
 from search.store.code_copy import keep_code
 from search.store.results import RESULTS_FILE
 from search.store.run_folder import BEST_FILE, SPEC_FILE, RunFolder, run_folder_name

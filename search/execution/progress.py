@@ -43,14 +43,14 @@ import pyarrow.fs as pafs
 from ray.tune import Callback
 from ray.tune.experiment import Trial
 
+from search.definition.objectives import first, mark_feasible, objectives_of
+from search.definition.ranking import best_value, is_better, score
+from search.definition.space import Space
 from search.execution.ray_internals import last_failure_is_contract_error, no_retry_of_contract_errors
 from search.outputs.journal import Journal
 from search.searching.budget import end_search
 from search.searching.failing import FAILING_AFTER, FirstFailures, last_line
 from search.searching.study import RUNNING
-from search.spec.objectives import first, mark_feasible, objectives_of
-from search.spec.ranking import best_value, is_better, score
-from search.spec.space import Space
 from search.store.results import read_record, records, results_schema, trial_rows
 from search.store.run_folder import RunFolder
 from trainable.errors import ConfigError

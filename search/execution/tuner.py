@@ -32,8 +32,8 @@ from search.searching.halving import RECORD_FILE as HALVING_RECORD
 from search.searching.halving import OrderedHalving, bracket_count
 from search.searching.pbt import make_pbt, population_space
 from search.searching.searcher import make_searcher
-from search.spec.objectives import HALVING, first, objectives_of, several
-from search.spec.space import Space, max_epochs
+from search.definition.objectives import HALVING, first, objectives_of, several
+from search.definition.space import Space, max_epochs
 from search.store.results import RECORD_FILE
 from search.store.retention import KeepCheckpoints
 from search.store.run_folder import RunFolder

@@ -4,7 +4,7 @@ finish (results.parquet, best.yaml and the summary at a search's end), summary, 
 (report.html), pareto (pareto.yaml), export (a run's model), runs (`runs`, `compare`), journal
 (optuna.journal), phases (where the command's time went: timing.yaml).
 
-May import: search.searching, search.store, search.spec and trainable/.
+May import: search.searching, search.store, search.definition and trainable/.
 
 Release 0.1.0 had a module `search.outputs` (now search.outputs.finish): its names still resolve
 here, for one release.

@@ -29,9 +29,9 @@ import pandas as pd
 import torch
 import yaml
 
-from search.spec.objectives import FEASIBLE, first, objectives_of
-from search.spec.ranking import rank
-from search.spec.space import Space
+from search.definition.objectives import FEASIBLE, first, objectives_of
+from search.definition.ranking import rank
+from search.definition.space import Space
 from search.store.results import RECORD_FILE, RESULTS_FILE
 from search.store.run_folder import BEST_FILE, RunFolder, open_run
 from trainable.errors import ConfigError, problem

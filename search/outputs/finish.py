@@ -26,10 +26,10 @@ from search.searching.halving import read_record as read_halving
 from search.searching.pbt import replay_config
 from search.searching.study import JOURNAL_FILE
 from search.searching.warm_start import summary_line as warm_start_line
-from search.spec.objectives import HALVING, feasible_only, first, mark_feasible, names, objectives_of
-from search.spec.ranking import best_candidates, ranked
-from search.spec.space import Space
-from search.spec.status import TUNE_ENDED, TUNE_PENDING, TUNE_TERMINATED
+from search.definition.objectives import HALVING, feasible_only, first, mark_feasible, names, objectives_of
+from search.definition.ranking import best_candidates, ranked
+from search.definition.space import Space
+from search.definition.status import TUNE_ENDED, TUNE_PENDING, TUNE_TERMINATED
 from search.store.results import (ERROR, INTERRUPTED, LOST, RECORD_FILE, config_from_row, read_record, results_schema,
                                   to_frame, trial_id_of, trial_rows, with_reported)
 from search.store.retention import on_storage

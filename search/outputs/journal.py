@@ -54,10 +54,10 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages.journal import BaseJournalBackend, JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
+from search.definition.objectives import objectives_of
+from search.definition.space import Space
 from search.searching.study import JOURNAL_FILE, PENDING, best_trials, frozen_trial, trial_records
 from search.searching.warm_start import load, told
-from search.spec.objectives import objectives_of
-from search.spec.space import Space
 from search.store.results import DIVERGED, STOPPED, results_schema
 from search.store.run_folder import RunFolder
 from search.store.storage import is_uri

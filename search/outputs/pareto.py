@@ -1,6 +1,6 @@
 """pareto.yaml: a search with several objectives has no one best trial, but a front of them.
 
-The file holds the feasible non-dominated trials (search/spec/objectives.py), each at its point (its
+The file holds the feasible non-dominated trials (search/definition/objectives.py), each at its point (its
 last epoch) with its config and metrics, in trial-number order:
 
     objectives: {val_acc: max, params: min}
@@ -23,8 +23,8 @@ from typing import Any
 import pandas as pd
 from ray.tune import Checkpoint
 
-from search.spec.objectives import Objectives, pareto_front
-from search.spec.space import Space
+from search.definition.objectives import Objectives, pareto_front
+from search.definition.space import Space
 from search.store.results import config_from_row, results_schema, trial_id_of
 from search.store.retention import on_storage
 from search.store.run_folder import RunFolder

@@ -7,7 +7,7 @@ visualization module, matplotlib backend, on the study of results.parquet), ever
 learning curve with the best one highlighted, a timeline of trials per slot (packing and
 idle time) and where the slot time went. The HTML embeds the PNGs, so it opens offline.
 
-Several objectives: every trial stands at its point, the epoch pareto.yaml uses (search/spec/objectives.py
+Several objectives: every trial stands at its point, the epoch pareto.yaml uses (search/definition/objectives.py
 `point_epoch`: its last epoch whose objectives are all finite), in the figures and in a table of the
 front, which says each front trial's status and epoch beside its objectives.
 """
@@ -31,10 +31,10 @@ import optuna  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.collections import LineCollection  # noqa: E402
 
+from search.definition.objectives import Objectives, objectives_of, pareto_front  # noqa: E402
+from search.definition.space import Space  # noqa: E402
 from search.outputs.summary import PHASES, journal_note, slot_time, status_counts  # noqa: E402
 from search.searching.study import make_study  # noqa: E402
-from search.spec.objectives import Objectives, objectives_of, pareto_front  # noqa: E402
-from search.spec.space import Space  # noqa: E402
 from search.store.run_folder import RunFolder  # noqa: E402
 
 HANDOVER = 0.05  # seconds; see most_at_once

@@ -28,10 +28,10 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from search.definition.ranking import ranked
+from search.definition.space import spec_differences
 from search.outputs.pareto import PARETO_FILE
 from search.searching.budget import read_ended
-from search.spec.ranking import ranked
-from search.spec.space import spec_differences
 from search.store.results import ERROR, INTERRUPTED, RESULTS_FILE
 from search.store.run_folder import BEST_FILE, LOCK_FILE, SPEC_FILE, NoResults, RunFolder
 from search.store.storage import Storage, is_uri

@@ -7,10 +7,10 @@ from typing import Any
 
 import pandas as pd
 
+from search.definition.objectives import FEASIBLE, Objectives
+from search.definition.ranking import points
 from search.outputs.journal import local_journal_path
 from search.searching.study import JOURNAL_FILE
-from search.spec.objectives import FEASIBLE, Objectives
-from search.spec.ranking import points
 from search.store.storage import is_uri
 from trainable.config import SCHEDULE_KEY
 from trainable.function import trial_config
@@ -159,7 +159,7 @@ def time_breakdown(frame: pd.DataFrame) -> str | None:
 
 def format_table(frame: pd.DataFrame, metric: str, mode: str, searched: list[str], top: int = 5,
                  also: tuple[str, ...] = ()) -> str:
-    """The top trials, each at the epoch that stands for it (search/spec/ranking.py `points`: its best
+    """The top trials, each at the epoch that stands for it (search/definition/ranking.py `points`: its best
     epoch, or with several objectives its point, as pareto.yaml has it), one line each; `also`: the
     other objectives, shown too."""
     # a point's epoch depends on which objectives are finite, not on their modes

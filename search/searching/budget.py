@@ -39,10 +39,10 @@ import yaml
 from ray import tune
 from ray.tune.search import Searcher, SearchGenerator
 
+from search.definition.objectives import Bound, names
+from search.definition.schema import budget_seconds, stop_target
+from search.definition.space import Space
 from search.searching.failing import failing_note
-from search.spec.objectives import Bound, names
-from search.spec.schema import budget_seconds, stop_target
-from search.spec.space import Space
 from search.store.results import RESULTS_FILE
 from search.store.run_folder import RunFolder, run_folder_name
 from search.store.storage import Storage

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from search.spec.objectives import HALVING, names
-from search.spec.space import Space
+from search.definition.objectives import HALVING, names
+from search.definition.space import Space
 
 AUTO = "auto"
 # A GP's suggestion costs about 0.2 s of CPU at 50 trials with the batched acquisition (bench/gp_cost.py) and
@@ -73,7 +73,7 @@ def choose_sampler(*, choices: int, conditional: int, numbers: int, objectives: 
 
 
 def resolved(space: Space, chosen: str | None = None, reason: str | None = None) -> Space:
-    """`space` with `sampler: auto` replaced by its choice (search/spec/space.py Space.sampler_choice holds why);
+    """`space` with `sampler: auto` replaced by its choice (search/definition/space.py Space.sampler_choice holds why);
     a space that names its sampler is returned as it is. `chosen`, `reason`: a choice made before (a resume's,
     read back from spec.yaml), taken instead of choosing again."""
     experiment = space.experiment

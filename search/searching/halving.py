@@ -21,7 +21,7 @@ that rung (their value at it), whatever order they arrive in:
 - several objectives (MO-ASHA, arXiv 2106.12639): a rung value is each objective signed to maximise
   and the constraints' total violation; trial n goes on unless at least 1/reduction_factor of the
   lower-numbered trials at the rung lie on a strictly better front of a non-dominated sorting that
-  puts feasible before infeasible (search/spec/objectives.py fronts), as pareto.yaml counts them;
+  puts feasible before infeasible (search/definition/objectives.py fronts), as pareto.yaml counts them;
 - bohb is this scheduler with brackets=1; what makes it BOHB is the searcher's model, fit at a rung
   (search/searching/ordered.py MULTIFIDELITY "rung").
 
@@ -48,8 +48,8 @@ import numpy as np
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-from search.spec.objectives import Objectives, first, fronts
-from search.spec.ranking import signed
+from search.definition.objectives import Objectives, first, fronts
+from search.definition.ranking import signed
 from search.store.storage import Storage
 
 RECORD_FILE = "halving.json"  # in the run folder
@@ -177,7 +177,7 @@ class OrderedHalving(FIFOScheduler):
         return n % len(self.rungs)
 
     def signed(self, value: Any) -> float | None:
-        """A score to maximise: the metric, negated for mode min; None if it does not score (search/spec/ranking.py)."""
+        """A score to maximise: the metric, negated for mode min; None if it does not score (search/definition/ranking.py)."""
         return signed(value, self.mode)
 
     def measured(self, result: dict) -> float | list[float] | None:

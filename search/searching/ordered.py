@@ -79,8 +79,8 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 from ray.tune.search import Searcher
 
 from search.searching.gp_kernels import kernels_of, with_kernels
-from search.spec.objectives import Objectives, first
-from search.spec.ranking import best_value, score
+from search.definition.objectives import Objectives, first
+from search.definition.ranking import best_value, score
 from search.store.searcher_record import (RECORD, RECORD_FILE, by_number,  # noqa: F401  (its record's format)
                                           record_from_json, record_to_json)
 from trainable.seed import derive_seed
@@ -118,7 +118,7 @@ def make_sampler(name: str, experiment_seed: int, number: int,
     `told`: how many trials a warm start told the study, where a sampler is made per trial (OrderedSearch);
     None: one sampler asks for every trial of a study (Tune's OptunaSearch)."""
     seed = derive_seed(experiment_seed, number, stream=SAMPLER_STREAM)
-    if name == "nsga2":  # for several objectives (search/spec/objectives.py); reads the trials' constraints too
+    if name == "nsga2":  # for several objectives (search/definition/objectives.py); reads the trials' constraints too
         return optuna.samplers.NSGAIISampler(seed=seed)
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, **tpe_settings)
@@ -158,7 +158,7 @@ class OrderedSearch(Searcher):
                  multifidelity: str = "final", epochs: int | None = None, ends_at_epochs: bool = False,
                  rungs: Sequence[int] = ()):
         super().__init__(metric=first(metric), mode=first(mode))
-        # several objectives or constraints (search/spec/objectives.py): a trial's point, not its best epoch
+        # several objectives or constraints (search/definition/objectives.py): a trial's point, not its best epoch
         self.objectives = objectives or Objectives((metric,), (mode,))
         self.ask, self.experiment_seed, self.sampler, self.lag = ask, experiment_seed, sampler, lag
         # settings, like the rest of the constructor's: pickled with the searcher, not in the record

@@ -37,11 +37,11 @@ from ray import tune
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import PopulationBasedTraining, TrialScheduler
 
+from search.definition.schema import Searched
+from search.definition.space import Space
 from search.searching.choice import resolved
 from search.searching.ordered import OrderedSearch
 from search.searching.searcher import suggest
-from search.spec.schema import Searched
-from search.spec.space import Space
 from trainable.config import MUTABLE, SCHEDULE_KEY
 
 IDENTITY = ("trial_number", "seed")  # what a trial keeps when it copies another

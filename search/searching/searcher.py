@@ -20,14 +20,14 @@ from optuna.storages import InMemoryStorage
 from ray.tune.search import ConcurrencyLimiter, Searcher
 from ray.tune.search.optuna import OptunaSearch
 
+from search.definition.enqueue import enqueued_params
+from search.definition.objectives import HALVING, objectives_of
+from search.definition.schema import Searched
+from search.definition.space import Space, max_epochs
 from search.searching import warm_start
 from search.searching.choice import resolved
 from search.searching.halving import rung_epochs
 from search.searching.ordered import OrderedSearch, make_sampler
-from search.spec.enqueue import enqueued_params
-from search.spec.objectives import HALVING, objectives_of
-from search.spec.schema import Searched
-from search.spec.space import Space, max_epochs
 from search.store.run_folder import RunFolder
 from trainable.seed import derive_seed
 
@@ -97,7 +97,7 @@ def make_searcher(space: Space, folder: RunFolder | None = None) -> Searcher:
                                                    max_epochs(space.searched, space.trial_defaults().epochs),
                                                    experiment.reduction_factor) if halving else ())
     else:  # Tune's OptunaSearch loads the study made here, with the warm start told and the configs enqueued;
-        # several objectives: it tells each trial's last result (the point, search/spec/objectives.py)
+        # several objectives: it tells each trial's last result (the point, search/definition/objectives.py)
         storage = InMemoryStorage()
         study = optuna.create_study(storage=storage, study_name="optuna", directions=objectives.directions)
         study.add_trials(warm)

@@ -31,11 +31,11 @@ import pandas as pd
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
-from search.spec.objectives import objectives_of, pareto_front, point_row
-from search.spec.ranking import best_candidates, best_value, score
-from search.spec.schema import conditions, not_drawn
-from search.spec.space import Space
-from search.spec.status import DIVERGED, ERROR, INTERRUPTED, PENDING, RUNNING, STOPPED
+from search.definition.objectives import objectives_of, pareto_front, point_row
+from search.definition.ranking import best_candidates, best_value, score
+from search.definition.schema import conditions, not_drawn
+from search.definition.space import Space
+from search.definition.status import DIVERGED, ERROR, INTERRUPTED, PENDING, RUNNING, STOPPED
 from search.store.results import is_json, results_schema
 
 JOURNAL_FILE = "optuna.journal"
@@ -65,7 +65,7 @@ def frozen_trial(rows: Sequence[Mapping[str, Any]], space: Space, schema=None, *
     curve = {int(r["epoch"]): score(r[metric]) for r in rows
              if not pd.isna(r["epoch"]) and score(r[metric]) is not None}
     value = best_value(curve.values(), mode)
-    # several objectives, constraints: the trial's point (search/spec/objectives.py) gives its values and constraints
+    # several objectives, constraints: the trial's point (search/definition/objectives.py) gives its values and constraints
     point = point_row(rows, objectives) if objectives.several or objectives.constraints else None
     values = (None if point is None else objectives.values(point)) if objectives.several else \
         None if value is None else [value]

@@ -31,11 +31,11 @@ import optuna
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
+from search.definition.enqueue import outside
+from search.definition.objectives import objectives_of, point_row
+from search.definition.ranking import score
+from search.definition.schema import Searched
 from search.searching.study import frozen_trial
-from search.spec.enqueue import outside
-from search.spec.objectives import objectives_of, point_row
-from search.spec.ranking import score
-from search.spec.schema import Searched
 from search.store.results import INTERRUPTED, LOST, RESULTS_FILE, is_json, results_schema
 from search.store.run_folder import NotARunFolder, open_run
 from trainable.errors import ConfigError, problem

@@ -4,5 +4,5 @@ storage (local folders and pyarrow.fs URIs), run_folder (the claim, the one spec
 folder a --resume continues), results (results.parquet's rows, derived from Tune's record of a
 trial), searcher_record (searcher.json's format), retention (which checkpoints a trial keeps).
 
-May import: search.spec and trainable/.
+May import: search.definition and trainable/.
 """

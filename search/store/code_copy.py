@@ -10,7 +10,7 @@ import hashlib
 from pathlib import Path
 from typing import Any, Iterator
 
-from search.spec.space import Space
+from search.definition.space import Space
 from search.store.run_folder import RunFolder
 from trainable.config import REFERENCE
 from trainable.kept_code import CODE_FOLDER, CODE_RECORD

@@ -23,11 +23,11 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from optuna.distributions import IntDistribution
 
-from search.spec.objectives import FEASIBLE, objectives_of
-from search.spec.reserved import BEST_KEYS, SEARCH_COLUMNS, metric_names_taken  # noqa: F401  (one home)
-from search.spec.schema import conditions, not_drawn
-from search.spec.space import Space
-from search.spec.status import COMPLETED, DIVERGED, ERROR, INTERRUPTED, LOST, STOPPED  # noqa: F401 (re-exported)
+from search.definition.objectives import FEASIBLE, objectives_of
+from search.definition.reserved import BEST_KEYS, SEARCH_COLUMNS, metric_names_taken  # noqa: F401  (one home)
+from search.definition.schema import conditions, not_drawn
+from search.definition.space import Space
+from search.definition.status import COMPLETED, DIVERGED, ERROR, INTERRUPTED, LOST, STOPPED  # noqa: F401 (re-exported)
 from trainable.config import FACTORY_KEY, FIELDS, TrialConfig, field_of, json_text, keyword_of, kind
 from trainable.function import (DRIVER_KEYS, FUNCTION_REPORT_COLUMNS, METRIC_NAMES, TRAINABLE_KEY, FunctionConfig,
                                 is_function, trial_config)
@@ -37,7 +37,7 @@ from trainable.report import report_columns as epoch_report_columns
 
 RESULTS_FILE = "results.parquet"
 RECORD_FILE = "result.json"  # Tune's per-trial record: one JSON line per report
-# How each trial ended: search/spec/status.py, the one list (COMPLETED, ..., LOST are imported from here too)
+# How each trial ended: search/definition/status.py, the one list (COMPLETED, ..., LOST are imported from here too)
 
 
 def config_columns(space: Space) -> list[str]:

@@ -39,7 +39,7 @@ import sys
 import pyarrow.fs as pafs
 from ray import tune
 
-from search.spec.ranking import Rank, rank
+from search.definition.ranking import Rank, rank
 from search.store.results import read_record
 
 

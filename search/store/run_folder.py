@@ -45,8 +45,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import yaml
 
-from search.spec.schema import run_name_problem
-from search.spec.space import Space, parse_space, to_raw
+from search.definition.schema import run_name_problem
+from search.definition.space import Space, parse_space, to_raw
 from search.store.results import RECORD_FILE as TRIAL_RECORD
 from search.store.results import RESULTS_FILE, is_json, results_schema, table, table_bytes
 from search.store.searcher_record import RECORD_FILE, record_from_json

@@ -12,7 +12,7 @@ MLflow's run-level value. The rule:
   num_to_keep keeps the newer of equal scores too, and ties are common: an accuracy on 300 images
   moves in steps of 1/300);
 - several objectives: a trial's point is its last epoch whose objectives are all finite
-  (search/spec/objectives.py `Objectives.point_epoch`), and no one trial is best: pareto.yaml
+  (search/definition/objectives.py `Objectives.point_epoch`), and no one trial is best: pareto.yaml
   holds the feasible non-dominated points.
 
 Nothing here imports Ray or torch.
@@ -24,8 +24,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from search.spec.objectives import Objectives, feasible_only
-from search.spec.status import ERROR, UNFINISHED
+from search.definition.objectives import Objectives, feasible_only
+from search.definition.status import ERROR, UNFINISHED
 from trainable.metrics import score
 
 __all__ = ["score", "signed", "best_value", "is_better", "Rank", "rank", "ranked", "best_candidates", "points"]

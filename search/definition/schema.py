@@ -35,7 +35,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError
 
-from search.spec.objectives import names, parse_constraint
+from search.definition.objectives import names, parse_constraint
 from trainable.config import LOSSES, check_value, coerce, is_integer_field, plain
 from trainable.errors import problem
 from trainable.metrics import (MEASURED, METRICS, OBJECTIVES, epoch_metrics, metric_name, metric_problems,
@@ -195,13 +195,13 @@ class Experiment(Section):
         f"must be a metric the trainable reports, or a list of distinct ones: {', '.join(OBJECTIVES)}, or "
         "train_/val_<name> of training.metrics", lambda v: all(metric_name(m) for m in names(v))
         and 0 < len(names(v)) == len(set(names(v)))), ONE] = "val_acc"
-    #: the reported metric to optimise; a list: several objectives (search/spec/objectives.py, pareto.yaml);
+    #: the reported metric to optimise; a list: several objectives (search/definition/objectives.py, pareto.yaml);
     #: checked against training.loss and training.metrics by training_metric_problems
     mode: Annotated[Mode | AList[Mode], rule("must be max or min, or a list of them"), ONE] = "max"
     #: one per metric
     constraints: Annotated[AList[Any], rule(
-        "must be a list of 'METRIC <= NUMBER' or 'METRIC >= NUMBER' (each checked in search/spec/objectives.py)")] = ()
-    #: each checked by search/spec/objectives.py; a trial that breaks one is infeasible: kept, marked, never best
+        "must be a list of 'METRIC <= NUMBER' or 'METRIC >= NUMBER' (each checked in search/definition/objectives.py)")] = ()
+    #: each checked by search/definition/objectives.py; a trial that breaks one is infeasible: kept, marked, never best
     num_samples: Annotated[int, rule("must be an integer in [1, 1000000]", lambda v: 0 < v <= 1_000_000)] = 16
     #: trials in total
     max_concurrent: Annotated[int, rule("must be an integer in [1, 10000]", lambda v: 0 < v <= 10_000)] = 2

@@ -29,18 +29,18 @@ from typing import Any, Mapping
 
 from optuna.distributions import FloatDistribution, IntDistribution
 
-from search.spec.enqueue import enqueue_problems
-from search.spec.objectives import HALVING, names, objectives_of
-from search.spec.objectives import problems as objective_problems
-from search.spec.overrides import set_keys
-from search.spec.schema import (STOP_WHEN_RULE, DataRoot, Experiment, Resources, Searched, bad_targets, entry_problems,
+from search.definition.enqueue import enqueue_problems
+from search.definition.objectives import HALVING, names, objectives_of
+from search.definition.objectives import problems as objective_problems
+from search.definition.overrides import set_keys
+from search.definition.schema import (STOP_WHEN_RULE, DataRoot, Experiment, Resources, Searched, bad_targets, entry_problems,
                                 field_value, label, parse_searched, stop_when_valid, training_metric_problems,
                                 validated, worker_problems)
 from trainable.config import (FACTORY_KEY, FIELDS, MODEL, MOVED, MUTABLE, TrialConfig, absolute_reference,
                               cross_field_problems, fields_in, is_plain_data, is_reference, keyword_of, model_key,
                               plain, searchable, section)
 from trainable.errors import ConfigError, problem
-from search.spec.reserved import COLUMNS, metric_names_taken, why_taken
+from search.definition.reserved import COLUMNS, metric_names_taken, why_taken
 from trainable.function import RESERVED, TRAINABLE_KEY, FunctionConfig
 
 SECTIONS = ("experiment", "resources", "model", "data", "training", "space")
@@ -303,7 +303,7 @@ def _function_experiment(raw: Mapping[str, Any], problems: list[str]) -> Experim
 
 def _own_metric_problems(experiment: Experiment, free_names: list[str]) -> list[str]:
     """A function's metric named like a config key, or like a name the run folder uses for itself
-    (search/spec/reserved.py), would overwrite it in results.parquet and best.yaml (the trial refuses
+    (search/definition/reserved.py), would overwrite it in results.parquet and best.yaml (the trial refuses
     such a report too: trainable/function.py)."""
     named = [("experiment.metric", m) for m in names(experiment.metric)] + \
         [("experiment.constraints", c.metric) for c in objectives_of(experiment).constraints if c] + \
@@ -486,7 +486,7 @@ def _function_keys(raw: Mapping[str, Any], problems: list[str]) -> tuple[dict[st
             path = f"{sec}.{key}"
             if not isinstance(key, str) or not key.isidentifier() or key in RESERVED or key in COLUMNS:
                 rule = "is set by the driver per trial" if key in RESERVED else \
-                    f"must not be {why_taken(key)} (search/spec/reserved.py)" if key in COLUMNS else \
+                    f"must not be {why_taken(key)} (search/definition/reserved.py)" if key in COLUMNS else \
                     "must be a Python identifier"
                 problems.append(problem(path, rule, value))
             elif key in fixed or key in {d.name for d in searched}:

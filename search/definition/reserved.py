@@ -18,7 +18,7 @@ wrapper's number, which the function does not report.
 
 from __future__ import annotations
 
-from search.spec.objectives import FEASIBLE
+from search.definition.objectives import FEASIBLE
 from trainable.function import DRIVER_KEYS, FUNCTION_REPORT_COLUMNS, METRIC_NAMES, TRAINABLE_KEY
 from trainable.report import EPOCH_COLUMNS, PACKED, REPORT_COLUMNS
 

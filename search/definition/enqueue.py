@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
-from search.spec.schema import Searched, field_value, holds
+from search.definition.schema import Searched, field_value, holds
 from trainable.config import model_key
 from trainable.errors import problem
 

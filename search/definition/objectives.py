@@ -32,7 +32,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from search.spec.status import DIVERGED, UNFINISHED
+from search.definition.status import DIVERGED, UNFINISHED
 from trainable.errors import problem
 from trainable.metrics import OBJECTIVES, metric_name, score
 
