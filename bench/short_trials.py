@@ -6,12 +6,13 @@ epochs of a few tens of milliseconds (trials of 1-3 s), 2 at a time. One functio
 temporary folder, runs on every side:
 
 - service: `python -m search --space space.yaml --quiet` (`trainable: mlp.py:train`, the
-  reproducible searcher, max_concurrent 2; `--scheduler asha` for ASHA);
+  reproducible searcher, max_concurrent 2; `--shapes` picks fifo, asha, asha-free);
 - optuna: a plain script, `study.optimize(objective, n_trials=20, n_jobs=2)` with a seeded TPE,
   the objective calling the same function with a `report` that keeps the values;
 - tune: a plain Ray Tune script, a Tuner over the same function (a `report` that is tune.report)
   with OptunaSearch (the same seeded TPE) behind a ConcurrencyLimiter of 2, reuse_actors, 1 CPU a
-  trial, Tune's default loggers, as the Ray docs show it.
+  trial, Tune's default loggers, as the Ray docs show it; `tune-asha`: the same with Tune's
+  ASHAScheduler (grace_period 1, reduction_factor 2: hpsearch's defaults), the peer of the asha shapes.
 
 Each side is a subprocess timed from outside (its imports included); the sides alternate which
 runs first, round by round. Printed per side: the whole command's wall, the trials' span (the
@@ -27,7 +28,7 @@ ASHA and OptunaSearch); the other sides run once a round, and plain Optuna (no p
 writes a plain loop gets) is every shape's reference.
 
     .venv/bin/python bench/short_trials.py [--rounds 2] [--trials 20] [--epochs 40]
-        [--shapes fifo asha asha-free] [--lag 2] [--sides service optuna tune] [--keep]
+        [--shapes fifo asha asha-free] [--lag 2] [--sides service optuna tune tune-asha] [--keep]
 """
 
 from __future__ import annotations
@@ -97,11 +98,12 @@ TUNE = '''
 import json, sys, time
 import ray
 from ray import tune
+from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
 import optuna
 
-folder, trials, epochs, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+folder, trials, epochs, out, scheduler = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
 
 
 def trial(config):
@@ -119,7 +121,10 @@ try:
         tune.with_resources(trial, {"cpu": 1}),
         param_space={"lr": tune.loguniform(1e-3, 0.3), "hidden": tune.choice([16, 32, 64]), "seed": 0},
         tune_config=tune.TuneConfig(metric="val_loss", mode="min", num_samples=trials, reuse_actors=True,
-                                    search_alg=ConcurrencyLimiter(search, max_concurrent=2)),
+                                    search_alg=ConcurrencyLimiter(search, max_concurrent=2),
+                                    # hpsearch's asha defaults: grace_period 1, reduction_factor 2, max_t the epochs
+                                    scheduler=ASHAScheduler(time_attr="training_iteration", max_t=epochs, grace_period=1,
+                                                            reduction_factor=2) if scheduler == "asha" else None),
         run_config=tune.RunConfig(name="plain", storage_path=folder + "/tune", verbose=0),
     ).fit()
     frames = [r.metrics_dataframe for r in grid]
@@ -170,11 +175,12 @@ def optuna_side(folder: Path, trials: int, epochs: int) -> dict:
     return {"wall": wall, "spans": measured["spans"], "best": measured["best"], "lines": []}
 
 
-def tune_side(folder: Path, trials: int, epochs: int) -> dict:
+def tune_side(folder: Path, trials: int, epochs: int, scheduler: str = "fifo") -> dict:
     (folder / "plain_tune.py").write_text(TUNE)
     out = folder / "tune.json"
     started = time.perf_counter()
-    subprocess.run([sys.executable, str(folder / "plain_tune.py"), str(folder), str(trials), str(epochs), str(out)],
+    subprocess.run([sys.executable, str(folder / "plain_tune.py"), str(folder), str(trials), str(epochs), str(out),
+                    scheduler],
                    cwd=folder, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - started
     measured = json.loads(out.read_text())
@@ -184,7 +190,7 @@ def tune_side(folder: Path, trials: int, epochs: int) -> dict:
 #: the service's shapes: (experiment.scheduler, experiment.reproducible)
 SHAPES = {"fifo": ("fifo", True), "asha": ("asha", True), "asha-free": ("asha", False)}
 SIDES = {"service": "hpsearch (`python -m search`)", "optuna": "plain Optuna n_jobs=2",
-         "tune": "plain Ray Tune + OptunaSearch"}
+         "tune": "plain Ray Tune + OptunaSearch", "tune-asha": "plain Ray Tune + OptunaSearch + ASHAScheduler"}
 
 
 def main() -> int:
@@ -196,7 +202,7 @@ def main() -> int:
                         help="the service's scheduler and reproducibility, each a row")
     parser.add_argument("--lag", type=int, help="the service's experiment.lag (default: max_concurrent - 1)")
     parser.add_argument("--sides", nargs="+", choices=tuple(SIDES), default=["service", "optuna"],
-                        help="which sides run (tune: minutes more a round)")
+                        help="which sides run (tune, tune-asha: plain Tune without and with its ASHAScheduler)")
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()
     if "optuna" not in args.sides:
@@ -219,7 +225,8 @@ def main() -> int:
                                               name=side.replace(" ", "-")))
                 else:
                     runs[side].append(optuna_side(folder, args.trials, args.epochs) if side == "optuna"
-                                      else tune_side(folder, args.trials, args.epochs))
+                                      else tune_side(folder, args.trials, args.epochs,
+                                                     "asha" if side == "tune-asha" else "fifo"))
             for side in runs:
                 run = runs[side][-1]
                 span, share = busy_share(run["spans"], SLOTS)
