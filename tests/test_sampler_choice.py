@@ -119,13 +119,12 @@ def test_the_shipped_spaces_say_auto_and_say_why(path):
 def test_the_summary_names_a_cheaper_sampler_when_suggestions_take_a_tenth_of_the_slots():
     import pandas as pd
 
-    from search.outputs.finish import searcher_cost
-    from search.outputs.summary import Timing
+    from search.searching.notes import searcher_cost
 
     # two trials, two rows each (suggest_seconds is on every row of a trial); 2 slots over 20 s: 40 slot-seconds
     frame = pd.DataFrame({"trial_id": ["a", "a", "b", "b"], "suggest_seconds": [2.5, 2.5, 1.5, 1.5]})
-    timing = Timing(wall_seconds=20.0, training_seconds=30.0, slots=2)
-    line = searcher_cost("gp", frame, timing)
+    slot_seconds = 20.0 * 2
+    line = searcher_cost("gp", frame, slot_seconds)
     assert "the searcher's own time was 10% of the slots' time (4.0 s of suggestions)" in line
     assert "experiment.sampler tpe costs less" in line
-    assert searcher_cost("gp", frame.assign(suggest_seconds=[1.0, 1.0, 1.0, 1.0]), timing) == ""  # 5%
+    assert searcher_cost("gp", frame.assign(suggest_seconds=[1.0, 1.0, 1.0, 1.0]), slot_seconds) == ""  # 5%

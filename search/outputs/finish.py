@@ -8,28 +8,22 @@ prints, and the Outcome the Python API returns.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 import pyarrow.fs as pafs
 
-from search.outputs.journal import Journal, local_journal_path
-from search.outputs.pareto import checkpoints_by_epoch, write_pareto
-from search.outputs.phases import TIMING_FILE, Phases
-from search.outputs.summary import Timing, format_summary, journal_note, status_counts, wall_line
-from search.searching.budget import ended_note, read_ended
-from search.searching.failing import alike, last_line
-from search.searching.halving import RECORD_FILE as HALVING_RECORD
-from search.searching.halving import read_record as read_halving
-from search.searching.pbt import replay_config
-from search.searching.study import JOURNAL_FILE
-from search.searching.warm_start import summary_line as warm_start_line
-from search.definition.objectives import HALVING, feasible_only, first, mark_feasible, names, objectives_of
+from search.definition.objectives import feasible_only, first, mark_feasible, names, objectives_of
 from search.definition.ranking import best_candidates, ranked
 from search.definition.space import Space
 from search.definition.status import TUNE_ENDED, TUNE_PENDING, TUNE_TERMINATED
+from search.outputs.journal import sync_journal
+from search.outputs.pareto import checkpoints_by_epoch, write_pareto
+from search.outputs.phases import TIMING_FILE, Phases
+from search.outputs.summary import Timing, format_summary, journal_note, status_counts, wall_line
+from search.searching.notes import ended_note, failed_lines, read_ended, search_notes, warm_start_line
+from search.searching.pbt import replay_config
 from search.store.results import (ERROR, INTERRUPTED, LOST, RECORD_FILE, config_from_row, read_record, results_schema,
                                   to_frame, trial_id_of, trial_rows, with_reported)
 from search.store.retention import on_storage
@@ -247,111 +241,6 @@ def rerun_command(path: str, space: Space) -> str:
     return f"python -m trainable --config {where}" + (f" --data-root {space.data_root}" if space.data_root else "")
 
 
-def search_notes(space: Space, folder: RunFolder, timing: Timing, frame: pd.DataFrame | None = None) -> str:
-    """How reproducible the search was, what reproducibility cost in waiting slots, which sampler ran and
-    why (`sampler: auto`), and whether the searcher's own time was a tenth of the slots' or more."""
-    line = _reproducibility(space, folder, timing)
-    if space.sampler_choice:  # search/searching/choice.py
-        line += f"\n      {space.sampler_choice}"
-    return line + searcher_cost(space.experiment.sampler, frame, timing)
-
-
-# the cheaper sampler the summary names when the searcher's own time is a tenth of the slots' or more
-CHEAPER = {"gp": "tpe", "tpe": "random", "nsga2": "random", "cmaes": "random", "qmc": "random"}
-SEARCHER_SHARE = 0.10
-
-
-def searcher_cost(sampler: str, frame: pd.DataFrame | None, timing: Timing) -> str:
-    """A line when the searcher's suggestions took SEARCHER_SHARE of the slots' time or more, naming a cheaper
-    sampler; else nothing. One suggestion per trial (results.parquet's suggest_seconds, on every row of it)."""
-    slot_seconds = timing.wall_seconds * timing.slots
-    if frame is None or "suggest_seconds" not in frame or not slot_seconds or sampler not in CHEAPER:
-        return ""
-    suggesting = float(frame.groupby("trial_id")["suggest_seconds"].first().fillna(0).sum())
-    if suggesting < SEARCHER_SHARE * slot_seconds:
-        return ""
-    return (f"\n      the searcher's own time was {100 * suggesting / slot_seconds:.0f}% of the slots' time "
-            f"({suggesting:.1f} s of suggestions): experiment.sampler {CHEAPER[sampler]} costs less a suggestion")
-
-
-def _reproducibility(space: Space, folder: RunFolder, timing: Timing) -> str:
-    experiment = space.experiment
-    if experiment.scheduler == "pbt":  # search/searching/pbt.py
-        return (f"Search: pbt: trial n's first config depends only on the seed ({experiment.seed}) and n; which "
-                "trials copy which at a perturbation, and the perturbed values, are Ray's random draws, so a rerun "
-                "differs; best.yaml replays its trial's weights with `schedule:`")
-    if not experiment.reproducible:
-        return ("Search: asynchronous (experiment.reproducible: false): Optuna saw results in arrival order, "
-                "so a rerun with the same seed can pick other configs" if experiment.max_concurrent > 1 else
-                "Search: one trial at a time, reproducible")
-    waits = folder.searcher_state().get("waits", {})
-    slot_seconds = timing.wall_seconds * timing.slots
-    line = (f"Search: reproducible ({experiment.sampler}, seed {experiment.seed}): trial n's config depends only "
-            f"on the seed and n; {len(waits)} trial(s) waited for earlier results, {sum(waits.values()):.1f} s "
-            f"in all ({100 * sum(waits.values()) / slot_seconds if slot_seconds else 0:.0f}% of slot time)")
-    if experiment.scheduler in HALVING:  # search/searching/halving.py: trial n judged against trials below n
-        halving = read_halving(folder.storage, f"{folder.name}/{HALVING_RECORD}")
-        held = sum(halving["waits"].values())
-        line += (f"\n      {experiment.scheduler}: reproducible: trial n is judged at a rung against the trials "
-                 f"numbered below it; {len(halving['stopped'])} trial(s) stopped early; "
-                 f"{len(halving['waits'])} paused at a rung for lower-numbered ones, {held:.1f} s in all")
-    return line
-
-
-def sync_journal(folder: RunFolder, space: Space, frame: pd.DataFrame, notes: list[str]) -> None:
-    """optuna.journal as results.parquet holds the trials: entry k is trial_number k (search/outputs/journal.py).
-
-    A journal that does not read, or whose last line a kill cut short (the next append would
-    make it unreadable), is moved aside and written anew from results.parquet, as the results are.
-    On URI storage the journal is the driver's local copy (local_journal_path), copied into the run folder.
-    """
-    path = local_journal_path(folder.path)
-    try:
-        if os.path.exists(path) and os.path.getsize(path) and not _ends_a_line(path):
-            raise ValueError("its last line is cut short")
-        journal = Journal(folder, space)
-        journal.sync(frame)
-        notes.extend(journal.overridden)
-        return
-    except Exception as failure:
-        damage = f"{type(failure).__name__}: {failure}"
-    aside = f"{path}.damaged"
-    try:
-        os.replace(path, aside)
-        Journal(folder, space).sync(frame)
-        notes.append(f"{JOURNAL_FILE} could not be used ({damage}); it was moved to {aside} and written anew "
-                     "from results.parquet")
-    except Exception as failure:  # the journal is a view; it must never fail the search
-        notes.append(f"{JOURNAL_FILE} not brought up to date ({damage}; then {type(failure).__name__}: {failure})")
-
-
-def _ends_a_line(path: str) -> bool:
-    with open(path, "rb") as f:
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
-
-
-def failed_lines(grid, folder: RunFolder, trial_timeout: float | None) -> str:
-    """The summary's Failed lines: each error once (search/searching/failing.py alike), with the trials it ended."""
-    groups: dict[str, list[tuple[str, str, str]]] = {}
-    for result in grid:
-        if result.error is not None:  # after max_failures restarts; Tune keeps the traceback
-            line = last_line(result.error)
-            groups.setdefault(alike(line), []).append((folder.trial_path(result.path), line, str(result.error)))
-    out = ""
-    for failures in groups.values():
-        path, line, _ = failures[0]
-        if len(failures) == 1:
-            out += f"\nFailed: {path}: {line} (traceback in error.txt there)"
-        else:
-            out += (f"\nFailed: {len(failures)} trials with the same error: {line} (traceback in error.txt of "
-                    f"{path}, and of the others: {', '.join(p.rsplit('/', 1)[-1] for p, _, _ in failures[1:])})")
-        if trial_timeout is not None and any("process has died" in error for _, _, error in failures):
-            out += (f"\n      its process ended: a trial blocked outside Python past experiment.trial_timeout "
-                    f"({trial_timeout:g} s) ends so (trainable/watchdog.py), as does a crash")
-    return out
-
-
 def no_success(frame: pd.DataFrame, metric: str, interrupted: bool = False) -> str:
     """Why no trial succeeded, for the summary: the trials' statuses, and how the command exits
     (an interrupted search exits 130, whatever its trials did)."""
@@ -411,7 +300,7 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
     summary += "".join(f"\nnote: {note}" for note in notes)
     if ended:
         summary += f"\nEnded: {ended_note(ended, frame['trial_id'].nunique())}"
-    summary += "\n" + search_notes(space, folder, timing, frame)
+    summary += "\n" + search_notes(space, folder, timing.wall_seconds * timing.slots, frame)
     summary += warm_start_line(folder)  # which trials the study was told before trial 0, and from where
     if interrupted:  # a stop must end in seconds (SIGTERM, then SIGKILL); the figures take seconds more
         summary += (f"\nReport: not remade for a stopped search (the search's end makes it); "

@@ -413,3 +413,35 @@ class Journal:
         self._uploaded_at = time.monotonic()
         self._upload_seconds = self._uploaded_at - now
 
+
+def sync_journal(folder: RunFolder, space: Space, frame: pd.DataFrame, notes: list[str]) -> None:
+    """optuna.journal as results.parquet holds the trials, at the end of a search: entry k is trial_number k.
+
+    A journal that does not read, or whose last line a kill cut short (the next append would
+    make it unreadable), is moved aside and written anew from results.parquet, as the results are.
+    On URI storage the journal is the driver's local copy (local_journal_path), copied into the run folder.
+    """
+    path = local_journal_path(folder.path)
+    try:
+        if os.path.exists(path) and os.path.getsize(path) and not _ends_a_line(path):
+            raise ValueError("its last line is cut short")
+        journal = Journal(folder, space)
+        journal.sync(frame)
+        notes.extend(journal.overridden)
+        return
+    except Exception as failure:
+        damage = f"{type(failure).__name__}: {failure}"
+    aside = f"{path}.damaged"
+    try:
+        os.replace(path, aside)
+        Journal(folder, space).sync(frame)
+        notes.append(f"{JOURNAL_FILE} could not be used ({damage}); it was moved to {aside} and written anew "
+                     "from results.parquet")
+    except Exception as failure:  # the journal is a view; it must never fail the search
+        notes.append(f"{JOURNAL_FILE} not brought up to date ({damage}; then {type(failure).__name__}: {failure})")
+
+
+def _ends_a_line(path: str) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"

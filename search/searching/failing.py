@@ -73,3 +73,24 @@ def failing_note(ended: dict[str, Any], trials: int) -> str:
             f"same error and none succeeded, so no more were started ({trials} of {ended['num_samples']} trials "
             f"ran): {ended['error']}. Fix that in your code (the traceback is in each trial's error.txt), then run "
             "the search again")
+
+
+def failed_lines(grid, folder, trial_timeout: float | None) -> str:
+    """The summary's Failed lines: each error once (alike), with the trials it ended."""
+    groups: dict[str, list[tuple[str, str, str]]] = {}
+    for result in grid:
+        if result.error is not None:  # after max_failures restarts; Tune keeps the traceback
+            line = last_line(result.error)
+            groups.setdefault(alike(line), []).append((folder.trial_path(result.path), line, str(result.error)))
+    out = ""
+    for failures in groups.values():
+        path, line, _ = failures[0]
+        if len(failures) == 1:
+            out += f"\nFailed: {path}: {line} (traceback in error.txt there)"
+        else:
+            out += (f"\nFailed: {len(failures)} trials with the same error: {line} (traceback in error.txt of "
+                    f"{path}, and of the others: {', '.join(p.rsplit('/', 1)[-1] for p, _, _ in failures[1:])})")
+        if trial_timeout is not None and any("process has died" in error for _, _, error in failures):
+            out += (f"\n      its process ended: a trial blocked outside Python past experiment.trial_timeout "
+                    f"({trial_timeout:g} s) ends so (trainable/watchdog.py), as does a crash")
+    return out

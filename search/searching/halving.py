@@ -290,3 +290,13 @@ def read_record(storage: Storage, relative: str) -> dict[str, Any]:
                 "stopped": ints(raw["stopped"]), "waits": ints(raw["waits"])}
     except (ValueError, KeyError, TypeError, AttributeError):
         return empty
+
+
+def summary_note(storage: Storage, record: str, scheduler: str) -> str:
+    """The summary's line for a reproducible halving search (with its leading newline and indent): the rule,
+    the trials stopped early, and the rungs' waits, from halving.json at `record`."""
+    halving = read_record(storage, record)
+    held = sum(halving["waits"].values())
+    return (f"\n      {scheduler}: reproducible: trial n is judged at a rung against the trials "
+            f"numbered below it; {len(halving['stopped'])} trial(s) stopped early; "
+            f"{len(halving['waits'])} paused at a rung for lower-numbered ones, {held:.1f} s in all")

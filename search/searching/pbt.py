@@ -183,3 +183,10 @@ def replay_config(config: dict[str, Any], lineage: Mapping[str, Any] | None) -> 
     if schedule:
         out[SCHEDULE_KEY] = schedule
     return out
+
+
+def summary_note(seed: int) -> str:
+    """The summary's Search: line for pbt: what reproduces and what does not."""
+    return (f"Search: pbt: trial n's first config depends only on the seed ({seed}) and n; which "
+            "trials copy which at a perturbation, and the perturbed values, are Ray's random draws, so a rerun "
+            "differs; best.yaml replays its trial's weights with `schedule:`")
