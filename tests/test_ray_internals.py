@@ -128,3 +128,34 @@ def test_the_quiet_mode_keeps_the_raylets_worker_died_line_off_the_terminal(capf
         assert "A worker died" not in capfd.readouterr().out
     finally:
         worker._worker_logs_enabled = was
+
+
+def test_a_reused_actor_that_failed_its_reset_restarts_its_trial():
+    """Tune ends a PENDING trial ERROR on a task's failure without asking should_recover(); a reused actor's
+    reset fails while its trial is PENDING (ray_internals.restart_a_trial_whose_reused_actor_died)."""
+    from types import SimpleNamespace
+
+    from ray.tune.execution.tune_controller import TuneController
+    from ray.tune.experiment import Trial
+
+    failure = inspect.getsource(TuneController._process_trial_failure)
+    assert "trial.status == Trial.RUNNING and trial.should_recover()" in failure, "Tune's restart rule moved"
+    reset = inspect.getsource(TuneController._schedule_trial_reset)
+    assert "self._resetting_trials.add(trial)" in reset and "on_error=self._trial_task_failure" in reset
+    assert "self._set_trial_status(trial, Trial.RUNNING)" in inspect.getsource(TuneController._actor_failed)
+
+    ray_internals.restart_a_trial_whose_reused_actor_died()
+    ray_internals.restart_a_trial_whose_reused_actor_died()  # twice: patched once
+    seen = []
+    class Fake(SimpleNamespace):
+        __hash__ = object.__hash__  # a set holds it, as Tune's sets hold trials
+
+    resetting, pending, running = (Fake(status=s) for s in (Trial.PENDING, Trial.PENDING, Trial.RUNNING))
+    controller = SimpleNamespace(
+        RAISE=TuneController.RAISE, _fail_fast=False, _print_trial_errors=False, _resetting_trials={resetting},
+        _set_trial_status=lambda trial, status: setattr(trial, "status", status),
+        _process_trial_failure=lambda trial, exception: seen.append(trial.status))
+    for trial in (resetting, pending, running):
+        TuneController._trial_task_failure(controller, trial, RuntimeError("actor died"))
+    assert seen == [Trial.RUNNING, Trial.PENDING, Trial.RUNNING], "only the failed reset is marked RUNNING"
+    assert controller._resetting_trials == set(), "its reset ended"

@@ -25,6 +25,16 @@ fails when Ray changes what it relies on, so an upgrade says where to look inste
   nowhere else but to copy it) becomes an int that answers that comparison as `max_failures` does, unless
   the failure just written is a function's contract error (trainable/function.py ContractError), which is
   the same on every try: then the trial ends ERROR at once.
+- `restart_a_trial_whose_reused_actor_died`: Tune keeps the actor of an ended or paused trial to run the
+  next trial (reuse_actors, search/execution/tuner.py), and hands it over with a `reset` task while that
+  trial is still PENDING. When the kept actor is dead (its node was lost, its process killed), the reset
+  fails, and Tune's `_process_trial_failure` ends a PENDING trial ERROR without asking `should_recover()`:
+  a worker lost mid-search ended such a trial ERROR with its restarts unused (tests/test_chaos.py). An
+  actor that dies while it starts is Tune's own case of this (`_actor_failed`): it marks the trial
+  RUNNING first, so the failure is counted and the trial restarts under max_failures. TuneController's
+  `_trial_task_failure` now does the same for a failed reset (and ends the reset); the trial's staged
+  resources are left as they are, for its next actor's start to take. No public API reaches
+  Tune's handling of a task's failure; a callback hears of the ERROR only after it is decided.
 - `silent_raylet_errors`: Ray's error thread on the driver prints what the raylet publishes ("(raylet) A
   worker died or was killed ...") straight to the terminal with `print_worker_logs`, past any logger and
   whatever log_to_driver says; its one switch is the module flag `_worker_logs_enabled` (Ray's debugger
@@ -133,6 +143,26 @@ def no_retry_of_contract_errors(trial: Any) -> None:
     """Make Tune end `trial` ERROR without a restart when it fails with a contract error (idempotent)."""
     if not isinstance(trial.max_failures, _Retries):
         trial.max_failures = _Retries(trial.max_failures, trial)
+
+
+def restart_a_trial_whose_reused_actor_died() -> None:
+    """Make Tune restart a trial, under max_failures, whose reused actor failed its reset (idempotent; see the
+    module docstring)."""
+    from ray.tune.execution.tune_controller import TuneController
+    from ray.tune.experiment import Trial
+
+    handle = TuneController._trial_task_failure
+    if getattr(handle, "restarts_failed_resets", False):
+        return
+
+    def _trial_task_failure(self, trial, exception):
+        if trial.status == Trial.PENDING and trial in self._resetting_trials:
+            self._resetting_trials.discard(trial)
+            self._set_trial_status(trial, Trial.RUNNING)  # as Tune's _actor_failed does for an actor's start
+        return handle(self, trial, exception)
+
+    _trial_task_failure.restarts_failed_resets = True  # type: ignore[attr-defined]
+    TuneController._trial_task_failure = _trial_task_failure
 
 
 def silent_raylet_errors() -> None:
