@@ -294,6 +294,9 @@ class OrderedSearch(Searcher):
         sights = self._sights(n)
         fidelity = self._fidelity_for(n, sights)
         if any(how != WHOLE for how, _ in sights.values()):  # seen up to horizons: built for this one suggestion
+            # trial n is asked in that study, not in the kept one, which then lacks it: a later suggestion
+            # that kept it would tell trials it does not hold (KeyError) or ask under the wrong number
+            self._kept = None
             return self._built(n, sights, fidelity)
         if self._kept is not None and fidelity != self._fidelity:
             self._drop_caches()  # "rung" moved up: every told trial's value changes, build it again
