@@ -162,7 +162,7 @@ def restart_a_trial_whose_reused_actor_died() -> None:
         return handle(self, trial, exception)
 
     _trial_task_failure.restarts_failed_resets = True  # type: ignore[attr-defined]
-    TuneController._trial_task_failure = _trial_task_failure
+    TuneController._trial_task_failure = _trial_task_failure  # type: ignore[method-assign]
 
 
 def silent_raylet_errors() -> None:
