@@ -65,12 +65,12 @@ def faults_on_a_clock(chaos: Chaos, every: float, seed: int) -> None:
         due = time.monotonic() + every
         while time.monotonic() < due and chaos.driver.poll() is None:
             time.sleep(0.2)  # the fault schedule itself, not a wait for the search
-        running = chaos._running(reported=True)
+        running = chaos.running(reported=True)
         if not running or chaos.driver.poll() is not None:
             continue
         number, pid, node = rng.choice(running)
         if rng.random() < 0.25:
-            chaos._lose(node)
+            chaos.lose(node)
             chaos.done.append(("node", number))
         else:
             try:

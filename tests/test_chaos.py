@@ -119,14 +119,14 @@ class Chaos:
             if time.monotonic() > deadline or self.driver.poll() is not None:
                 return
             # a trial at least one epoch in (a checkpoint to restart from), or any running one
-            victim = self._wait(lambda: self._running(reported=True), deadline)
+            victim = self._wait(lambda: self.running(reported=True), deadline)
             if victim is None:
                 return
             number, pid, node = rng.choice(victim)
             if kind == "trial":
                 os.kill(pid, signal.SIGKILL)
             else:
-                self._lose(node)
+                self.lose(node)
             self.done.append((kind, number))
             enough = self._reports() + rng.randint(2, 5)
             self._wait(lambda enough=enough: True if self._reports() >= enough else None, deadline)
@@ -147,7 +147,7 @@ class Chaos:
         """Raylet pid -> worker node, for the workers of this cluster (the head runs no trial)."""
         return {node.all_processes["raylet"][0].process.pid: node for node in self.cluster.worker_nodes}
 
-    def _running(self, reported: bool):
+    def running(self, reported: bool):
         """[(trial number, pid, worker node)] of the live trial processes of this cluster, or None."""
         raylets = self._raylets()
         reported_by = set()
@@ -167,7 +167,7 @@ class Chaos:
                 running.append((number, pid, node))
         return running or None
 
-    def _lose(self, node) -> None:
+    def lose(self, node) -> None:
         raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
         started = raylet.children(recursive=True)
         self.cluster.remove_node(node, allow_graceful=False)
