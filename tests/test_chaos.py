@@ -2,6 +2,9 @@
 loop in the test (the driver is a process of its own) SIGKILLs trial processes and whole worker nodes
 (adding a node back each time) while the driver runs, and the run's results.parquet, optuna.journal and
 best.yaml equal an undisturbed run's of the same seed, with FIFO and with reproducible ASHA (search/searching/halving.py).
+The FIFO search keeps its run on S3 (moto's server, tests/test_object_store.py), and the chaos also stalls
+the storage writes there: the server stopped (SIGSTOP) for a second or three while the driver and the trials
+write to it, then let go.
 
 The trials are a toy training function (`trainable: toy.py:train`) whose values depend only on the trial's
 config and epoch, and which checkpoints every epoch: a restart from a checkpoint reproduces the rest.
@@ -34,6 +37,7 @@ from ray.cluster_utils import Cluster
 from search.store.results import COMPLETED
 from tests.heads import free_port
 from tests.helpers import SMALL, assert_outputs_agree
+from tests.test_object_store import BUCKET, ENV, download_run, moto_server, uri
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -65,6 +69,9 @@ def train(config, report, checkpoint=None):
 
 @pytest.fixture(scope="module")
 def cluster():
+    # the trials on the workers write checkpoints to S3 too: moto takes any credentials, the SDK needs some
+    before = {name: os.environ.get(name) for name in ENV if name.startswith("AWS_")}
+    os.environ.update({name: ENV[name] for name in before})
     # The head offers no CPU: trials run on the two workers only (1 CPU each, 2 trials of 0.5 CPU), and
     # removing a worker always takes trials with it. A lost node is declared dead after 3 missed health
     # checks 0.5 s apart (Ray's defaults wait about 15 s), so the run goes on soon after a node kill.
@@ -78,15 +85,33 @@ def cluster():
     cluster.wait_for_nodes()
     yield cluster
     cluster.shutdown()
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
-def space_file(folder: Path, scheduler: str) -> Path:
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """moto's S3 server with one bucket: (its host:port, its process)."""
+    import pyarrow.fs as pafs
+
+    with moto_server(tmp_path_factory.mktemp("moto") / "moto.log") as endpoint:
+        pafs.S3FileSystem(endpoint_override=endpoint, scheme="http", access_key="test", secret_key="test",
+                          region="us-east-1", allow_bucket_creation=True).create_dir(BUCKET)
+        port = endpoint.rsplit(":", 1)[1]
+        [server] = [p for p in psutil.Process().children() if p.cmdline()[-2:] == ["-p", port]]
+        yield endpoint, server
+
+
+def space_file(folder: Path, scheduler: str, storage_path: str | None = None) -> Path:
     """8 trials x 4 epochs of the toy, 4 at once (0.5 CPU each: both workers), SMALL's keys searched."""
     (folder / "toy.py").write_text(TOY)
     raw = {"trainable": "toy.py:train",
            "experiment": {"name": "chaos", "metric": "val_acc", "mode": "max", "num_samples": 8,
                           "max_concurrent": 4, "seed": SEED, "max_failures": 20, "scheduler": scheduler,
-                          "reproducible": True, "storage_path": str(folder / "runs")},
+                          "reproducible": True, "storage_path": storage_path or str(folder / "runs")},
            "resources": {"cpus": 0.5},
            "training": {"epochs": 4, "pace": 0.3, "chaos": str(folder / "chaos")},
            "space": copy.deepcopy(SMALL["space"])}
@@ -98,9 +123,10 @@ def space_file(folder: Path, scheduler: str) -> Path:
 @dataclass
 class Chaos:
     """Seeded faults while the driver runs, at most `most` of them and none after `seconds`: SIGKILL a
-    running trial's process, or remove a worker node that runs a trial (its raylet and every process it
-    started, killed) and add a new worker in its place. After each fault it waits for the search to make
-    a few more reports (the toy's log), so the next fault lands on the run as it goes on."""
+    running trial's process, remove a worker node that runs a trial (its raylet and every process it
+    started, killed) and add a new worker in its place, or (given the `store`'s process) stall the storage
+    writes: the S3 server stopped for 1-3 s. After each fault it waits for the search to make a few more
+    reports (the toy's log), so the next fault lands on the run as it goes on."""
 
     cluster: Cluster
     folder: Path  # the toy's chaos folder
@@ -108,13 +134,15 @@ class Chaos:
     seed: int
     most: int = 5
     seconds: float = 90
+    store: psutil.Process | None = None  # the S3 server whose writes a stall stops
     done: list[tuple[str, int]] = field(default_factory=list)  # (trial | node, trial number)
 
     def run(self) -> None:
         rng = random.Random(self.seed)
         deadline = time.monotonic() + self.seconds
         # one of each first (else the test would prove nothing), then as the seed says
-        kinds = ["trial", "node"] + [rng.choice(["trial", "node"]) for _ in range(self.most - 2)]
+        first = ["trial", "node", *(["stall"] if self.store else [])]
+        kinds = first + [rng.choice(first) for _ in range(self.most - len(first))]
         for kind in kinds:
             if time.monotonic() > deadline or self.driver.poll() is not None:
                 return
@@ -125,8 +153,10 @@ class Chaos:
             number, pid, node = rng.choice(victim)
             if kind == "trial":
                 os.kill(pid, signal.SIGKILL)
-            else:
+            elif kind == "node":
                 self.lose(node)
+            else:
+                self.stall(rng.uniform(1, 3))
             self.done.append((kind, number))
             enough = self._reports() + rng.randint(2, 5)
             self._wait(lambda enough=enough: True if self._reports() >= enough else None, deadline)
@@ -167,6 +197,15 @@ class Chaos:
                 running.append((number, pid, node))
         return running or None
 
+    def stall(self, seconds: float) -> None:
+        """Every write to the store waits `seconds` (the server stopped: its connections stay open), then goes on."""
+        assert self.store is not None
+        self.store.suspend()
+        try:
+            time.sleep(seconds)  # the fault's length, not a wait for anything
+        finally:
+            self.store.resume()
+
     def lose(self, node) -> None:
         raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
         started = raylet.children(recursive=True)
@@ -180,8 +219,10 @@ class Chaos:
         self.cluster.wait_for_nodes(timeout=60)
 
 
-def search(cluster: Cluster, space: Path, name: str, chaos_seed: int | None = None):
-    """Run the search on the cluster; with chaos_seed, under Chaos. Returns (run folder, faults)."""
+def search(cluster: Cluster, space: Path, name: str, chaos_seed: int | None = None, s3=None):
+    """Run the search on the cluster; with chaos_seed, under Chaos; with `s3` ((endpoint, server): the space's
+    storage_path is its bucket), stalls of the store among the faults, and the run copied here after.
+    Returns (the run folder, here, and the faults)."""
     chaos_folder = space.parent / "chaos"
     if chaos_folder.exists():
         for file in [*chaos_folder.glob("pids/*"), chaos_folder / "reports"]:
@@ -189,18 +230,20 @@ def search(cluster: Cluster, space: Path, name: str, chaos_seed: int | None = No
     out, err = space.parent / f"{name}.out", space.parent / f"{name}.err"
     with out.open("w") as stdout, err.open("w") as stderr:
         driver = subprocess.Popen([sys.executable, "-m", "search", "--space", str(space), "--address",
-                                   cluster.address, "--name", name], cwd=REPO, stdout=stdout, stderr=stderr)
+                                   cluster.address, "--name", name], cwd=REPO, stdout=stdout, stderr=stderr,
+                                  env={**os.environ, **{k: v for k, v in ENV.items() if k.startswith("AWS_")}})
     chaos = None
     try:
         if chaos_seed is not None:  # in this thread: Ray starts a node from the main thread only
-            chaos = Chaos(cluster, chaos_folder, driver, chaos_seed)
+            chaos = Chaos(cluster, chaos_folder, driver, chaos_seed, store=s3[1] if s3 else None)
             chaos.run()
         driver.wait(timeout=400)
     finally:
         if driver.poll() is None:
             driver.kill()
     assert driver.returncode == 0, (out.read_text()[-2000:], err.read_text()[-3000:])
-    return space.parent / "runs" / name, (chaos.done if chaos else [])
+    run = download_run(s3[0], name, space.parent / "runs") if s3 else space.parent / "runs" / name
+    return run, (chaos.done if chaos else [])
 
 
 def table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -220,14 +263,15 @@ def best(run: Path) -> dict:
     return {key: result[key] for key in ("trial_number", "epoch", "val_acc")}
 
 
-@pytest.mark.parametrize("scheduler", ["fifo", "asha"])
-def test_a_search_under_chaos_equals_the_undisturbed_run(cluster, tmp_path, scheduler):
-    space = space_file(tmp_path, scheduler)
-    calm, _ = search(cluster, space, "calm")
-    stormy, faults = search(cluster, space, "stormy", chaos_seed=SEED)
-    print(f"{scheduler}: faults injected {faults}")
+@pytest.mark.parametrize("scheduler,storage", [("fifo", "s3"), ("asha", "local")])
+def test_a_search_under_chaos_equals_the_undisturbed_run(cluster, request, tmp_path, scheduler, storage):
+    s3 = request.getfixturevalue("s3") if storage == "s3" else None
+    space = space_file(tmp_path, scheduler, uri(s3[0]) if s3 else None)
+    calm, _ = search(cluster, space, "calm", s3=s3)
+    stormy, faults = search(cluster, space, "stormy", chaos_seed=SEED, s3=s3)
+    print(f"{scheduler} on {storage}: faults injected {faults}")
     kinds = {kind for kind, _ in faults}
-    assert kinds == {"trial", "node"}, f"a trial kill and a node kill at least: {faults}"
+    assert kinds == ({"trial", "node", "stall"} if s3 else {"trial", "node"}), f"one of each at least: {faults}"
 
     calm_frame, stormy_frame = pd.read_parquet(calm / "results.parquet"), pd.read_parquet(stormy / "results.parquet")
     for frame in (calm_frame, stormy_frame):
