@@ -3,7 +3,7 @@
 When a trial ends, its rows are recorded. Two ways, timed side by side in one run:
 
   (a) new: results.parquet is a folder of per-trial parts; the k-th trial writes only its
-      own part, `RunFolder.write_part(space, trial_id, rows)`, beside the k-1 parts already
+      own part, `RunFolder.parts.write(space, trial_id, rows)`, beside the k-1 parts already
       there. Its cost should not depend on k.
   (b) old: results.parquet is one file; every trial's rows (all k trials) become one table
       that is written whole (`part_bytes(all_rows, schema)` + `Storage.write`), which is
@@ -108,7 +108,7 @@ def prefill(folder: Path, space: Space, rows: list[list[dict[str, Any]]], upto: 
 
 def time_new(run: RunFolder, space: Space, k: int, rows: list[dict[str, Any]]) -> float:
     start = time.perf_counter()
-    run.write_part(space, trial_id(k), rows)
+    run.parts.write(space, trial_id(k), rows)
     return time.perf_counter() - start
 
 

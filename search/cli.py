@@ -322,7 +322,7 @@ def main(argv: Sequence[str] | None = None, started: float | None = None) -> int
         defaults = space.trial_defaults()
         # FILE.py:NAME, module:NAME: the user's code runs before Ray starts, so an error in it costs seconds;
         # a --resume of a finished run starts no Ray at all
-        if args.resume or space.trainable or ":" in defaults.model or ":" in defaults.dataset:
+        if args.resume or space.kind.runs_user_code(defaults):
             early_ray.begin_after_checks()
         else:  # built-ins only: Ray comes up while the driver imports torch and loads the data
             early_ray.begin()

@@ -14,7 +14,6 @@ import sys
 from contextlib import ExitStack
 from typing import Callable
 
-from search.definition.objectives import objectives_of
 from search.definition.space import Space
 from search.execution.capacity import check_capacity, plan_gpus
 from search.execution.disk_guard import stop_reason
@@ -25,11 +24,9 @@ from search.execution.tuner import build_tuner, fit
 from search.outputs.finish import Outcome, finish, resume_command, with_time
 from search.outputs.phases import Phases
 from search.outputs.summary import slot_count
-from search.store.results import reserved_names
 from search.store.storage import Storage, check_storage
 from trainable.adapter import tune_trial
 from trainable.errors import DiskFull
-from trainable.function import function_trial
 
 
 def run_search(space: Space, *, name: str | None = None, address: str | None = None, resume: bool = False,
@@ -49,9 +46,7 @@ def run_search(space: Space, *, name: str | None = None, address: str | None = N
         if done is not None:  # a resume: every trial ended and the outputs read; said without starting Ray
             return finished_run(space, folder, phases, done)
         experiment = space.experiment
-        if space.trainable:  # the user's function instead of the canonical loop (trainable/function.py)
-            objectives = objectives_of(experiment)
-            trainable = function_trial(objectives.measured, len(objectives.metrics), reserved_names(space))
+        trainable = space.kind.trainable(space, trainable)  # the given one, or the wrapper of the user's function
         phases.mark("checks")
         held.callback(phases.mark, "shutdown")  # after Ray's shutdown, before the run folder's release
         with released_on_failure(folder, resume=resume):  # an unreachable cluster, Ctrl-C: nothing ran

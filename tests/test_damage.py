@@ -108,7 +108,7 @@ def test_a_part_whose_epochs_read_but_not_its_other_columns_leaves_the_record_as
     end = chunk.data_page_offset + chunk.total_compressed_size
     data[end - 8:end] = bytes(b ^ 0xFF for b in data[end - 8:end])  # the end of val_acc's compressed page
     folder.storage.write(f"{folder.name}/{RESULTS_FILE}/t.parquet", bytes(data))
-    assert folder.part_epochs("t") == {1, 2, 3} and folder.read_part("t", schema) == [], "the damage tested here"
+    assert folder.parts.epochs("t") == {1, 2, 3} and folder.parts.read("t", schema) == [], "the damage tested here"
     record = trial_rows("t", config, reports[:1], done=False, error=False)
     notes = []
     assert kept_rows(folder, "t", record, schema, record_gone=False, notes=notes) == record and notes == []

@@ -13,7 +13,8 @@ import torch
 import yaml
 
 from search.definition.space import parse_space
-from search.store.run_folder import STATUSES_FILE, RunFolder, _saved_trials
+from search.store.run_folder import RunFolder
+from search.store.tune_record import STATUSES_FILE, _saved_trials
 from search.store.storage import Storage
 from trainable.errors import ConfigError
 from trainable.report import PACKED_COLUMNS
@@ -405,7 +406,7 @@ def test_a_finished_search_of_a_function_that_keeps_no_checkpoint_resumes_withou
     # Tune's statuses as the end read them: the resume reads them there, not Tune's record (20 s at 10,000 trials)
     folder = RunFolder(Storage.at(str(tmp_path / "runs")), "plain")
     statuses = json.loads((Path(outcome.path) / STATUSES_FILE).read_text())["statuses"]
-    assert statuses == {t: status for t, (status, _) in folder.saved_trials().items()} and len(statuses) == 2
+    assert statuses == {t: status for t, (status, _) in folder.record.saved_trials().items()} and len(statuses) == 2
     _saved_trials.cache_clear()
     again = run_search(space, name="plain", resume=True)
     assert "Search plain is finished: all 2 of experiment.num_samples 2 trials ended (2 completed)" in again.summary
@@ -420,7 +421,7 @@ def test_a_finished_search_of_a_function_that_keeps_no_checkpoint_resumes_withou
     tuner.write_bytes(kept)
     # a snapshot of Tune's after the end (a resume that ran) makes statuses.json stale: the record answers
     state.write_text(state.read_text() + " ")
-    assert folder.saved_statuses() == statuses and _saved_trials.cache_info().misses == 1
+    assert folder.record.saved_statuses() == statuses and _saved_trials.cache_info().misses == 1
 
 
 def test_a_choice_of_mixed_types_keeps_each_drawn_values_type_through_the_results(tmp_path):

@@ -32,10 +32,18 @@ def modules() -> dict[str, Path]:
 
 
 def imported(path: Path, name: str, known: dict[str, Path]) -> list[tuple[str, int]]:
-    """(module of search/ or trainable/, line) for every import in the file, at any depth (in a function too)."""
+    """(module of search/ or trainable/, line) for every import in the file, at any depth (in a function too),
+    except those under `if TYPE_CHECKING:`, which never run: a kind of trial names the Space it is asked about
+    (search/definition/kind.py) while space.py asks the kind."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
+                   for n in ast.walk(block)}
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -170,7 +178,8 @@ def test_search_spec_is_search_definition_for_run_folders_pickled_before_the_ren
     module, and an object pickled under the old path loads (a fresh interpreter: nothing imported yet)."""
     import search
 
-    defined = sorted(p.stem for p in (REPO / "search" / "definition").glob("*.py") if p.stem != "__init__")
+    since = {"kind", "loop_kind", "function_kind"}  # written after the rename: no run folder names their old path
+    defined = sorted(p.stem for p in (REPO / "search" / "definition").glob("*.py") if p.stem not in {"__init__", *since})
     assert [old for old in search.MOVED if old.startswith("spec.")] == [f"spec.{name}" for name in defined]
     from search.definition.objectives import Bound, Objectives
 
@@ -237,3 +246,72 @@ def test_a_run_folder_made_by_the_flat_layout_resumes_after_the_move(tmp_path):
     frame = pd.read_parquet(run / "results.parquet")
     assert sorted(frame["trial_number"].unique()) == [0, 1, 2, 3]
     assert_outputs_agree(run)
+
+
+# The kind of trial (search/definition/kind.py) and its two implementations: the one place that tells them apart
+KIND_MODULES = {"search/definition/kind.py", "search/definition/loop_kind.py", "search/definition/function_kind.py"}
+KIND_CLASSES = {"FunctionConfig", "OwnFunction", "CanonicalLoop"}
+
+
+def tells_kinds_apart(test: ast.AST) -> bool:
+    """Whether an expression asks which kind of trial runs: a space's (or kind's) `trainable` or `reference`
+    read, `is_function(...)`, a flag named `function` or `free_names`, `TRAINABLE_KEY in ...`, or an
+    isinstance of a kind's class or config."""
+    for n in ast.walk(test):
+        if isinstance(n, ast.Attribute) and n.attr in ("trainable", "reference") and isinstance(n.ctx, ast.Load):
+            return True
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "is_function":
+            return True
+        if isinstance(n, ast.Name) and n.id in ("function", "free_names"):  # a flag that carries the kind
+            return True
+        if isinstance(n, ast.Compare) and any(isinstance(o, (ast.In, ast.NotIn)) for o in n.ops) and any(
+                isinstance(side, ast.Name) and side.id == "TRAINABLE_KEY" for side in [n.left, *n.comparators]):
+            return True
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "isinstance" and \
+                len(n.args) == 2 and any(isinstance(c, ast.Name) and c.id in KIND_CLASSES for c in ast.walk(n.args[1])):
+            return True
+    return False
+
+
+def branches_on_the_kind(source: str) -> list[int]:
+    """The lines of every if, conditional expression, while, assert, comprehension filter and and/or whose
+    condition tells the kinds apart."""
+    lines = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.If, ast.IfExp, ast.While, ast.Assert)):
+            tests = [node.test]
+        elif isinstance(node, ast.comprehension):
+            tests = list(node.ifs)
+        elif isinstance(node, ast.BoolOp):
+            tests = list(node.values)
+        else:
+            continue
+        if any(tells_kinds_apart(t) for t in tests):
+            lines.add(getattr(node, "lineno", None) or tests[0].lineno)
+    return sorted(lines)
+
+
+def test_the_counter_finds_each_way_of_branching_on_the_kind():
+    source = ("if space.trainable:\n    pass\n"
+              "x = a if is_function(config) else b\n"
+              "y = [n for n in names if TRAINABLE_KEY not in n]\n"
+              "z = kind.reference or isinstance(config, FunctionConfig)\n"
+              "v = 1 if function else 2\n"
+              "w = space.kind.trainable(space, given)\n")  # asking the kind: no branch
+    assert branches_on_the_kind(source) == [1, 3, 4, 5, 6]
+
+
+def test_code_asks_the_kind_of_trial_instead_of_branching_on_it():
+    """Fewer than 10 branches on the kind of trial outside search/definition/kind.py and its two implementations
+    (each left is said here: a function's data and code are its own, and python -m trainable reads a file)."""
+    found = []
+    for package in ("search", "trainable"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            relative = path.relative_to(REPO).as_posix()
+            if relative not in KIND_MODULES:
+                found += [f"{relative}:{line}" for line in branches_on_the_kind(path.read_text())]
+    assert len(found) < 10, found
+    # search/execution/preflight.py (a function imports now, loads no data), trainable/__main__.py (a best.yaml
+    # of either kind), trainable/function.py (a Tune config of either kind): the three there are today
+    assert {f.split(":")[0] for f in found} <= {"search/execution/preflight.py", "trainable/__main__.py",
+                                                 "trainable/function.py"}, found

@@ -195,10 +195,10 @@ def snapshot_in_part(folder: RunFolder) -> str | None:
     """What in the bucket is not of one moment of the search, or None: Tune uploads each snapshot file by file,
     in the background, while its num_to_keep (Tune's or the driver's) deletes checkpoints."""
     try:
-        trials = folder.analysis().trials
+        trials = folder.record.analysis().trials
     except ValueError:  # no state yet, or one being written
         return None
-    if {t.trial_id for t in trials} != set(folder.searcher_state().get("numbers", {})):
+    if {t.trial_id for t in trials} != set(folder.record.searcher_state().get("numbers", {})):
         return "Tune's state and the searcher's record hold other trials"
     gone = [t.checkpoint.path for t in trials if t.status != "TERMINATED" and t.checkpoint
             and t.checkpoint.filesystem.get_file_info(t.checkpoint.path).type == pafs.FileType.NotFound]

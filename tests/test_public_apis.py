@@ -108,7 +108,7 @@ def tune_run(ray_local, tmp_path_factory):
 
 def test_tune_saves_the_searchers_json_record_in_the_run_folder(tune_run):
     folder, grid = tune_run
-    state = folder.searcher_state()
+    state = folder.record.searcher_state()
     assert sorted(state["finished"]) == [0, 1, 2] and sorted(state["suggested"]) == [0, 1, 2]
     numbers = {result.config["trial_number"]: result.metrics["val_acc"] for result in grid}
     assert state["finished"] == numbers, "a trial's value, by its number"
@@ -119,7 +119,7 @@ def test_tune_saves_the_searchers_json_record_in_the_run_folder(tune_run):
 
 def test_saved_trials_are_tunes_last_saved_statuses_and_configs(tune_run):
     folder, grid = tune_run
-    saved = folder.saved_trials()
+    saved = folder.record.saved_trials()
     assert len(saved) == 3 and {status for status, _ in saved.values()} == {"TERMINATED"}
     assert set(saved) == {result.metrics["trial_id"] for result in grid}
     assert sorted(config["trial_number"] for _, config in saved.values()) == [0, 1, 2]
@@ -129,11 +129,11 @@ def test_saved_trials_are_tunes_last_saved_statuses_and_configs(tune_run):
 def test_a_resume_drops_the_parts_of_trials_tunes_state_does_not_hold(tune_run):
     """A trial that ended after Tune's last snapshot runs again on resume: its old part must not count twice."""
     folder, _ = tune_run
-    recorded = sorted(folder.saved_trials())
+    recorded = sorted(folder.record.saved_trials())
     folder.storage.write(f"{folder.name}/{RESULTS_FILE}/{recorded[0]}.parquet", b"part")
     folder.storage.write(f"{folder.name}/{RESULTS_FILE}/unknown.parquet", b"part")
-    assert folder.drop_unrecorded_parts() == ["unknown"]
-    assert folder.ended_trials() == [recorded[0]]
+    assert folder.parts.drop_unrecorded() == ["unknown"]
+    assert folder.parts.ended() == [recorded[0]]
 
 
 def test_a_damaged_searcher_record_refuses_to_resume(tune_run):
@@ -144,6 +144,6 @@ def test_a_damaged_searcher_record_refuses_to_resume(tune_run):
         folder.storage.write(path, good[: len(good) // 2])
         with pytest.raises(ConfigError, match="cannot be read.*resuming would start the search over"):
             folder.check_record()
-        assert folder.searcher_state() == {}
+        assert folder.record.searcher_state() == {}
     finally:
         folder.storage.write(path, good)

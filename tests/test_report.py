@@ -380,7 +380,7 @@ def test_several_objectives_the_report_lists_the_front_at_pareto_yamls_epoch_wit
                  "seed": number, "trial_number": number, "num_threads": 1, "epoch": epoch, "acc": acc, "cost": cost,
                  "finished_at": 1.8e9 + epoch, "epoch_seconds": 1.0}
                 for epoch, (acc, cost) in enumerate(zip(accs, costs), start=1)]
-        folder.write_part(space, f"t{number}", rows, results_schema(space))
+        folder.parts.write(space, f"t{number}", rows, results_schema(space))
     frame = pd.read_parquet(tmp_path / "two" / "results.parquet")
     write_pareto(folder, space, frame, objectives_of(space.experiment))
     page = Path(write_report(folder, space, frame, None, "summary")).read_text()

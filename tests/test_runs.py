@@ -18,7 +18,7 @@ def make_run(storage, space, name: str, statuses: list[str]) -> RunFolder:
         rows = [{"trial_id": f"t{number}", "status": status, "trial_number": number, "epoch": epoch,
                  "val_acc": 0.5 + number / 100, "val_loss": 1 - number / 100, "finished_at": 1.8e9 + number, "lr": 0.1}
                 for epoch in (1, 2)]
-        folder.write_part(space, f"t{number}", rows, results_schema(space))
+        folder.parts.write(space, f"t{number}", rows, results_schema(space))
     return folder
 
 

@@ -152,6 +152,15 @@ def refuse_flags_of_a_function_replay(args: argparse.Namespace) -> None:
                                    value) for flag, value in given])
 
 
+def replayed_metric(raw: dict, pick: int | None) -> str | list[str] | None:
+    """What a function's replay prints: best.yaml's metric, or pareto.yaml's objectives."""
+    if pick is not None:
+        objectives = raw.get("objectives") if isinstance(raw.get("objectives"), dict) else {}
+        return list(objectives) or None
+    result = raw.get("result") if isinstance(raw.get("result"), dict) else {}
+    return result.get("metric")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -163,14 +172,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError([problem("--config", "must be a trial config, and this is a space file (it has an "
                                                    "experiment section); re-run a trial with its run's best.yaml "
                                                    "(or pareto.yaml --pick N)", args.config)])
-        if is_function(raw) or (args.pick is not None and is_function(picked(raw, args.pick))):
+        entry = raw if args.pick is None else picked(raw, args.pick)  # best.yaml, or pareto.yaml's entry N
+        if is_function(entry):  # a function trainable's: its function, called with that config
             refuse_flags_of_a_function_replay(args)
-        if args.pick is not None and is_function(entry := picked(raw, args.pick)):  # a function's pareto.yaml
-            objectives = raw.get("objectives") if isinstance(raw.get("objectives"), dict) else {}
-            return replay({k: v for k, v in entry.items() if k not in INFORMATIONAL_KEYS}, list(objectives) or None)
-        if is_function(raw):  # a function trainable's best.yaml: its function, called with that config
-            result = raw.get("result") if isinstance(raw.get("result"), dict) else {}
-            return replay({k: v for k, v in raw.items() if k not in INFORMATIONAL_KEYS}, result.get("metric"))
+            return replay({k: v for k, v in entry.items() if k not in INFORMATIONAL_KEYS}, replayed_metric(raw, args.pick))
         config, schedule = trial_config(args), config_schedule(args)
         data = load_data(config, args.data_root, root_key="--data-root", with_test=False)
         # the model once on two inputs: a bad keyword or output shape is exit 2, not a crash mid-epoch

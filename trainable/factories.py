@@ -196,9 +196,9 @@ def check_model(config: TrialConfig, sample: torch.Tensor, num_classes: int,
     config holds one of their values). Raises ConfigError naming the key.
     """
     key = FACTORY_KEY
-    function = resolve(config.model, key)
-    given = tuple(n for n in DATA_ARGUMENTS if n in _parameter_names(function))
-    problems = keyword_problems(function, {**config.model_args, **{k: "(searched in space)" for k in searched}},
+    factory = resolve(config.model, key)
+    given = tuple(n for n in DATA_ARGUMENTS if n in _parameter_names(factory))
+    problems = keyword_problems(factory, {**config.model_args, **{k: "(searched in space)" for k in searched}},
                                 f"{MODEL}.", config.model, given=given)
     if problems:
         raise ConfigError(problems)

@@ -8,12 +8,11 @@ leave out are drawn as usual. Each value must lie inside its key's distribution.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
 from search.definition.schema import Searched, field_value, holds
-from trainable.config import model_key
 from trainable.errors import problem
 
 
@@ -38,15 +37,10 @@ def outside(d: Searched, param: Any) -> str | None:
     return None
 
 
-def typed_as(key: str, free_names: bool) -> str:
-    """The name whose type `key`'s value is checked as: its own trial config field, or, for a
-    function trainable's free names, plain data (as such a space parses its searched keys)."""
-    return model_key(key) if free_names else key
-
-
 def enqueue_problems(enqueue: Sequence[Mapping[str, Any]], searched: Sequence[Searched],
-                     num_samples: int, free_names: bool = False) -> list[str]:
-    """Every problem with experiment.enqueue, as `experiment.enqueue[i].KEY: rule, got value`."""
+                     num_samples: int, typed_as: Callable[[str], str] = lambda key: key) -> list[str]:
+    """Every problem with experiment.enqueue, as `experiment.enqueue[i].KEY: rule, got value`. `typed_as`: the
+    name whose type a key's value is checked as (the kind's typed_key: its own field, or plain data)."""
     by_name = {d.name: d for d in searched}
     problems: list[str] = []
     if len(enqueue) > num_samples:
@@ -59,7 +53,7 @@ def enqueue_problems(enqueue: Sequence[Mapping[str, Any]], searched: Sequence[Se
                 problems.append(problem(path, f"must be a searched key ({', '.join(by_name)})", value))
                 continue
             before = len(problems)
-            typed = field_value(path, typed_as(key, free_names), value, problems)
+            typed = field_value(path, typed_as(key), value, problems)
             if len(problems) > before:
                 continue
             try:  # a range's value as given (param() would make 2.5 the int 2), a choice's as its label
@@ -77,9 +71,9 @@ def enqueue_problems(enqueue: Sequence[Mapping[str, Any]], searched: Sequence[Se
 
 
 def enqueued_params(enqueue: Sequence[Mapping[str, Any]], searched: Sequence[Searched],
-                    free_names: bool = False) -> list[dict[str, Any]]:
+                    typed_as: Callable[[str], str] = lambda key: key) -> list[dict[str, Any]]:
     """The enqueued configs as Optuna's params (a choice's label), for Study.enqueue_trial; values checked."""
     by_name = {d.name: d for d in searched}
-    return [{key: by_name[key].param(field_value(key, typed_as(key, free_names), value, []))
+    return [{key: by_name[key].param(field_value(key, typed_as(key), value, []))
              for key, value in config.items()}
             for config in enqueue]

@@ -35,6 +35,11 @@ COLUMNS = frozenset(["trial_id", "status", *FUNCTION_REPORT_COLUMNS, METRIC_NAME
                      *REPORT_COLUMNS[len(EPOCH_COLUMNS) + 1:], *SEARCH_COLUMNS, FEASIBLE, PACKED, "result"])
 
 
+def result_columns(config_columns: list[str], report_columns: list[str]) -> list[str]:
+    """results.parquet's columns in order, around a kind's config and report columns (search/definition/kind.py)."""
+    return ["trial_id", "status", *config_columns, *report_columns, *SEARCH_COLUMNS, FEASIBLE]
+
+
 def metric_names_taken() -> frozenset[str]:
     """What a function's metric may not be named, its config keys aside (add them where they are known)."""
     return (COLUMNS | frozenset(BEST_KEYS) | {TRAINABLE_KEY, *DRIVER_KEYS}) - frozenset(WRAPPER_MEASURES)

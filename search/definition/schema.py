@@ -273,6 +273,26 @@ class Experiment(Section):
 
 
 
+def own_metric_names(metric: Any) -> bool:
+    """experiment.metric of a function: one identifier, or a list of distinct ones."""
+    listed = [metric] if isinstance(metric, str) else metric if isinstance(metric, (list, tuple)) else None
+    return bool(listed) and all(isinstance(m, str) and m.isidentifier() for m in listed) and \
+        len(set(listed)) == len(listed)
+
+
+class FunctionExperiment(Experiment):
+    """The experiment of a function trainable: metric, constraints and stop_when name what the function
+    reports (any identifier; each checked on its first report), the rest as for the canonical loop."""
+
+    metric: Annotated[str | AList[str], rule(
+        "must name a metric the function reports (a Python identifier), or a list of distinct ones",
+        own_metric_names), ONE] = "val_acc"
+    constraints: Annotated[AList[Any], rule("must be a list of 'METRIC <= NUMBER' or 'METRIC >= NUMBER'")] = ()
+    stop_when: Annotated[dict[str, float | str] | None, Field(strict=False), rule(
+        STOP_WHEN_RULE.format(metrics="a metric the function reports"), lambda v: stop_when_valid(v, None),
+        entries=lambda v: bad_targets(v, any_name=True))] = None
+
+
 def training_metric_problems(experiment: Experiment, fixed: Mapping[str, Any]) -> tuple[Experiment, list[str]]:
     """experiment.metric against the columns the canonical loop reports for training.loss and training.metrics.
 
@@ -343,7 +363,21 @@ class DataRoot(Section):
                                      lambda v: v is None or v != "")] = None
 
 
-def validated(model: type[Section], section: str, values: Mapping[str, Any], problems: list[str]) -> Section:
+def section_of(raw: Mapping[str, Any], name: str, problems: list[str]) -> dict[str, Any]:
+    """A section of the space file as a mapping ({} where it is absent); a problem where it is not a mapping."""
+    value = raw.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        problems.append(problem(name, "must be a mapping of keys to values", value))
+        return {}
+    return value
+
+
+S = TypeVar("S", bound=Section)
+
+
+def validated(model: type[S], section: str, values: Mapping[str, Any], problems: list[str]) -> S:
     """`values` as `model`, or its defaults with every problem added to `problems`."""
     try:
         return model.model_validate(dict(values))

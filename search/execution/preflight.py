@@ -193,7 +193,7 @@ def spec_for_resume(space: Space, folder: RunFolder) -> tuple[Space, dict[str, A
     if space.data_root is not None and space.data_root != stored.data_root:
         stored = replace(stored, data_root=space.data_root)  # where the files are, not what they are
     changes = resume_changes(space, stored)  # time_budget, stop_when, num_samples (search/searching/budget.py)
-    if "num_samples" in changes and changes["num_samples"] < (held := len(folder.saved_statuses())):
+    if "num_samples" in changes and changes["num_samples"] < (held := len(folder.record.saved_statuses())):
         # Tune runs every trial its record holds, so a lower total would be recorded and not kept
         raise ConfigError([problem("experiment.num_samples", f"on --resume is the new total, and must be at "
                                    f"least the {held} trials this run already holds", changes["num_samples"])])
@@ -259,7 +259,7 @@ def prepare(space: Space, storage: Storage, name: str | None, resume: bool, held
         # a finished run's outputs all read (finished): nothing to check part by part, nothing runs again
         if (done := finished(space, folder)) is None:
             folder.check_record()
-            rerun = folder.drop_unrecorded_parts()
+            rerun = folder.parts.drop_unrecorded()
             if rerun:
                 print(f"note: {len(rerun)} trial(s) ended after Tune's last snapshot of this run; they run again "
                       f"with the same trial numbers, configs and seeds", file=sys.stderr, flush=True)
@@ -338,10 +338,10 @@ def finished(space: Space, folder: RunFolder) -> tuple[pd.DataFrame, dict[str, A
     """results.parquet and best.yaml where a resume has nothing to run or repair: every trial TERMINATED
     in Tune's record (an errored one is retried), each with its record, and results.parquet, best.yaml's
     checkpoint and the journal read; else None."""
-    saved = folder.saved_statuses()  # statuses.json while Tune's state is the one the search's end read
+    saved = folder.record.saved_statuses()  # statuses.json while Tune's state is the one the search's end read
     if len(saved) < space.experiment.num_samples or any(s != TUNE_TERMINATED for s in saved.values()):
         return None
-    if folder.records_missing(list(saved)):
+    if folder.record.missing(list(saved)):
         return None  # a trial folder is gone: the resume rebuilds its rows and says so
     try:
         frame = pd.read_parquet(f"{folder.path}/{RESULTS_FILE}")

@@ -9,7 +9,7 @@ of the controller step, after Tune may have saved its state (by its own ~5% rule
 controller runs the trials' reports, resets and starts one after another, so ~10 ms of
 Parquet and journal per trial on its thread would be ~10 ms more per trial for the whole
 search. A part whose trial that state does not hold is removed on resume
-(run_folder.drop_unrecorded_parts), as the trial runs again; a part not yet written when
+(ResultParts.drop_unrecorded), as the trial runs again; a part not yet written when
 the driver dies is written from Tune's record when the search ends.
 
 The journal's entries are batched: a trial's start, its epochs' values and its end are handed to
@@ -162,7 +162,7 @@ class Progress(Callback):
         # unpickled by a resume (Tune keeps the callback as it was at start): this process's
         # clock, the trials that already ended (their results parts), the journal reopened later
         self.__dict__.update(state, started=time.monotonic())
-        self.ended = set(self.folder.ended_trials())
+        self.ended = set(self.folder.parts.ended())
         try:  # the space as the resume wrote it (--more-trials, --num-samples): spec.yaml, not the pickle, whose
             # Space an earlier release made (its models may lack a field this release reads: resources.workers)
             self.space = self.folder.read_spec()[0]
@@ -337,7 +337,7 @@ class Progress(Callback):
 
     @staticmethod
     def _ended_entry(written: list[dict[str, Any]], journal: Journal) -> None:
-        """An ended trial's entry, whole, from its results part's records (RunFolder.write_part)."""
+        """An ended trial's entry, whole, from its results part's records (ResultParts.write)."""
         journal.put(journal.trial_of(written))
 
     @staticmethod
@@ -407,7 +407,7 @@ class Progress(Callback):
             reports = read_record(pafs.LocalFileSystem(), local_path)
             rows = mark_feasible(trial_rows(trial_id, config, reports, done=True, error=error),
                                  objectives_of(self.space.experiment))
-            written = self.folder.write_part(self.space, trial_id, rows, self.schema).to_pylist()
+            written = self.folder.parts.write(self.space, trial_id, rows, self.schema).to_pylist()
         except Exception as problem:  # written again from Tune's record when the search ends
             self._say_ended(line, rows, trial_id, config, error)
             print(f"note: the results part of trial {trial_id} is not written yet ({type(problem).__name__}: "

@@ -319,7 +319,7 @@ def build_tuner(space: Space, folder: RunFolder, data: Data | None, trial_functi
             # Tune snapshots its state by its own rule, at most ~5% of the driver's time (max(10 s,
             # 19x a snapshot's cost)). A SIGKILLed driver loses the trials that ended since: a
             # reproducible search reruns them identically, and their parts written before the kill
-            # are dropped on resume (run_folder.drop_unrecorded_parts; docs/stops-and-resume.md); on
+            # are dropped on resume (ResultParts.drop_unrecorded; docs/stops-and-resume.md); on
             # URI storage the snapshot a resume reads is tune_state.zip (search/store/snapshot.py), copied
             # before KeepCheckpoints deletes what the snapshot before named
             callbacks=[Progress(folder, space), *disk_guard(space, folder), *tracker_callbacks(space, folder),
@@ -346,6 +346,6 @@ def fit(tuner: tune.Tuner, folder: RunFolder, resume_hint: str):
             if not stop.cut:  # a second Ctrl-C: Tune stopped saving; its last state stands
                 print(f"interrupted; continue with:\n  {resume_hint}", file=sys.stderr)
                 raise
-            grid = tune.ResultGrid(folder.analysis())
+            grid = tune.ResultGrid(folder.record.analysis())
     flush_all()  # the live parts first: the end of the search writes every part again, from Tune's record
     return grid, not stop.stopping

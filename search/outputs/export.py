@@ -17,29 +17,27 @@ that needs no model code) is that dict with the trial's config and metrics besid
 from __future__ import annotations
 
 import importlib.util
-import io
 import json
 import os
 import tempfile
-import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import pandas as pd
 import torch
 import yaml
 
+from search.definition.kind import TrialKind
+from search.definition.loop_kind import CanonicalLoop
 from search.definition.objectives import FEASIBLE, first, objectives_of
 from search.definition.ranking import rank
 from search.definition.space import Space
 from search.store.results import RECORD_FILE, RESULTS_FILE
 from search.store.run_folder import BEST_FILE, RunFolder, open_run
 from trainable.errors import ConfigError, problem
-from trainable.factories import build_model
-from trainable.function import METRIC_NAMES, FunctionConfig, load_state
-from trainable.metrics import epoch_metrics, reports_accuracy
+from trainable.model_export import META_FILE  # noqa: F401  (read by tests and users from here)
+from trainable.model_export import model_of as model_of_checkpoint
 from trainable.report import CHECKPOINT_FILE, CheckpointError, load_checkpoint
-from trainable.yaml_file import dump_yaml
 
 #: --format -> the ending of the default output file
 FORMATS = {"state_dict": ".pt", "torchscript": ".torchscript.pt", "pt2": ".pt2", "onnx": ".onnx"}
@@ -47,13 +45,6 @@ FORMATS = {"state_dict": ".pt", "torchscript": ".torchscript.pt", "pt2": ".pt2",
 LOADS = {"state_dict": "torch.load(FILE, weights_only=True)",
          "torchscript": "torch.jit.load(FILE) (torch 2.14 deprecates torch.jit: --format pt2 is the same without it)",
          "pt2": "torch.export.load(FILE).module()", "onnx": "onnxruntime or onnx.reference"}
-MODEL_FORMATS = ("torchscript", "pt2", "onnx")  #: a graph of the model: only the canonical loop's can be built
-META_FILE = "hpsearch.yaml"  # torchscript's and pt2's extra file, onnx's metadata key: the metadata as YAML
-EXPORT_FORMAT = 1  # the state_dict file's layout; loads with torch.load(weights_only=True)
-# torch.jit's own words in torch 2.14 (trace, and trace_method per submodule, then save): a TorchScript
-# file is what --format torchscript promises (torch.jit.load, libtorch's torch::jit::load) and only torch.jit
-# writes one, so these and nothing else are silenced; pt2 is the format without a deprecated call
-JIT_DEPRECATED = r"`torch\.jit\.(trace|trace_method|save)` is deprecated"
 
 
 @dataclass(frozen=True)
@@ -67,13 +58,13 @@ class Chosen:
     trial_id: str
     epoch: int
     metrics: dict[str, float]
-    trainable: str | None = None  #: FILE.py:FUNCTION of a function's run; None: the canonical loop
     config: dict[str, Any] | None = None  #: a function trial's config as best.yaml holds it (the loop's: saved.config)
+    kind: TrialKind = field(default_factory=CanonicalLoop)  #: the kind of trial that wrote it
 
 
-def default_format(trainable: str | None) -> str:
+def default_format(kind: TrialKind) -> str:
     """--format when none is given: a TorchScript model, or for a function the dict it checkpointed."""
-    return "state_dict" if trainable else "torchscript"
+    return kind.default_format
 
 
 class CheckpointGone(CheckpointError):
@@ -132,11 +123,9 @@ def chosen_checkpoint(folder: RunFolder, trial: int | None = None) -> Chosen:
     """best.yaml's checkpoint, or (`trial`) that trial's best epoch whose checkpoint reads: a canonical-loop
     model's (what model_of and search.load_best rebuild)."""
     space, _ = folder.read_spec("RUN")
-    if space.trainable:
-        raise ConfigError([problem("RUN", f"is a search of your own training function ({space.trainable}): hpsearch "
-                                          "cannot rebuild its model; its checkpoints hold the dict your function "
-                                          "reported, which `python -m search export RUN --format state_dict` "
-                                          "writes with the trial's config", folder.path)])
+    cannot = space.kind.model_problem(folder.path)  # a function's: hpsearch has not its model's code
+    if cannot:
+        raise ConfigError([problem("RUN", cannot, folder.path)])
     return choose(folder, space, trial)
 
 
@@ -182,7 +171,7 @@ def choose(folder: RunFolder, space: Space, trial: int | None) -> Chosen:
         kept = [r for r in reports if r.get("checkpoint_dir_name")]
         kept.sort(key=lambda r: rank(r.get(metric), mode, r["epoch"]), reverse=True)  # best first
         candidates = [(f"trial_{trial_id}/{r['checkpoint_dir_name']}", r) for r in kept]
-    load = load_state if space.trainable else load_checkpoint
+    load = space.kind.load_checkpoint
     problems = []  # the damaged ones: said; the removed ones are the normal case (num_to_keep), not news
     for relative, report in candidates:
         try:
@@ -196,8 +185,7 @@ def choose(folder: RunFolder, space: Space, trial: int | None) -> Chosen:
     if best is not None:
         value = result.get(metric)
         value = f" ({metric} {value:.4f})" if isinstance(value, (int, float)) else ""
-        why = ("the function reported none at that epoch (report(checkpoint=...))" if space.trainable
-               else "experiment.checkpoint_every skipped that epoch") + ", or experiment.num_to_keep removed it"
+        why = f"{space.kind.no_checkpoint_why}, or experiment.num_to_keep removed it"
         said = (f"has no readable checkpoint ({'; '.join(problems)})" if problems else f"has no checkpoint kept: {why}")
         raise ConfigError([problem("RUN", f"best.yaml's best, trial #{number} ({trial_id}) at epoch {epoch}{value}, "
                                           f"{said}; --trial {number} exports that trial's best epoch that kept one",
@@ -210,57 +198,22 @@ def chosen_of(folder: RunFolder, space: Space, relative: str, saved, number: int
               report: dict[str, Any]) -> Chosen:
     """A Chosen from the checkpoint read and Tune's report of its epoch."""
     objectives = objectives_of(space.experiment).metrics  # the loop's measured ones too (params, latency_ms)
-    if space.trainable:
-        names = [*report.get(METRIC_NAMES, ()), *objectives]
-        config = report.get("config") or {}
-        config = FunctionConfig.from_mapping(config).to_flat() if config else None
-    else:
-        names, config = [*epoch_metrics(saved.config.loss, saved.config.metrics), *objectives], None
-    metrics = {m: float(report[m]) for m in dict.fromkeys(names) if isinstance(report.get(m), (int, float))}
-    return Chosen(folder, relative, saved, number, trial_id, int(report["epoch"]), metrics, space.trainable, config)
+    names, config = space.kind.chosen(report, saved)  # its metrics at that epoch, and a function's config
+    metrics = {m: float(report[m]) for m in dict.fromkeys([*names, *objectives])
+               if isinstance(report.get(m), (int, float))}
+    return Chosen(folder, relative, saved, number, trial_id, int(report["epoch"]), metrics, config, space.kind)
 
 
-def model_of(chosen: Chosen):
+def model_of(chosen: Chosen) -> torch.nn.Module:
     """The checkpoint's model on the CPU in eval mode."""
-    saved = chosen.saved
-    model = build_model(saved.config, saved.input_shape, saved.num_classes)
-    model.load_state_dict(saved.state["model"])
-    return model.eval()
-
-
-def input_preparation(dataset: str) -> dict[str, Any]:
-    """How raw inputs become what the model takes (trainable.data.prepare_inputs), as plain data."""
-    from trainable.config import is_reference
-
-    if not is_reference(dataset):
-        # torchvision (about 1.3 s of imports) only for a built-in image set: a dataset function needs none
-        from trainable.data import TORCHVISION_SETS
-
-        if dataset in TORCHVISION_SETS:
-            _, mean, std = TORCHVISION_SETS[dataset]
-            return {"from": "uint8 images (N, H, W) or (N, H, W, C)", "to": "float32 (N, C, H, W)",
-                    "steps": "x / 255, then (x - mean) / std per channel", "mean": list(mean), "std": list(std)}
-    return {"from": "the dataset function's inputs", "to": "the same, float64 read as float32", "steps": "none"}
-
-
-def outputs_of(loss: str, width: int) -> str:
-    """What the model's outputs are: class logits under cross_entropy, else the values the loss was given."""
-    if reports_accuracy(loss):
-        return f"logits (N, {width})"
-    return f"predictions (N, {width}), compared with the targets by training.loss {loss}"
+    return model_of_checkpoint(chosen.saved)
 
 
 def metadata(chosen: Chosen) -> dict[str, Any]:
     """What a user needs beside the weights: where they came from, what goes in, what comes out."""
     where = {"run": chosen.folder.path, "checkpoint": chosen.checkpoint, "trial_number": chosen.trial_number,
              "trial_id": chosen.trial_id, "epoch": chosen.epoch, "metrics": chosen.metrics}
-    if chosen.trainable:  # a function's model and inputs are its own: its config says what it built
-        facts = {"trainable": chosen.trainable, "config": chosen.config}
-    else:
-        saved = chosen.saved
-        facts = {"input_shape": list(saved.input_shape), "num_classes": saved.num_classes,
-                 "inputs": input_preparation(saved.config.dataset),
-                 "outputs": outputs_of(saved.config.loss, saved.num_classes), "config": saved.config.to_dict()}
+    facts = chosen.kind.facts(chosen.saved, chosen.config)  # the loop's model's inputs and outputs; a function's config
     # plain lists, strings and numbers: YAML, torch.load(weights_only) read them
     return json.loads(json.dumps({**where, **facts, "torch": str(torch.__version__)}))
 
@@ -277,55 +230,11 @@ def check_format(fmt: str | None) -> None:
                                                "(about 10 MB)", fmt)])
 
 
-def check_kind(fmt: str, trainable: str | None) -> None:
+def check_kind(fmt: str, kind: TrialKind) -> None:
     """A model graph needs the model's code, which a function's run does not have: its checkpoint is a dict."""
-    if trainable and fmt in MODEL_FORMATS:
-        raise ConfigError([problem("--format", f"{fmt} needs the model's code, and a search of your own training "
-                                               f"function ({trainable}) keeps only the dict it checkpointed; "
-                                               "--format state_dict writes that dict with the trial's config", fmt)])
-
-
-def write(model, meta: dict[str, Any], fmt: str, output: str) -> None:
-    # frozen weights: a traced model with grad-requiring weights fails under torch.inference_mode
-    model.requires_grad_(False)
-    example = torch.zeros(2, *meta["input_shape"])
-    text = dump_yaml(meta)
-    if fmt == "state_dict":
-        torch.save({"format": EXPORT_FORMAT, **meta, "state_dict": model.state_dict()}, output)
-        return
-    if fmt == "torchscript":
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=JIT_DEPRECATED, category=FutureWarning)
-            try:
-                traced = torch.jit.trace(model, example)
-            except Exception as error:
-                raise ConfigError([problem("--format", f"torch.jit.trace could not trace the model "
-                                                       f"({type(error).__name__}: {error}); use state_dict or pt2",
-                                           fmt)]) from None
-            torch.jit.save(traced, output, _extra_files={META_FILE: text})
-        return
-    if fmt == "pt2":
-        try:  # a batch of any size
-            program = torch.export.export(model, (example,), dynamic_shapes=({0: torch.export.Dim("batch")},))
-        except Exception as error:
-            raise ConfigError([problem("--format", f"torch.export could not export the model "
-                                                   f"({type(error).__name__}: {error}); use state_dict",
-                                       fmt)]) from None
-        torch.export.save(program, output, extra_files={META_FILE: text})
-        return
-    import onnx  # onnx: an optional extra (pip install -e '.[export]'), only for --format onnx
-
-    buffer = io.BytesIO()
-    torch.onnx.export(model, (example,), buffer, input_names=["inputs"], output_names=["logits"],
-                      dynamic_shapes=({0: torch.export.Dim("batch")},), verbose=False)
-    exported = onnx.load_from_string(buffer.getvalue())
-    onnx.helper.set_model_props(exported, {META_FILE: text})
-    onnx.save(exported, output)
-
-
-def write_state(chosen: Chosen, output: str) -> None:
-    """A function's export: the dict it reported at that epoch (as `checkpoint` gives it back), under `state`."""
-    torch.save({"format": EXPORT_FORMAT, **metadata(chosen), "state": chosen.saved["state"]}, output)
+    cannot = kind.format_problem(fmt)
+    if cannot:
+        raise ConfigError([problem("--format", cannot, fmt)])
 
 
 def export(run: str, *, trial: int | None = None, fmt: str | None = None,
@@ -336,32 +245,20 @@ def export(run: str, *, trial: int | None = None, fmt: str | None = None,
     check_format(fmt)
     folder = open_run(run)
     space, _ = folder.read_spec("RUN")
-    fmt = fmt or default_format(space.trainable)
-    check_kind(fmt, space.trainable)
+    fmt = fmt or default_format(space.kind)
+    check_kind(fmt, space.kind)
     chosen = choose(folder, space, trial)
     output = output or f"{folder.name}-{'best' if trial is None else f'trial{trial}'}{FORMATS[fmt]}"
-    if chosen.trainable:
-        write_state(chosen, output)
-    else:
-        write(model_of(chosen), metadata(chosen), fmt, output)
+    chosen.kind.write(chosen.saved, metadata(chosen), fmt, output)  # the loop's model, or a function's dict
     return output, chosen
 
 
 def describe(path: str, fmt: str | None, chosen: Chosen, metric: str | list[str]) -> str:
     """What the CLI prints: the file, which epoch it holds, what the model takes, and how to load it."""
-    fmt = fmt or default_format(chosen.trainable)
+    fmt = fmt or default_format(chosen.kind)
     values = [f"{m} {chosen.metrics[m]:.4f}" for m in ([metric] if isinstance(metric, str) else metric)
               if m in chosen.metrics]
     wrote = (f"Wrote {path} ({fmt}): trial #{chosen.trial_number} ({chosen.trial_id}), epoch {chosen.epoch}"
              + "".join(f", {v}" for v in values) + f", from {chosen.checkpoint}\n")
     load = f"Load it with {LOADS[fmt].replace('FILE', repr(path))}"
-    if chosen.trainable:
-        return (wrote + "It holds the dict your function reported at that epoch (report(checkpoint=...)) under "
-                "'state', the trial's config (best.yaml's keys) under 'config', and its metrics. "
-                + load)
-    meta = metadata(chosen)
-    inputs = meta["inputs"]
-    prepared = (f"standardised (mean {inputs['mean']}, std {inputs['std']})" if "mean" in inputs
-                else "as the dataset function returns them")
-    return (wrote + f"Inputs: float32 (N, {', '.join(map(str, meta['input_shape']))}), {prepared}; "
-            f"outputs: {meta['outputs']}. The config and these facts: {META_FILE} in the file's metadata. " + load)
+    return wrote + chosen.kind.contents(metadata(chosen)) + load

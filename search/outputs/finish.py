@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 import pyarrow.fs as pafs
 
+from search.definition.kind import TrialKind
 from search.definition.objectives import feasible_only, first, mark_feasible, names, objectives_of
 from search.definition.ranking import best_candidates, ranked
 from search.definition.space import Space
@@ -30,11 +31,8 @@ from search.store.retention import on_storage
 from search.store.run_folder import RunFolder
 from search.store.storage import is_uri
 from trainable.data import Data
-from trainable.device import get_default_device
-from trainable.function import load_state
-from trainable.loop import metrics_on
-from trainable.metrics import METRICS, epoch_metrics
-from trainable.report import CheckpointError, load_checkpoint
+from trainable.metrics import METRICS
+from trainable.report import CheckpointError
 from trainable.yaml_file import dump_yaml
 
 NO_SUCCESS_EXIT = 3  #: the CLI's exit code for a search that ran but where every trial failed or diverged
@@ -63,16 +61,16 @@ def derive(folder: RunFolder, space: Space, grid, notes: list[str], ran_to_end: 
     (a damaged run folder), the part's rows stay, and `notes` says so. When Tune ran to its end
     (`ran_to_end`), every trial ended: TERMINATED, or ERROR with its error (a trial saved as PAUSED
     is one a scheduler stopped while it waited at a rung: Ray records a stop of a trial without a
-    live actor in memory only). statuses.json keeps the statuses (RunFolder.keep_statuses).
+    live actor in memory only). statuses.json keeps the statuses (TuneRecord.keep_statuses).
     """
     rows, parts = [], []
     schema = results_schema(space)
     # Tune's loop ends, unstopped, only once every trial is TERMINATED or ERROR (with its error): the
     # statuses are the grid's then, and Tune's record is not read (its 10,000 trials as objects took
     # 12 s and 1.5 GB of the driver's memory; a trial stopped at a rung may still read PAUSED there)
-    saved = {} if ran_to_end else folder.saved_trials()
+    saved = {} if ran_to_end else folder.record.saved_trials()
     statuses = {trial_id: status for trial_id, (status, _) in saved.items()}
-    suggested = folder.searcher_state().get("suggested", {})  # trial number -> (when, seconds); OrderedSearch's
+    suggested = folder.record.searcher_state().get("suggested", {})  # trial number -> (when, seconds); OrderedSearch's
     for result in grid:
         trial_id = trial_id_of(result)
         if ran_to_end:
@@ -93,8 +91,8 @@ def derive(folder: RunFolder, space: Space, grid, notes: list[str], ran_to_end: 
         rows += trial
     schema = with_reported(schema, rows)  # every part with every metric any trial reported
     for trial_id, trial in parts:
-        folder.write_part(space, trial_id, trial, schema)
-    folder.keep_statuses(statuses)  # a --resume of the finished run reads them, not Tune's record
+        folder.parts.write(space, trial_id, trial, schema)
+    folder.record.keep_statuses(statuses)  # a --resume of the finished run reads them, not Tune's record
     return to_frame(rows, schema)
 
 
@@ -107,9 +105,9 @@ def kept_rows(folder: RunFolder, trial_id: str, derived: list[dict[str, Any]], s
               notes: list[str]) -> list[dict[str, Any]]:
     """A trial's rows: the record's, plus the epochs only its results part still holds."""
     recorded = {int(r["epoch"]) for r in derived if r.get("epoch") is not None}
-    if not record_gone and folder.part_epochs(trial_id) <= recorded:
+    if not record_gone and folder.parts.epochs(trial_id) <= recorded:
         return derived
-    part = folder.read_part(trial_id, schema)
+    part = folder.parts.read(trial_id, schema)
     number = derived[0].get("trial_number")
     if not part and not record_gone:  # its epoch column read, the rest does not: the record is what there is
         return derived
@@ -126,7 +124,7 @@ def kept_rows(folder: RunFolder, trial_id: str, derived: list[dict[str, Any]], s
     return [{**by_epoch[e], "status": status} for e in sorted(by_epoch)]
 
 
-def best_with_test(grid, rows: pd.DataFrame, data: Data | None, needs_checkpoint: bool = False
+def best_with_test(grid, rows: pd.DataFrame, data: Data | None, kind: TrialKind, needs_checkpoint: bool = False
                    ) -> tuple[pd.Series | None, dict[str, float] | None, str]:
     """The best row (its `checkpoint`: the folder of that epoch's, relative to the run folder, where one
     reads), its test metrics (test_loss, test_acc with cross_entropy, test_<column> of training.metrics)
@@ -145,7 +143,7 @@ def best_with_test(grid, rows: pd.DataFrame, data: Data | None, needs_checkpoint
         if checkpoint is not None and on_storage(checkpoint):  # else checkpoint_every skipped it, or num_to_keep
             try:
                 with checkpoint.as_directory() as where:
-                    saved = load_checkpoint(where) if data is not None else load_state(where)
+                    saved = kind.load_checkpoint(where)
             except CheckpointError as error:
                 skipped.append(str(error))
         if saved is None and needs_checkpoint:
@@ -156,32 +154,20 @@ def best_with_test(grid, rows: pd.DataFrame, data: Data | None, needs_checkpoint
             notes.insert(0, f"the best epoch with a checkpoint: {unsaved} better one(s) had none kept "
                             "(pbt replays the schedule a checkpoint records)")
         if saved is None:
-            kept = "its function's report(checkpoint=...), num_to_keep" if data is None else \
-                "experiment.checkpoint_every, num_to_keep"
-            why = f"its checkpoint does not read ({skipped[-1]})" if skipped else f"it kept no checkpoint ({kept})"
-            what = "its config replays without one" if data is None else \
-                "no test metrics and export (its config replays without one)"
-            return row, None, "; ".join([f"epoch {int(row['epoch'])} of trial #{row['trial_number']}: {why}; {what}",
-                                         *notes])
+            why = f"its checkpoint does not read ({skipped[-1]})" if skipped else \
+                f"it kept no checkpoint ({kind.checkpoints_kept_by})"
+            return row, None, "; ".join([f"epoch {int(row['epoch'])} of trial #{row['trial_number']}: {why}; "
+                                         f"{kind.without_checkpoint}", *notes])
         # trial_<id>/checkpoint_<k>: Tune numbers checkpoints, not epochs
         row = pd.concat([row, pd.Series({"checkpoint": "/".join(checkpoint.path.rstrip("/").split("/")[-2:])})])
-        if data is None:  # a function trainable: its data, and any test split, are its own
-            return row, None, "; ".join(notes)
-        row = row.copy()
-        row.attrs["lineage"] = saved.state.get("lineage")  # where its weights come from: best.yaml replays it
-        if data.test is None:
-            return row, None, "; ".join(["the dataset has no test part", *notes])
-        score = metrics_on(saved.config, saved.state["model"], saved.input_shape, saved.num_classes,
-                           data.test, data.standardize, get_default_device())
-        return row, score, "; ".join(notes)
+        return kind.tested(row, saved, data, notes)  # the loop's checkpoint on the test part; a function has none
     return ((rows.iloc[0] if len(rows) else None), None,
             "no readable checkpoint" + (f" ({unsaved} epoch(s) had none kept)" if unsaved else "")
             + "".join(f"; {s}" for s in skipped))
 
 
 def best_entry(best: pd.Series, test: dict[str, float] | None, note: str, metric: str, name: str,
-               schema, metrics: tuple[str, ...] = METRICS, trials: int | None = None, function: bool = False
-               ) -> dict[str, Any]:
+               schema, kind: TrialKind, metrics: tuple[str, ...] = METRICS, trials: int | None = None) -> dict[str, Any]:
     """best.yaml's content; `trials`: how many trials it is the best of (a resume that finds fewer than
     its trials there derives it again: a stop between results.parquet and best.yaml left an older one)."""
     return {
@@ -192,10 +178,7 @@ def best_entry(best: pd.Series, test: dict[str, float] | None, note: str, metric
             "epoch": int(best["epoch"]),
             "metric": metric,
             **{m: float(best[m]) for m in metrics},
-            # the trial's metrics on the test part; test_acc null where accuracy is not reported (regression);
-            # a function's own test metrics are among its metrics: it has no test split of hpsearch's
-            **({} if function else {"test_acc": None if test is None else test.get("test_acc"),
-                                    "test_loss": None if test is None else test["test_loss"], **(test or {})}),
+            **kind.test_metrics(test),  # the loop's on the dataset's test part; a function has no test split
             "checkpoint": best.get("checkpoint"),  #: its folder, relative to the run folder; null: none read
             **({"note": note} if note else {}),
             "search": name,
@@ -206,15 +189,10 @@ def best_entry(best: pd.Series, test: dict[str, float] | None, note: str, metric
 
 def best_yaml(entry: dict[str, Any], path: str, space: Space) -> str:
     result = entry["result"]
-    shown = result["metric"] if isinstance(result["metric"], str) and result["metric"] in result else "val_loss"
     header = (f"# Best trial of search {result['search']} ({space.source}), by {result['metric']} "
               f"at epoch {result['epoch']}.\n"
               f"# Re-run it: {rerun_command(path, space)}{' (download it first)' if is_uri(path) else ''}\n"
-              + (f"# It prints {result['metric']} {result[result['metric']]:.4f} on epoch {result['epoch']} if the "
-                 "function is deterministic (no test metrics: the function has no test split).\n" if space.trainable else
-                 f"# It prints {shown} {result[shown]:.4f} on epoch {result['epoch']} "
-                 "(same machine).\n"
-                 f"# test_*: the checkpoint of that epoch on the dataset's test part (null if it has none).\n"))
+              + space.kind.replay_note(result))
     return header + dump_yaml({**entry["config"], "result": result})
 
 
@@ -231,10 +209,9 @@ def resume_command(space: Space, folder: RunFolder, address: str | None = None) 
 def rerun_command(path: str, space: Space) -> str:
     """The command that replays best.yaml, with the data root the search used. A function on several workers
     does not replay on one process (python -m trainable refuses it): a search of its one config does."""
-    if space.trainable and space.resources.workers > 1:
-        return (f"python -m search --space {space.source} --num-samples 1 with the config of {path} fixed "
-                f"(python -m trainable replays a function on one process, and this one ran on "
-                f"{space.resources.workers} workers)")
+    instead = space.kind.rerun_instead(space, path)
+    if instead:
+        return instead
     # on an object store, the URI itself (python -m trainable reads it), with the endpoint the storage path gave
     query = space.experiment.storage_path.partition("?")[2] if is_uri(path) else ""
     where = f"{path}?{query}" if query else path
@@ -274,7 +251,8 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
         candidates, no_best = candidates.iloc[0:0], write_pareto(folder, space, frame, objectives, grid)
     elif objectives.constraints and succeeded and not len(feasible_only(scored)):
         no_best = f"No trial met experiment.constraints ({', '.join(map(str, objectives.constraints))})"
-    best, test, note = best_with_test(grid, candidates, data, needs_checkpoint=experiment.scheduler == "pbt")
+    best, test, note = best_with_test(grid, candidates, data, space.kind,
+                                      needs_checkpoint=experiment.scheduler == "pbt")
     phases.mark("test")
     if best is not None and best["status"] in (ERROR, INTERRUPTED):
         how = "ended in ERROR" if best["status"] == ERROR else "was interrupted"
@@ -285,10 +263,9 @@ def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, sl
     best_path = folder.storage.join(folder.name, "best.yaml")
     if best is not None:
         schema = results_schema(space)  # a function's metrics: every reported column beyond the schema's
-        metrics = tuple(c for c in frame.columns if c not in schema.names or c in objectives.measured) \
-            if space.trainable else epoch_metrics(space.trial_defaults().loss, space.trial_defaults().metrics)
-        entry = best_entry(best, test, note, metric, folder.name, schema, metrics, trials=frame["trial_id"].nunique(),
-                           function=bool(space.trainable))
+        metrics = space.kind.best_metrics(space, list(frame.columns), schema.names)
+        entry = best_entry(best, test, note, metric, folder.name, schema, space.kind, metrics,
+                           trials=frame["trial_id"].nunique())
         folder.write_best(best_yaml(entry, best_path, space))
     summary = format_summary(frame, entry, timing,
                              no_best=no_best if succeeded else no_success(frame, metric, interrupted),

@@ -28,7 +28,7 @@ from search.definition.space import Space
 from search.store.results import config_from_row, results_schema, trial_id_of
 from search.store.retention import on_storage
 from search.store.run_folder import RunFolder
-from trainable.metrics import OBJECTIVES, score
+from trainable.metrics import score
 from trainable.yaml_file import dump_yaml
 
 PARETO_FILE = "pareto.yaml"
@@ -55,8 +55,7 @@ def pareto_entries(frame: pd.DataFrame, space: Space, objectives: Objectives, gr
     schema = results_schema(space)
     checkpoints = checkpoints_by_epoch(grid)
     # the canonical loop's objective columns; a function's: the names the search reads, then its other metrics
-    shown = list(dict.fromkeys([*objectives.measured, *(c for c in frame.columns if c not in schema.names)])) \
-        if space.trainable else list(dict.fromkeys([*OBJECTIVES, *objectives.metrics]))
+    shown = space.kind.front_metrics(space, list(frame.columns), schema.names)
     entries = []
     for _, row in pareto_front(frame, objectives).iterrows():
         entries.append({

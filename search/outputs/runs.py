@@ -97,7 +97,7 @@ def read_results(folder: RunFolder) -> tuple[pd.DataFrame | None, str | None]:
     """The run's results (None where there are none to read) and, where they exist but do not read,
     what is missing: a run that has not ended a trial yet has no results.parquet, and is not damaged."""
     try:
-        return folder.read_results(), None
+        return folder.parts.read_all(), None
     except NoResults as error:
         return None, (str(error) if folder.storage.exists(folder.name, RESULTS_FILE) else None)
 

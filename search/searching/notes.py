@@ -55,7 +55,7 @@ def reproducibility(space: Space, folder: RunFolder, slot_seconds: float) -> str
         return ("Search: asynchronous (experiment.reproducible: false): Optuna saw results in arrival order, "
                 "so a rerun with the same seed can pick other configs" if experiment.max_concurrent > 1 else
                 "Search: one trial at a time, reproducible")
-    waits = folder.searcher_state().get("waits", {})
+    waits = folder.record.searcher_state().get("waits", {})
     line = (f"Search: reproducible ({experiment.sampler}, seed {experiment.seed}): trial n's config depends only "
             f"on the seed and n; {len(waits)} trial(s) waited for earlier results, {sum(waits.values()):.1f} s "
             f"in all ({100 * sum(waits.values()) / slot_seconds if slot_seconds else 0:.0f}% of slot time)")

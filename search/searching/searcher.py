@@ -68,7 +68,7 @@ def make_searcher(space: Space, folder: RunFolder | None = None) -> Searcher:
     ask = functools.partial(suggest, searched=space.searched, experiment_seed=experiment.seed)
     objectives = objectives_of(experiment)
     warm = warm_start.told(warm_start.settle(space, folder) if folder else None, space.searched)
-    enqueued = enqueued_params(experiment.enqueue, space.searched, free_names=bool(space.trainable))
+    enqueued = enqueued_params(experiment.enqueue, space.searched, space.kind.typed_key)
     if warm:  # told first, they take Optuna's numbers 0..len-1: the trials still number from 0
         ask = functools.partial(warm_start.renumbered, ask=ask, first=len(warm))
     # a space with `when:` keys keeps the pinned TPE settings: group=True (each branch modelled

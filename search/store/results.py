@@ -21,19 +21,17 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from optuna.distributions import IntDistribution
 
-from search.definition.objectives import FEASIBLE, objectives_of
-from search.definition.reserved import BEST_KEYS, SEARCH_COLUMNS, metric_names_taken  # noqa: F401  (one home)
+from search.definition.function_kind import OwnFunction
+from search.definition.kind import kind_of_columns, kind_of_config
+from search.definition.objectives import FEASIBLE
+from search.definition.reserved import BEST_KEYS, SEARCH_COLUMNS, metric_names_taken, result_columns  # noqa: F401
 from search.definition.schema import conditions, not_drawn
 from search.definition.space import Space
 from search.definition.status import COMPLETED, DIVERGED, ERROR, INTERRUPTED, LOST, STOPPED  # noqa: F401 (re-exported)
-from trainable.config import FACTORY_KEY, FIELDS, TrialConfig, field_of, json_text, keyword_of, kind
-from trainable.function import (DRIVER_KEYS, FUNCTION_REPORT_COLUMNS, METRIC_NAMES, TRAINABLE_KEY, FunctionConfig,
-                                is_function, trial_config)
-from trainable.metrics import epoch_metrics
-from trainable.report import EPOCH_COLUMNS, REPORT_COLUMNS, unpacked
-from trainable.report import report_columns as epoch_report_columns
+from trainable.config import TrialConfig, json_text
+from trainable.function import FunctionConfig, trial_config
+from trainable.report import REPORT_COLUMNS, unpacked
 
 RESULTS_FILE = "results.parquet"
 RECORD_FILE = "result.json"  # Tune's per-trial record: one JSON line per report
@@ -41,41 +39,22 @@ RECORD_FILE = "result.json"  # Tune's per-trial record: one JSON line per report
 
 
 def config_columns(space: Space) -> list[str]:
-    """The trial config's flat names for this space: every field, and model.<key> for its keywords
-    (a function trainable: its reference, its free names, and the driver's per-trial keys)."""
-    if space.trainable:
-        names = [*space.fixed, *(d.name for d in space.searched if d.name not in space.fixed)]
-        return [TRAINABLE_KEY, *names, *DRIVER_KEYS]
-    flat = space.trial_defaults().to_flat()
-    model_keys = sorted({k for k in [*flat, *(d.name for d in space.searched)] if keyword_of(k) is not None})
-    ordered = []
-    for name in FIELDS:
-        if name == "model":
-            ordered += [FACTORY_KEY, *model_keys]
-        elif name != "model_args":
-            ordered.append(name)
-    return ordered
+    """The trial config's flat names for this space (the kind's: search/definition/kind.py)."""
+    return space.kind.config_columns(space)
 
 
 def report_columns(space: Space) -> list[str]:
     """The columns of a trial's reports that every trial has (a function's own metrics join them as reported)."""
-    if space.trainable:
-        return [*FUNCTION_REPORT_COLUMNS, *objectives_of(space.experiment).measured,
-                *REPORT_COLUMNS[len(EPOCH_COLUMNS) + 1:]]
-    defaults = space.trial_defaults()  # training.loss and training.metrics decide the metric columns
-    return epoch_report_columns(epoch_metrics(defaults.loss, defaults.metrics))
+    return space.kind.report_columns(space)
 
 
 def columns(space: Space) -> list[str]:
-    return ["trial_id", "status", *config_columns(space), *report_columns(space), *SEARCH_COLUMNS, FEASIBLE]
+    return result_columns(config_columns(space), report_columns(space))
 
 
 def reserved_names(space: Space) -> frozenset[str]:
-    """The names a function trainable's metrics cannot take: every column results.parquet holds for
-    itself (its config keys, status, trial_id, where and when it ran, ...) and best.yaml's own keys.
-    `epoch` among them: the function may report it only as the count of reports (trainable/function.py)."""
-    measured = set(objectives_of(space.experiment).measured)
-    return frozenset(c for c in [*columns(space), *metric_names_taken()] if c not in measured)
+    """The names a function trainable's metrics cannot take (search/definition/function_kind.py)."""
+    return OwnFunction.reserved_names(space)
 
 
 JSON = {b"json": b"1"}  # field metadata: the column holds JSON text of nested or mixed values
@@ -113,21 +92,9 @@ def results_schema(space: Space) -> pa.Schema:
     types = {"int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(), "str": pa.string()}
     out = [pa.field("trial_id", pa.string()), pa.field("status", pa.string())]
     for name in config_columns(space):
-        d = searched.get(name)
-        if space.trainable and (d is None or d.is_choice):  # a free name: the type of its value(s)
-            out.append(pa.field(name, pa.int64()) if name in ("seed", "num_threads", "trial_number") else
-                       _field(name, [defaults.get(name)] if d is None else list(d.values)))
-        elif space.trainable:
-            out.append(pa.field(name, pa.int64() if isinstance(d.distribution, IntDistribution) else pa.float64()))
-        elif d is not None and d.is_choice:
-            out.append(_field(name, list(d.values)))
-        elif keyword_of(name) is not None:
-            out.append(_field(name, [defaults.get(name)]) if d is None else
-                       pa.field(name, pa.int64() if isinstance(d.distribution, IntDistribution) else pa.float64()))
-        elif kind(field_of(name)) == "mapping":
-            out.append(pa.field(name, pa.string(), metadata=JSON))
-        else:
-            out.append(pa.field(name, types[kind(field_of(name))]))
+        column = space.kind.column_type(name, searched.get(name), defaults)  # its type, or the values it may hold
+        out.append(_field(name, column) if isinstance(column, list) else
+                   pa.field(name, pa.string(), metadata=JSON) if column == "json" else pa.field(name, types[column]))
     report_types = {"epoch": pa.int64(), "params": pa.int64(), "diverged": pa.bool_(), "node": pa.string(), "hostname": pa.string(),
                     "device": pa.string(), "accelerator_ids": pa.string(), "world_size": pa.int64()}
     out += [pa.field(c, report_types.get(c, pa.float64())) for c in report_columns(space) + SEARCH_COLUMNS]
@@ -202,20 +169,9 @@ def trial_rows(trial_id: str, config: Mapping[str, Any], reports: Iterable[Mappi
     base = {"trial_id": trial_id, "status": status, **trial.to_flat()}
     if not ordered:  # failed before its first epoch: keep it visible
         return [{**base, **{c: None for c in REPORT_COLUMNS + SEARCH_COLUMNS}}]
-    if is_function(config):  # the function's own metrics, as named in each report
-        return [{**base, **{c: r.get(c) for c in [*REPORT_COLUMNS[len(EPOCH_COLUMNS):], *FUNCTION_REPORT_COLUMNS,
-                                                 *r.get(METRIC_NAMES, [])]},
-                 **search_phases(r, suggested, first=i == 0)} for i, r in enumerate(ordered)]
-    # training.metrics' columns (train_<name>, val_<name>) beside the fixed ones; the schema keeps what the space reports
-    metric_columns = [c for c in (ordered[0] if ordered else {}) if c.startswith(("train_", "val_"))]
-    return [{**base, **_epoch_config(r, config), **{c: r.get(c) for c in [*REPORT_COLUMNS, *metric_columns]},
-             **search_phases(r, suggested, first=i == 0)} for i, r in enumerate(ordered)]
-
-
-def _epoch_config(report: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-    """The config a report was made under, where Tune recorded one other than the trial's last."""
-    own = report.get("config")
-    return TrialConfig.from_mapping(own).to_flat() if isinstance(own, Mapping) and own != config else {}
+    kind = kind_of_config(config)  # its report columns: the loop's, or the metrics a function names in each report
+    return [{**base, **kind.report_row(r, config, ordered[0]), **search_phases(r, suggested, first=i == 0)}
+            for i, r in enumerate(ordered)]
 
 
 def trial_id_of(result) -> str:
@@ -253,9 +209,9 @@ def with_reported(schema: pa.Schema, rows: Iterable[Mapping[str, Any]]) -> pa.Sc
     """A function trainable's schema with a column for every metric these rows report (the canonical
     loop's schema already has them all). Given every trial's rows, it is the one schema all parts share:
     a reader of the folder takes the first part's columns, so a part without one would hide it."""
-    if TRAINABLE_KEY not in schema.names:
+    extra = kind_of_columns(schema.names).reported_columns(schema.names, rows)
+    if not extra:
         return schema
-    extra = sorted({k for row in rows for k in row} - set(schema.names))
     return pa.schema([*schema, *(pa.field(k, pa.float64()) for k in extra)], metadata=schema.metadata)
 
 
@@ -286,14 +242,10 @@ def to_frame(rows: list[dict[str, Any]], schema: pa.Schema) -> pd.DataFrame:
 def config_from_row(row: Mapping[str, Any], schema: pa.Schema) -> dict[str, Any]:
     """A trial config (nested plain data, as in best.yaml) back from a results row."""
     flat = {}
-    function = TRAINABLE_KEY in schema.names
+    names = kind_of_columns(schema.names).config_names(schema.names)
     for f in schema:
         name = f.name
-        if function and name == "epoch":  # config columns come first: the rest are reports
-            break
-        if function and name in ("trial_id", "status"):
-            continue
-        if not function and name not in FIELDS and name != FACTORY_KEY and keyword_of(name) is None:
+        if name not in names:
             continue
         value = row[name]
         if hasattr(value, "tolist"):  # numpy arrays and scalars

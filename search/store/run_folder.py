@@ -17,6 +17,9 @@
                      (search/store/snapshot.py)
 
 Derived files are rewritten from the record, never merged with an older copy of themselves.
+RunFolder keeps the run's own files (the claim, spec.yaml, best.yaml, gpu_probe.json); Tune's record is
+`folder.record` (search/store/tune_record.py) and results.parquet's parts `folder.parts`
+(search/store/results_parts.py).
 """
 
 from __future__ import annotations
@@ -24,43 +27,31 @@ from __future__ import annotations
 from dataclasses import replace
 
 import fcntl
-import functools
 import hashlib
-import io
 import json
-import logging
 import os
 import re
 import socket
-import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import pandas as pd
-import pyarrow as pa
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 import yaml
 
 from search.definition.schema import run_name_problem
 from search.definition.space import Space, parse_space, to_raw
-from search.store.results import RECORD_FILE as TRIAL_RECORD
-from search.store.results import RESULTS_FILE, is_json, results_schema, table, table_bytes
-from search.store.searcher_record import RECORD_FILE, record_from_json
+from search.store.results_parts import NoResults, NotARunFolder, ResultParts  # noqa: F401  (their users import them here)
 from search.store.storage import Storage, apply_options, is_uri, split_query
+from search.store.tune_record import TuneRecord
 from trainable.errors import ConfigError, problem
 from trainable.yaml_file import Loader, dump_yaml
-
-if TYPE_CHECKING:  # Ray Tune is imported where a run's state is read (RunFolder.analysis)
-    from ray import tune
 
 SPEC_FILE = "spec.yaml"
 BEST_FILE = "best.yaml"
 PROBE_FILE = "gpu_probe.json"
-STATUSES_FILE = "statuses.json"
 LOCK_FILE = ".lock"  # held by the process that searches the run (RunFolder.held)
 RUN_SECTION = "run"  # spec.yaml's record of where and with what the run started; not part of the space
 
@@ -127,7 +118,7 @@ class RunFolder:
     def release(self) -> None:
         """Undo claim() when the search could not start: remove the folder if it holds only spec.yaml
         (and gpu_probe.json), on a local folder or a storage URI alike."""
-        fs, base = self._fs()
+        fs, base = self.fs()
         if fs.get_file_info(base).type != pafs.FileType.Directory:
             return
         names = {info.base_name for info in fs.get_file_info(pafs.FileSelector(base))}
@@ -225,239 +216,31 @@ class RunFolder:
                                                    "with the change", self.name)])
         return space, run
 
-    def _fs(self) -> tuple[pafs.FileSystem, str]:
+    def fs(self) -> tuple[pafs.FileSystem, str]:
         return pafs.FileSystem.from_uri(self.path) if is_uri(self.path) else (pafs.LocalFileSystem(), self.path)
 
-    def analysis(self) -> tune.ExperimentAnalysis:
-        """Tune's newest saved state of this run, as Tune reads it; ValueError if there is none or it does not read.
+    @property
+    def record(self) -> TuneRecord:
+        """Tune's record of the run (search/store/tune_record.py)."""
+        return TuneRecord(self)
 
-        It reads every trial's result.json too (ExperimentAnalysis has no way to skip them): about
-        2.4 ms per trial of two reports, 2.4 s at 1,000 trials and 20 s at 10,000 (parsing Tune's state
-        file ourselves took 0.1 s); Tune's trials as objects take most of the time and over 1 GB. Paid when a
-        stopped search ends, and when a resume finds no statuses.json of Tune's present state (_statuses).
-        """
-        from ray import tune  # here: `report`, `runs`, `export` and `compare` start without Ray Tune
-
-        if not tune.Tuner.can_restore(self.path):
-            raise ValueError(f"no saved experiment state of Tune in {self.path}")
-        quiet = logging.getLogger("ray.tune.analysis.experiment_analysis")
-        level = quiet.level
-        quiet.setLevel(logging.ERROR)  # a trial with no result.json yet is no news here
-        try:
-            fs, base = self._fs()
-            return tune.ExperimentAnalysis(base, storage_filesystem=fs)
-        except Exception as error:  # what a damaged file raises depends on where it breaks
-            raise ValueError(f"Tune's experiment state in {self.path} cannot be read "
-                             f"({type(error).__name__}: {error})") from None
-        finally:
-            quiet.setLevel(level)
-
-    def saved_trials(self) -> dict[str, tuple[str, dict[str, Any] | None]]:
-        """Trial id -> (status, config) as Tune last saved them; {} if there is no readable state."""
-        try:
-            return dict(_saved_trials(self, self._state_stamp()))  # a copy: the kept one stays as Tune wrote it
-        except ValueError:
-            return {}
-
-    def saved_statuses(self) -> dict[str, str]:
-        """Trial id -> status as Tune last saved them; {} if there is no readable state."""
-        try:
-            return self._statuses()
-        except ValueError:
-            return {}
-
-    def _statuses(self) -> dict[str, str]:
-        """saved_statuses, ValueError where Tune's record does not read. statuses.json answers while Tune's
-        state files are the ones the end of the search found (Tune wrote them, and they read then): reading
-        the record takes 20 s and over 1 GB at 10,000 trials, and a --resume asks up to four times."""
-        from ray import tune  # here: `report`, `runs`, `export` and `compare` start without Ray Tune
-
-        if not tune.Tuner.can_restore(self.path):  # whatever statuses.json and the cached record say
-            raise ValueError(f"no saved experiment state of Tune in {self.path}")
-        stamp = self._state_stamp()
-        kept = self.storage.read(f"{self.name}/{STATUSES_FILE}")
-        if stamp and kept is not None:
-            try:
-                record = json.loads(kept)
-                if [tuple(s) for s in record["experiment_state"]] == list(stamp):
-                    return dict(record["statuses"])
-            except (ValueError, KeyError, TypeError):  # damaged: Tune's record answers
-                pass
-        return {trial_id: status for trial_id, (status, _) in _saved_trials(self, stamp).items()}
-
-    def keep_statuses(self, statuses: dict[str, str]) -> None:
-        """statuses.json: every trial's status as the end of the search found it in Tune's record (or, where
-        Tune ran to its end, in the trials it returned), with Tune's state files as they are now, after its
-        last save; nothing where there is no state or no trial."""
-        stamp = self._state_stamp()
-        if stamp and statuses:
-            self.storage.write(f"{self.name}/{STATUSES_FILE}",
-                               json.dumps({"experiment_state": stamp, "statuses": statuses}).encode())
-
-    def records_missing(self, trial_ids) -> list[str]:
-        """The trials among `trial_ids` whose folder has no result.json (Tune's record of its reports):
-        one call that looks each file up, without reading it (reading 10,000 of them took seconds)."""
-        fs, base = self._fs()
-        paths = [f"{base}/trial_{t}/{TRIAL_RECORD}" for t in trial_ids]  # tuner.trial_folder_name
-        return [t for t, info in zip(trial_ids, fs.get_file_info(paths)) if info.type == pafs.FileType.NotFound]
-
-    def _state_stamp(self) -> tuple[tuple[str, int | None, int | None], ...]:
-        """Tune's experiment-state files here, by name, size and modification time: a new snapshot
-        changes it, so _saved_trials reads Tune's record again only after Tune has written one."""
-        fs, base = self._fs()
-        try:
-            infos = fs.get_file_info(pafs.FileSelector(base))
-        except OSError:
-            return ()
-        return tuple(sorted((i.base_name, i.size, i.mtime_ns) for i in infos
-                            if i.base_name.startswith("experiment_state")))
-
-    def searcher_state(self) -> dict[str, Any]:
-        """OrderedSearch's record as of Tune's last snapshot (searcher.json), {} if there is none or it does not read.
-
-        Its `waits` and `suggested` map trial numbers (int) to seconds and to (unix time, seconds).
-        """
-        data = self.storage.read(f"{self.name}/{RECORD_FILE}")
-        if data is None:  # reproducible: false (OptunaSearch), or no snapshot yet
-            return {}
-        try:
-            return record_from_json(data)
-        except ValueError:
-            return {}
+    @property
+    def parts(self) -> ResultParts:
+        """results.parquet's parts (search/store/results_parts.py)."""
+        return ResultParts(self)
 
     def check_record(self) -> None:
-        """Tune's experiment state (and the searcher's record) must read, or Tune would silently
-        start the search over.
-
-        Also says which parts of results.parquet are unreadable: the end of the search
-        writes every trial's part again from Tune's records.
-        """
-        fix = ("Tune's record of this run is damaged, and resuming would start the search over. "
-               "Restore the file from a copy, or start a new run (its finished trials stay in "
-               "results.parquet and in the trial folders)")
-        try:
-            self._statuses()
-            record = self.storage.read(f"{self.name}/{RECORD_FILE}")
-            if record is not None:
-                try:
-                    record_from_json(record)
-                except ValueError as error:
-                    raise ValueError(f"{self.storage.join(self.name, RECORD_FILE)} cannot be read ({error})") from None
-        except ValueError as error:
-            raise ConfigError([problem("--resume", f"{error}. {fix}", self.name)]) from None
-        fs, base = self._fs()
-        parts = f"{base}/{RESULTS_FILE}"
-        if fs.get_file_info(parts).type == pafs.FileType.Directory:
-            for info in fs.get_file_info(pafs.FileSelector(parts)):
-                if not info.base_name.endswith(".parquet"):
-                    continue
-                try:
-                    with fs.open_input_file(info.path) as stream:
-                        pq.read_table(io.BytesIO(stream.read()))
-                except (pa.ArrowException, OSError) as error:
-                    print(f"note: {info.path} is unreadable ({error}); it is rebuilt from Tune's records when "
-                          "the search ends", file=sys.stderr, flush=True)
-
-    def ended_trials(self) -> list[str]:
-        """Ids of the trials whose part of results.parquet is written (they ended)."""
-        fs, base = self._fs()
-        parts = f"{base}/{RESULTS_FILE}"
-        if fs.get_file_info(parts).type != pafs.FileType.Directory:
-            return []
-        return [i.base_name[:-len(".parquet")] for i in fs.get_file_info(pafs.FileSelector(parts))
-                if i.base_name.endswith(".parquet")]
-
-    def drop_unrecorded_parts(self) -> list[str]:
-        """Remove the results parts of trials that Tune's last snapshot does not hold; their ids.
-
-        They ended after that snapshot (Tune's own rule, search/execution/tuner.py), before the driver was killed. A
-        resume runs them again under new ids (with the same trial numbers, configs and seeds in
-        a reproducible search) and writes their parts anew; kept, they would be counted twice.
-        """
-        recorded = set(self.saved_statuses())
-        dropped = [t for t in self.ended_trials() if t not in recorded]
-        fs, base = self._fs()
-        for trial_id in dropped:
-            fs.delete_file(f"{base}/{RESULTS_FILE}/{trial_id}.parquet")
-        return dropped
-
-    def results_damage(self) -> str | None:
-        """What makes results.parquet unreadable as a whole, said for the user; None if nothing does.
-
-        Only a folder of parts with no part in it counts here (a crash before the first trial ended
-        left it, or the parts were deleted): pandas reads it as a frame without a column, which
-        every reader of the run then trips on. A run with no results.parquet at all has not ended
-        a trial yet: that is a state, not damage (a running search, an interrupted one to resume).
-        Listing the folder costs one call, so every command that opens a run can afford it."""
-        fs, base = self._fs()
-        parts = f"{base}/{RESULTS_FILE}"
-        if fs.get_file_info(parts).type != pafs.FileType.Directory or self.ended_trials():
-            return None
-        return f"{RESULTS_FILE} holds no results part: no trial of this run ended, or its parts were deleted; " \
-               + self.rebuild_hint()
+        """What a resume needs of the run's record: Tune's experiment state and the searcher's record must read,
+        or Tune would silently start the search over (ConfigError); each results part that does not read is
+        said (the end of the search writes it again)."""
+        self.record.check()
+        self.parts.say_unreadable()
 
     def rebuild_hint(self) -> str:
         """How results.parquet is written again: a resume derives every part from Tune's record."""
         return (f"resuming the run writes its parts again from Tune's record (python -m search --space "
                 f"{self.storage.join(self.name, SPEC_FILE)} --storage-path {self.storage.uri} --name {self.name} "
                 "--resume)")
-
-    def read_results(self) -> pd.DataFrame:
-        """results.parquet as one frame, for the commands that read a run (runs, compare, report, export,
-        a warm start); NoResults, naming the run and what is missing, where there is nothing to read
-        (no results.parquet, a folder with no part, a part that does not read, no trial_id column)."""
-        where = self.storage.join(self.name, RESULTS_FILE)
-        if (damage := self.results_damage()) is not None:
-            raise NoResults(f"{self.path}: {damage}")
-        if not self.storage.exists(self.name, RESULTS_FILE):
-            raise NoResults(f"{self.path}: has no {RESULTS_FILE} yet: no trial of this run has ended")
-        try:
-            frame = pd.read_parquet(where)
-        except (OSError, ValueError) as error:  # ArrowInvalid is a ValueError: a part that is not Parquet
-            raise NoResults(f"{self.path}: {RESULTS_FILE} cannot be read ({type(error).__name__}: {error}); "
-                            + self.rebuild_hint()) from None
-        if not {"trial_id", "status"} <= set(frame.columns):  # parts of another program, or empty ones
-            raise NoResults(f"{self.path}: {RESULTS_FILE} holds no trial_id and status columns (not results of "
-                            "hpsearch); " + self.rebuild_hint())
-        return frame
-
-    def write_part(self, space: Space, trial_id: str, rows: list[dict[str, Any]],
-                   schema: pa.Schema | None = None) -> pa.Table:
-        """One trial's rows as its part of results.parquet (replacing an earlier part); returns the part as
-        written, whose to_pylist() is results.records(rows, schema) (its journal entry's, made once).
-
-        `schema`: results_schema(space), if the caller holds it (it takes ms to make, per trial).
-        """
-        part = table(rows, schema or results_schema(space))
-        self.storage.write(f"{self.name}/{RESULTS_FILE}/{trial_id}.parquet", table_bytes(part))
-        return part
-
-    def read_part(self, trial_id: str, schema: pa.Schema) -> list[dict[str, Any]]:
-        """The rows of a trial's results part as written ([] if there is none or it does not read)."""
-        data = self.storage.read(f"{self.name}/{RESULTS_FILE}/{trial_id}.parquet")
-        if data is None:
-            return []
-        try:
-            rows = pq.ParquetFile(io.BytesIO(data)).read().to_pylist()  # a third faster than pq.read_table
-        except (pa.ArrowException, OSError):
-            return []
-        text = [f.name for f in schema if is_json(f)]
-        for row in rows:  # back to values: table() writes them as JSON text again
-            row.update({c: json.loads(row[c]) for c in text if isinstance(row.get(c), str)})
-        return rows
-
-    def part_epochs(self, trial_id: str) -> set[int]:
-        """The epochs a trial's results part holds (none if there is no part or it does not read): the
-        end of a search checks every part against Tune's record, and its epoch column alone reads in
-        a fifth of the time of the whole part."""
-        data = self.storage.read(f"{self.name}/{RESULTS_FILE}/{trial_id}.parquet")
-        if data is None:
-            return set()
-        try:
-            epochs = pq.ParquetFile(io.BytesIO(data)).read(columns=["epoch"]).column("epoch").to_pylist()
-        except (pa.ArrowException, OSError, KeyError):
-            return set()
-        return {int(e) for e in epochs if e is not None}
 
     def write_probe(self, figures: dict[str, Any]) -> None:
         self.storage.write(f"{self.name}/{PROBE_FILE}", json.dumps(figures, indent=1).encode())
@@ -514,33 +297,10 @@ def run_folder_name(space: Space, storage: Storage, name: str | None, resume: bo
     return f"{space.experiment.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-class NotARunFolder(ValueError):
-    """The folder named as a run folder holds no spec.yaml."""
-
-
-class NoResults(NotARunFolder):
-    """A run folder whose results.parquet cannot be read as a whole (RunFolder.read_results,
-    results_damage): a NotARunFolder, so every command that refuses a folder with exit 2 refuses it."""
-
-
-@functools.lru_cache(maxsize=2)
-def _saved_trials(folder: RunFolder, stamp: tuple) -> dict[str, tuple[str, dict[str, Any] | None]]:
-    """Trial id -> (status, config) of Tune's record in `folder` as of `stamp` (RunFolder._state_stamp);
-    ValueError if it does not read.
-
-    Kept per stamp (the newest two: small, ids, statuses and configs) because a resume of a run
-    without statuses.json asks three times before Tune starts (check_record, drop_unrecorded_parts,
-    finished), and each read of Tune's record reads every trial's result.json: at 10,000 trials the
-    --resume of a finished run took 99 s, 20 s of it each read.
-    """
-    return {trial.trial_id: (trial.status, trial.config if isinstance(trial.config, dict) else None)
-            for trial in folder.analysis().trials}
-
-
 def open_run(run: str, *, results: bool = True) -> RunFolder:
     """The run folder at `run` (a local path or a URI); NotARunFolder if it holds no spec.yaml.
 
-    `results`: NoResults where its results.parquet is a folder with no part (RunFolder.results_damage):
+    `results`: NoResults where its results.parquet is a folder with no part (ResultParts.damage):
     report, compare, export, check and a warm start read the results, and would fail on it with a
     KeyError far from the cause. False for a caller that needs only Tune's record (a restore)."""
     # a local folder by its absolute path, so `report .` and `report /` name a folder, not ""
@@ -552,6 +312,6 @@ def open_run(run: str, *, results: bool = True) -> RunFolder:
     if not name or folder.storage.read(f"{name}/{SPEC_FILE}") is None:
         raise NotARunFolder(f"{run}: not a run folder of hpsearch (it has no {SPEC_FILE}); name a folder "
                             "like runs/mnist-20261130-101500")
-    if results and (damage := folder.results_damage()) is not None:
+    if results and (damage := folder.parts.damage()) is not None:
         raise NoResults(f"{run}: {damage}")
     return folder
