@@ -40,9 +40,9 @@ class OwnFunction:
     name = "function"
     default_format = "state_dict"  #: its checkpoint is a dict: written as that dict, with the trial's config
     load_checkpoint: Callable[[str | Path], Any] = staticmethod(load_state)
-    #: why best.yaml's epoch kept no checkpoint, besides num_to_keep
     checkpoints_kept_by = "its function's report(checkpoint=...), num_to_keep"  #: what decides its checkpoints
     without_checkpoint = "its config replays without one"  #: what a best epoch without a checkpoint loses
+    #: why best.yaml's epoch kept no checkpoint, besides num_to_keep
     no_checkpoint_why = "the function reported none at that epoch (report(checkpoint=...))"
 
     def __init__(self, reference: str | None) -> None:
