@@ -46,6 +46,7 @@ from ray.tune.experiment import Trial
 from search.definition.objectives import first, mark_feasible, objectives_of
 from search.definition.ranking import best_value, is_better, score
 from search.definition.space import Space
+from search.definition.status import ERROR
 from search.execution.ray_internals import last_failure_is_contract_error, no_retry_of_contract_errors
 from search.outputs.journal import Journal
 from search.searching.budget import end_search
@@ -429,7 +430,7 @@ class Progress(Callback):
         if rows:
             print(self._trial_line(rows, line), flush=True)
             return
-        print(f"{line[0]} trial #{config.get('trial_number')} ({trial_id}) {'ERROR' if error else 'ended'} "
+        print(f"{line[0]} trial #{config.get('trial_number')} ({trial_id}) {ERROR if error else 'ended'} "
               f"| elapsed {line[1]} | ETA {line[2]}", flush=True)
 
     def add_to_journal(self, rows: list[dict[str, Any]]) -> None:
