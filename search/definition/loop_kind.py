@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from optuna.distributions import IntDistribution
 
+from search.definition.objectives import objectives_of
 from search.definition.objectives import problems as objective_problems
 from search.definition.schema import (DataRoot, Experiment, Resources, Searched, field_value, parse_searched,
                                       section_of, training_metric_problems, validated)
@@ -222,8 +223,6 @@ class CanonicalLoop:
     @staticmethod
     def front_metrics(space: Space, columns: list[str], schema_names: list[str]) -> list[str]:
         """pareto.yaml's metrics: the loop's objectives, then the search's."""
-        from search.definition.objectives import objectives_of
-
         return list(dict.fromkeys([*OBJECTIVES, *objectives_of(space.experiment).metrics]))
 
     @staticmethod
