@@ -188,6 +188,15 @@ def test_a_file_that_raises_at_import_names_the_file_and_line(tmp_path):
     assert f"cannot import {syntax}: SyntaxError" in message and f"({syntax}, line 2)" in message
 
 
+def test_a_file_reference_linked_to_a_file_not_named_py_is_a_config_error(tmp_path):
+    # Python imports the link's target, whose name has no .py: there is no loader for it
+    target = tmp_path / "net.txt"
+    target.write_text("import torch\n\ndef net(**kwargs):\n    return torch.nn.LazyLinear(10)\n")
+    (tmp_path / "net.py").symlink_to(target)
+    (message,) = check_problems(f"{tmp_path / 'net.py'}:net")
+    assert message.startswith(f"model.factory: cannot import {target}: its name must end in .py")
+
+
 def test_a_missing_file_or_name_is_a_config_error(models, tmp_path):
     (message,) = check_problems(f"{tmp_path / 'nope.py'}:Net")
     assert message.startswith(f"model.factory: file {tmp_path / 'nope.py'} not found")

@@ -54,6 +54,8 @@ def _import_file(path: Path, key: str, reference: str):
     if folder not in sys.path:
         sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:  # no loader for the suffix: FILE.py a link to a file not named .py
+        raise ConfigError([problem(key, f"cannot import {path}: its name must end in .py", reference)])
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
@@ -161,6 +163,7 @@ def keyword_problems(function: Callable, keywords: Mapping[str, Any] | list[str]
 def model_keywords(function: Callable, config: TrialConfig, input_shape: tuple[int, ...],
                    num_classes: int) -> dict[str, Any]:
     """The factory's keyword arguments: the config's model.<key> plus the data's shape and classes."""
+    names: Mapping[str, inspect.Parameter]
     try:
         names = inspect.signature(function).parameters
     except (TypeError, ValueError):
