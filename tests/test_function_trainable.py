@@ -476,3 +476,23 @@ def test_a_config_key_named_like_a_column_of_the_run_folder_is_refused(tmp_path,
     raw = toy_space(tmp_path)
     raw["training"]["note"] = "a note"
     parse_space(raw, source=str(tmp_path / "space.yaml"))
+
+
+@pytest.mark.parametrize("reproducible", [True, False])
+def test_early_stopping_of_a_function_without_epochs_and_a_conditional_searched_epochs_builds(tmp_path, reproducible):
+    # a function may leave training.epochs unsaid; its searched epochs (drawn only for one optimizer here) bound
+    # the rungs, as the space check counts them: the scheduler and the searcher used to fail on None > int
+    from search.execution.tuner import make_scheduler
+    from search.searching.searcher import make_searcher
+
+    raw = toy_space(tmp_path, scheduler="asha", reproducible=reproducible, sampler="tpe")
+    raw["training"].pop("epochs")
+    raw["space"].update(opt={"distribution": "choice", "values": ["a", "b"]},
+                        epochs={"distribution": "int", "low": 2, "high": 8, "when": {"opt": "a"}})
+    space = parse_space(raw, source=str(tmp_path / "space.yaml"))
+    scheduler = make_scheduler(space)
+    if reproducible:  # search/searching/halving.py: the rungs below the 8 epochs
+        assert scheduler.rungs == [[1, 2, 4]]
+    else:  # Ray's ASHA
+        assert scheduler._max_t == 8
+    assert make_searcher(space) is not None

@@ -353,3 +353,11 @@ def test_the_canonical_loop_and_a_function_get_the_same_answer_from_one_parse_pa
     for raw in (canonical, function):  # and both pass once it divides
         raw["experiment"] = {**experiment, "checkpoint_every": 1}
         assert parse_space(raw, source=str(tmp_path / "space.yaml")).experiment.checkpoint_every == 1
+
+
+def test_a_section_key_that_is_no_string_is_an_unknown_key_not_a_crash():
+    # YAML's `1: 2` gives the int key 1, which pydantic reports as an invalid key, not an extra one
+    (said,) = problems_of({"experiment": {1: 2}, "space": LR})
+    assert said.startswith("experiment.1: unknown key (known: ") and said.endswith("got 2")
+    (said,) = problems_of({"resources": {3: "x"}, "space": LR})
+    assert said.startswith("resources.3: unknown key (known: ") and said.endswith("got 'x'")

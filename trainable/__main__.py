@@ -42,7 +42,10 @@ def yaml_text(value) -> str:
 
 def default_of(f: dataclasses.Field):
     """A field's default, made by its factory where it has one (training.metrics: {})."""
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    assert f.default_factory is not dataclasses.MISSING  # every trial config field has a default or a factory
+    return f.default_factory()
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -155,9 +158,11 @@ def refuse_flags_of_a_function_replay(args: argparse.Namespace) -> None:
 def replayed_metric(raw: dict, pick: int | None) -> str | list[str] | None:
     """What a function's replay prints: best.yaml's metric, or pareto.yaml's objectives."""
     if pick is not None:
-        objectives = raw.get("objectives") if isinstance(raw.get("objectives"), dict) else {}
+        objectives = raw.get("objectives")
+        objectives = objectives if isinstance(objectives, dict) else {}
         return list(objectives) or None
-    result = raw.get("result") if isinstance(raw.get("result"), dict) else {}
+    result = raw.get("result")
+    result = result if isinstance(result, dict) else {}
     return result.get("metric")
 
 

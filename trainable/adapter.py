@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, cast
 
 import pyarrow.fs as pafs
 import ray
@@ -52,7 +52,7 @@ class DataHandle:
     ref: ray.ObjectRef
 
     @classmethod
-    def put(cls, data: Data) -> "DataHandle":
+    def put(cls, data: Data | None) -> "DataHandle":  # None: a function trainable's trials get no data of hpsearch's
         return cls(ray.put(data))
 
 
@@ -178,6 +178,7 @@ def newest_readable_state(latest: tune.Checkpoint,
     every restart. None: no checkpoint reads, and the trial starts over from epoch 0.
     """
     folder, _, _ = latest.path.rstrip("/").rpartition("/")
+    assert latest.filesystem is not None  # a Checkpoint given none infers it from its path, which Tune's have
     siblings = [i.path for i in latest.filesystem.get_file_info(pafs.FileSelector(folder))
                 if i.type == pafs.FileType.Directory and i.base_name.startswith("checkpoint_")]
     # only earlier ones: a newer folder (left by a driver killed after it was written) is not in Tune's record
@@ -253,8 +254,9 @@ def report_epochs(trial: TrialConfig, run: Run, device: torch.device, start: Tri
             # any report may be the trial's last (a scheduler stops trials early); the next
             # trial on this actor counts its start from here, so no time falls between trials
             _last_end = reporting
+            # from_directory builds its own class; Ray annotates the result as ray.train's Checkpoint
             report(epoch_report(record, placement, device, phases),
-                   checkpoint=tune.Checkpoint.from_directory(folder) if keep else None)
+                   checkpoint=cast(tune.Checkpoint, tune.Checkpoint.from_directory(folder)) if keep else None)
             report_seconds = time.time() - reporting
             fetch_seconds = setup_seconds = 0.0  # once per trial, on its first row
 

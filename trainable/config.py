@@ -215,7 +215,7 @@ class TrialConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Nested plain data for YAML: `model: {factory: ..., <key>: ...}`."""
-        out = {}
+        out: dict[str, Any] = {}
         for name, value in self.to_flat().items():
             if keyword_of(name) is not None or name == FACTORY_KEY:
                 out.setdefault(MODEL, {})[name[len(MODEL) + 1:]] = value
@@ -335,8 +335,9 @@ def coerce(name: str, value: Any) -> tuple[Any, str | None]:
     """Check a raw value's type for field `name` (flat); return (value, None) or (None, rule)."""
     if name == FACTORY_KEY:
         return (value, None) if isinstance(value, str) else (None, "must be a string")
-    if keyword_of(name) is not None:
-        return _coerce_model(keyword_of(name), value)
+    keyword = keyword_of(name)
+    if keyword is not None:
+        return _coerce_model(keyword, value)
     if value is None:
         return (None, None) if optional(name) else (None, "must not be empty")
     base = kind(name)
@@ -445,7 +446,9 @@ def parse_schedule(value: Any, key: str = SCHEDULE_KEY) -> dict[int, dict[str, A
     """
     if not isinstance(value, list):
         raise ConfigError([problem(key, "must be a list of {epoch: N, lr: ..., ...} entries", value)])
-    problems, out, last = [], {}, 0
+    problems: list[str] = []
+    out: dict[int, dict[str, Any]] = {}
+    last = 0
     for i, entry in enumerate(value):
         path = f"{key}[{i}]"
         if not isinstance(entry, Mapping):
@@ -466,7 +469,7 @@ def parse_schedule(value: Any, key: str = SCHEDULE_KEY) -> dict[int, dict[str, A
                 problems.append(problem(f"{path}.{name}", rule, v))
             else:
                 values[name] = coerce(name, v)[0]
-        out[epoch] = values
+        out[typing.cast(int, epoch)] = values  # a bad epoch is among the problems, raised before out is returned
     if problems:
         raise ConfigError(problems)
     return out

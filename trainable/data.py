@@ -106,7 +106,7 @@ def default_data_root() -> Path:
     return Path(cache) / "hpsearch"
 
 
-def torchvision_class(name: str) -> type:
+def torchvision_class(name: str) -> type[Any]:
     """The torchvision.datasets class of built-in dataset `name`."""
     from torchvision import datasets
 
@@ -365,8 +365,8 @@ def load_data(config: TrialConfig, root: str | Path | None = None, *, key: str =
         test = load_dataset(config.dataset, root, train=False) if with_test else None
         num_classes, standardize = BUILTIN_CLASSES, Standardize(mean, std)
         if config.loss in REGRESSION_LOSSES:  # the class index as a value: (N,) float targets, one output
-            train_part, test = (None if p is None else Arrays(p.inputs, p.labels.astype(np.float32))
-                                for p in (train_part, test))
+            train_part = Arrays(train_part.inputs, train_part.labels.astype(np.float32))
+            test = None if test is None else Arrays(test.inputs, test.labels.astype(np.float32))
             num_classes = 1
     else:
         function = resolve(config.dataset, key)

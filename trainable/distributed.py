@@ -26,12 +26,12 @@ from __future__ import annotations
 import datetime
 import socket
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DistributedSampler
+from torch.utils.data import Dataset, DistributedSampler
 
 from trainable.errors import ConfigError, problem
 
@@ -111,14 +111,16 @@ class ShardedBatches:
         from trainable.batches import ArrayDataset, InMemoryBatches
         from trainable.seed import seed_worker
 
-        # the sampler only draws indices: its dataset is a stand-in of the right length
-        self.sampler = DistributedSampler(range(len(arrays.labels)), num_replicas=world.size, rank=world.rank,
-                                          shuffle=True, seed=seed, drop_last=drop_last)
+        # the sampler only draws indices: its dataset is a stand-in of the right length (it reads only len())
+        self.sampler: DistributedSampler[int] = DistributedSampler(
+            cast("Dataset[int]", range(len(arrays.labels))), num_replicas=world.size, rank=world.rank, shuffle=True,
+            seed=seed, drop_last=drop_last)
         if batch_size % world.size:  # the space file is checked for this; a best.yaml edited by hand is not
             raise ConfigError([problem("batch_size", f"must be divisible by workers ({world.size}): each worker "
                                                      "takes batch_size / workers examples of every batch", batch_size)])
         self.per_worker = batch_size // world.size
         self.drop_last = drop_last
+        self.loader: torch.utils.data.DataLoader | None
         if source == "loader":
             self.loader = torch.utils.data.DataLoader(
                 ArrayDataset(arrays, standardize), batch_size=self.per_worker, sampler=self.sampler,
@@ -140,6 +142,7 @@ class ShardedBatches:
         if self.loader is not None:
             yield from self.loader
             return
+        assert self.memory is not None  # built whenever the loader is not
         order = torch.tensor(list(self.sampler), dtype=torch.long, device=self.memory.inputs.device)
         for batch in range(len(self)):
             index = order[batch * self.per_worker:(batch + 1) * self.per_worker]
@@ -169,6 +172,8 @@ def shard(size: int, seed: int, epoch: int) -> list[int]:
     """This worker's indices of a dataset of `size` examples for `epoch`: torch's DistributedSampler, shuffled
     with (seed, epoch), so every worker takes a different share and a resumed epoch the same one; with one
     worker, a permutation of all of them drawn the same way."""
-    sampler = DistributedSampler(range(size), num_replicas=world_size(), rank=rank(), shuffle=True, seed=seed)
+    # a stand-in of the right length: the sampler reads only len() of its dataset
+    sampler: DistributedSampler[int] = DistributedSampler(cast("Dataset[int]", range(size)), num_replicas=world_size(),
+                                                          rank=rank(), shuffle=True, seed=seed)
     sampler.set_epoch(epoch)
     return list(sampler)

@@ -32,7 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Collection, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence, cast
 
 from trainable.config import TrialConfig, plain
 from trainable.errors import ConfigError, problem
@@ -278,7 +278,7 @@ class Reporter:
                                "otherwise")
         missing = [m for m in self.metrics or () if m not in metrics]
         if missing:
-            raise MetricNotReported(f"experiment.metric: every metric the search needs ({', '.join(self.metrics)}) "
+            raise MetricNotReported(f"experiment.metric: every metric the search needs ({', '.join(self.metrics or ())}) "
                                     f"must be among those the function reports ({', '.join(metrics) or 'none'}); "
                                     f"missing: {', '.join(missing)}")
 
@@ -349,8 +349,9 @@ def tune_function(config: dict[str, Any], *, data: Any = None, metrics: Sequence
             if checkpoint is not None:
                 save_state(folder, epoch, checkpoint)
             adapter.mark_report()
-            adapter.report(row, checkpoint=tune.Checkpoint.from_directory(folder) if checkpoint is not None
-                           else None)
+            # from_directory builds its own class; Ray annotates the result as ray.train's Checkpoint
+            adapter.report(row, checkpoint=cast(tune.Checkpoint, tune.Checkpoint.from_directory(folder))
+                           if checkpoint is not None else None)
 
     given = trial.for_function()
     reporter = Reporter(metrics, send, epoch, config={**given, **trial.to_flat()},

@@ -53,7 +53,8 @@ class GlobalState:
             python_rng=random.getstate(),
             deterministic=torch.are_deterministic_algorithms_enabled(),
             warn_only=torch.is_deterministic_algorithms_warn_only_enabled(),
-            fill_uninitialized_memory=torch.utils.deterministic.fill_uninitialized_memory,
+            # a property of the module's class (torch/utils/deterministic.py), which mypy does not see
+            fill_uninitialized_memory=torch.utils.deterministic.fill_uninitialized_memory,  # type: ignore[attr-defined]
             cudnn_deterministic=torch.backends.cudnn.deterministic,
             cudnn_benchmark=torch.backends.cudnn.benchmark,
             cudnn_allow_tf32=torch.backends.cudnn.allow_tf32,
@@ -76,7 +77,7 @@ class GlobalState:
         np.random.set_state(self.numpy_rng)
         random.setstate(self.python_rng)
         torch.use_deterministic_algorithms(self.deterministic, warn_only=self.warn_only)
-        torch.utils.deterministic.fill_uninitialized_memory = self.fill_uninitialized_memory
+        torch.utils.deterministic.fill_uninitialized_memory = self.fill_uninitialized_memory  # type: ignore[attr-defined]  # see capture
         torch.backends.cudnn.deterministic = self.cudnn_deterministic
         torch.backends.cudnn.benchmark = self.cudnn_benchmark
         torch.backends.cudnn.allow_tf32 = self.cudnn_allow_tf32

@@ -95,7 +95,7 @@ def compute(metrics: Metric | Metrics, kept: list[torch.Tensor], targets: list[t
     """Each metric over the epoch's kept outputs, updated once: torchmetrics costs ~75 us a call,
     10% of an MNIST epoch of this MLP if called per batch (bench/epoch.py)."""
     single = not isinstance(metrics, Mapping)  # one Metric (accuracy), not several by name
-    named = {ACCURACY: metrics} if single else metrics
+    named: Metrics = metrics if isinstance(metrics, Mapping) else {ACCURACY: metrics}
     outputs, wanted = (torch.cat(kept), torch.cat(targets)) if kept else (None, None)
     values = {}
     for name, metric in named.items():

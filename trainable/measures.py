@@ -96,6 +96,7 @@ def metric_class(name: str) -> type[Metric]:
 def metric_arguments(cls: type[Metric], args: Mapping[str, Any] | None, num_classes: int | None) -> dict[str, Any]:
     """The keyword arguments of one metric: the space file's, plus num_classes from the data where it takes one."""
     kwargs = dict(args or {})
+    takes: Mapping[str, inspect.Parameter]
     try:
         takes = inspect.signature(cls).parameters
     except (TypeError, ValueError):
@@ -161,7 +162,7 @@ def check_measures(config: TrialConfig, data: Data, n: int = 2) -> None:
         written = {metric_column(k): k for k in config.metrics}  # column -> the class name the space file gives
         for name, metric in metrics.items():
             key = f"{METRICS_KEY}.{written.get(name, name)}"
-            args = dict(config.metrics.get(written.get(name)) or {})
+            args = dict(config.metrics.get(written[name]) or {}) if name in written else {}
             try:
                 metric.update(outputs if name != ACCURACY else outputs.argmax(dim=1), targets)
                 value = metric.compute()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -33,7 +33,7 @@ def set_seed(seed: int, *, deterministic: bool = True, benchmark: bool = False,
     torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
     # filling fresh memory with NaN adds a kernel to many ops and protects nothing here: every
     # tensor the loop reads is written first
-    torch.utils.deterministic.fill_uninitialized_memory = False
+    torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]  # a property its module's class adds
     torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = benchmark
     return torch.Generator().manual_seed(seed)
@@ -63,7 +63,8 @@ def seed_worker(worker_id: int) -> None:
 def global_rng_states() -> dict[str, Any]:
     """torch's CPU (and, once initialised, CUDA) RNG, NumPy's and Python's: plain data and
     tensors only, so torch.load(weights_only=True) reads them back."""
-    name, keys, position, has_gauss, cached = np.random.get_state()
+    # legacy=True, the default, returns the tuple; numpy's stubs also allow the dict of legacy=False
+    name, keys, position, has_gauss, cached = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())
     version, python_state, gauss = random.getstate()
     states: dict[str, Any] = {
         "torch": torch.get_rng_state(),

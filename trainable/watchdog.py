@@ -63,8 +63,10 @@ class Watchdog:
         self._last = time.monotonic()
 
     def _watch(self) -> None:
+        timeout_s = self.timeout_s
+        assert timeout_s is not None  # __enter__ starts this thread only with a timeout
         while not self._done.wait(POLL_S):
-            if time.monotonic() - self._last > self.timeout_s:
+            if time.monotonic() - self._last > timeout_s:
                 break
         else:
             return

@@ -44,7 +44,7 @@ class Loader(yaml.SafeLoader):
     5000 digits) into a ConstructorError with the value's line and column.
     """
 
-    def __init__(self, stream):
+    def __init__(self, stream: Any) -> None:
         super().__init__(stream)
         self._depth = 0
         self._aliases: list[tuple[str, Any, yaml.Node]] = []  # (anchor, where, node it names)
@@ -72,7 +72,7 @@ class Loader(yaml.SafeLoader):
         self._aliases = []
         return node
 
-    def compose_mapping_node(self, anchor):
+    def compose_mapping_node(self, anchor: str | None) -> yaml.MappingNode:
         """A key written twice in one mapping is an error: PyYAML would keep the last one silently.
 
         Checked as the mapping is composed, as written: a merge (<<: *name) flattens keys into
@@ -240,7 +240,7 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     if "://" in str(path):
         uri = str(path)
         text = _decode(Path(uri.split("?", 1)[0]), _read_uri(uri))
-        path = uri  # type: ignore[assignment]  (named as given in messages)
+        path = uri  # named as given in messages
     else:
         path = Path(path)
         text = _decode(path, _read_bytes(path))

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence, cast
 
 import numpy as np
 import pandas as pd
@@ -129,10 +129,12 @@ class Objectives:
         if self.several:
             return epochs[-1]
         sign = 1 if self.modes[0] == "max" else -1  # of equal values the later epoch, as ranking.ranked picks
-        return max(epochs, key=lambda e: (sign * score(reports[e][self.metrics[0]]), e))
+        # each of `epochs` has a score for every objective
+        return max(epochs, key=lambda e: (sign * cast(float, score(reports[e][self.metrics[0]])), e))
 
     def values(self, report: Mapping[str, Any]) -> list[float]:
-        return [score(report.get(m)) for m in self.metrics]
+        """A point's objectives (`report` at point_epoch: each has a score)."""
+        return [cast(float, score(report.get(m))) for m in self.metrics]
 
     def violations(self, report: Mapping[str, Any]) -> list[float]:
         return [c.violation(report.get(c.metric)) for c in self.constraints]
@@ -147,8 +149,10 @@ class Objectives:
 
 def objectives_of(experiment: Any) -> Objectives:
     """A validated Experiment's objectives (schema.Experiment: metric, mode, constraints)."""
-    return Objectives(names(experiment.metric), names(experiment.mode),
-                      tuple(parse_constraint(c, any_name=True) for c in getattr(experiment, "constraints", ())))
+    constraints = tuple(parse_constraint(c, any_name=True) for c in getattr(experiment, "constraints", ()))
+    # each parses once the space is valid (problems() says the others); function_kind.metric_problems, which
+    # reads them before that, skips the Nones
+    return Objectives(names(experiment.metric), names(experiment.mode), cast("tuple[Bound, ...]", constraints))
 
 
 def problems(experiment: Any, any_name: bool = False) -> list[str]:

@@ -29,7 +29,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Collection, Literal, Mapping, TypeVar, get_args
+from typing import Annotated, Any, Callable, Collection, Literal, Mapping, Protocol, TypeVar, cast, get_args
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
@@ -40,6 +40,15 @@ from trainable.config import LOSSES, check_value, coerce, is_integer_field, plai
 from trainable.errors import problem
 from trainable.metrics import (MEASURED, METRICS, OBJECTIVES, epoch_metrics, metric_name, metric_problems,
                                reports_accuracy)
+
+
+class _Rule(Protocol):
+    """A field's rule as pydantic calls it, with what rule_of and bad_entries read back from it."""
+
+    rule: str
+    entries: Callable[[Mapping[str, Any]], list[str]] | None
+
+    def __call__(self, value: Any) -> Any: ...
 
 
 def rule(text: str, check: Callable[[Any], bool] = lambda value: True,
@@ -54,14 +63,15 @@ def rule(text: str, check: Callable[[Any], bool] = lambda value: True,
             raise ValueError(text)
         return value
 
-    validate.rule, validate.entries = text, entries  # read back by rule_of, bad_entries
+    checked = cast(_Rule, validate)  # a function takes attributes; mypy types it as a plain callable
+    checked.rule, checked.entries = text, entries  # read back by rule_of, bad_entries
     return AfterValidator(validate)
 
 
-def _rule_function(model: type[BaseModel], name: str) -> Callable:
+def _rule_function(model: type[BaseModel], name: str) -> _Rule:
     for item in model.model_fields[name].metadata:
         if isinstance(item, AfterValidator) and hasattr(item.func, "rule"):
-            return item.func
+            return cast(_Rule, item.func)  # made by rule()
     raise TypeError(f"{model.__name__}.{name} has no rule")  # a programming error, not input
 
 
@@ -276,7 +286,9 @@ class Experiment(Section):
 def own_metric_names(metric: Any) -> bool:
     """experiment.metric of a function: one identifier, or a list of distinct ones."""
     listed = [metric] if isinstance(metric, str) else metric if isinstance(metric, (list, tuple)) else None
-    return bool(listed) and all(isinstance(m, str) and m.isidentifier() for m in listed) and \
+    if not listed:
+        return False
+    return all(isinstance(m, str) and m.isidentifier() for m in listed) and \
         len(set(listed)) == len(listed)
 
 
@@ -350,7 +362,7 @@ def worker_problems(resources: Resources, batch_sizes: Collection[tuple[str, Any
     if resources.gpus == AUTO:
         problems.append(problem("resources.gpus", f"auto is not measured for more than one worker "
                                                   f"(resources.workers {workers}); give 0 or 1", AUTO))
-    elif 0 < resources.gpus < 1:
+    elif not isinstance(resources.gpus, str) and 0 < resources.gpus < 1:  # a str is auto, said above
         problems.append(problem("resources.gpus", f"must be 0 or 1 with resources.workers {workers}: NCCL "
                                                   "needs a GPU of its own for each worker", resources.gpus))
     return problems
@@ -377,8 +389,9 @@ def section_of(raw: Mapping[str, Any], name: str, problems: list[str]) -> dict[s
 S = TypeVar("S", bound=Section)
 
 
-def validated(model: type[S], section: str, values: Mapping[str, Any], problems: list[str]) -> S:
-    """`values` as `model`, or its defaults with every problem added to `problems`."""
+def validated(model: type[S], section: str, values: Mapping[Any, Any], problems: list[str]) -> S:
+    """`values` as `model`, or its defaults with every problem added to `problems`. `values`: the section as
+    read, whose keys may be any YAML key (`1: 2` gives the int 1)."""
     try:
         return model.model_validate(dict(values))
     except ValidationError as error:
@@ -389,12 +402,13 @@ def validated(model: type[S], section: str, values: Mapping[str, Any], problems:
                 continue
             seen.add(key)
             value = values.get(key)
-            if e["type"] == "extra_forbidden":
+            if e["type"] in ("extra_forbidden", "invalid_key"):  # invalid_key: a key that is no string
                 problems.append(problem(f"{section}.{key}", f"unknown key (known: {', '.join(sorted(model.model_fields))})",
                                         value))
                 continue
-            rule_text = rule_of(model, key)
-            problems += entry_problems(f"{section}.{key}", rule_text, value, bad_entries(model, key, value))
+            name = cast(str, key)  # any other error is a field's, located at its name
+            rule_text = rule_of(model, name)
+            problems += entry_problems(f"{section}.{key}", rule_text, value, bad_entries(model, name, value))
         try:  # the valid keys as given, so that the checks across keys say their problems in the same pass
             return model.model_validate({k: v for k, v in values.items() if k not in seen})
         except ValidationError:  # a rule across fields broke: the defaults
@@ -417,6 +431,7 @@ def label(value: Any) -> Any:
     return value if _scalar(value) else json.dumps(plain(value), sort_keys=True)
 
 
+Range = FloatDistribution | IntDistribution  #: a searched range's distribution: a Searched's where it is no choice
 When = tuple[tuple[str, tuple[Any, ...]], ...]  #: a `when:`: (earlier searched key, the values it must take), ...
 
 
@@ -475,11 +490,11 @@ class Searched:
 
     @property
     def low(self) -> Any:
-        return None if self.is_choice else self.distribution.low
+        return None if self.is_choice else cast(Range, self.distribution).low
 
     @property
     def high(self) -> Any:
-        return None if self.is_choice else self.distribution.high
+        return None if self.is_choice else cast(Range, self.distribution).high
 
     def ask(self, trial: optuna.Trial) -> Any:
         """Draw this field in `trial`; the value the trial config gets (a choice's value, not its label)."""
@@ -488,6 +503,7 @@ class Searched:
             return self.values[d.choices.index(trial.suggest_categorical(self.name, d.choices))]
         if isinstance(d, IntDistribution):
             return trial.suggest_int(self.name, d.low, d.high, step=d.step, log=d.log)
+        d = cast(FloatDistribution, d)  # the third kind parse_searched makes
         return trial.suggest_float(self.name, d.low, d.high, step=d.step, log=d.log)
 
     def param(self, value: Any) -> Any:
@@ -514,6 +530,7 @@ class Searched:
         if isinstance(d, CategoricalDistribution):
             raw = {"distribution": "choice", "values": plain(list(self.values))}
         else:
+            d = cast(Range, d)  # no choice: a range (parse_searched)
             kind = "int" if isinstance(d, IntDistribution) else "float"
             raw = {"distribution": kind, "low": d.low, "high": d.high, "log": d.log}
             if d.step is not None and not (kind == "int" and d.step == 1):
@@ -567,8 +584,8 @@ def parse_searched(name: str, spec: Mapping[str, Any], problems: list[str]) -> S
         {"distribution", "low", "high"} | ({"log", "step"} if alias_log is None else set())
     for key in spec:
         if key not in allowed:
-            known = ", ".join(sorted(allowed | {"when"}))
-            problems.append(problem(f"{path}.{key}", f"unknown key for {written} (known: {known})", spec[key]))
+            known_keys = ", ".join(sorted(allowed | {"when"}))
+            problems.append(problem(f"{path}.{key}", f"unknown key for {written} (known: {known_keys})", spec[key]))
     if kind == "choice":
         found = _choice(name, path, spec.get("values"), problems, before)
         return found and dataclasses.replace(found, when=when)
@@ -583,7 +600,9 @@ def parse_searched(name: str, spec: Mapping[str, Any], problems: list[str]) -> S
     step = spec.get("step")
     if not isinstance(log, bool):
         problems.append(problem(f"{path}.log", "must be true or false", log))
-    low, high = spec.get("low"), spec.get("high")
+    # as written: each is checked to be a number below, before any arithmetic on it
+    low: Any = spec.get("low")
+    high: Any = spec.get("high")
     for key, bound in (("low", low), ("high", high)):
         if not _is_number(bound):
             problems.append(problem(f"{path}.{key}", f"must be a number for {written}", bound))

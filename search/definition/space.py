@@ -25,15 +25,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, cast
 
-from optuna.distributions import FloatDistribution, IntDistribution
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from search.definition.enqueue import enqueue_problems
 from search.definition.kind import TrialKind, kind_of, kind_of_raw
 from search.definition.objectives import HALVING
 from search.definition.overrides import set_keys
-from search.definition.schema import Experiment, Resources, Searched, label, section_of, validated, worker_problems
+from search.definition.schema import Experiment, Range, Resources, Searched, label, section_of, validated, worker_problems
 from trainable.config import plain
 from trainable.errors import ConfigError, problem
 
@@ -210,14 +210,15 @@ def _cycle(start: str, key: str, searched: list[Searched], order: Mapping[str, i
 def _never_taken(target: Searched, value: Any) -> str | None:
     """Why `target` can never draw `value`, or None if it can."""
     d = target.distribution
-    if target.is_choice:
+    if isinstance(d, CategoricalDistribution):
         return None if label(value) in d.choices else f"one of {plain(list(target.values))}"
+    d = cast(Range, d)  # no choice: a range (schema.parse_searched)
     if isinstance(d, FloatDistribution) and d.step is None:
         return "a float key without a step takes any one value with probability 0; name a choice or an int key"
     if not isinstance(value, (int, float)) or isinstance(value, bool) or \
             (isinstance(d, IntDistribution) and value != int(value)):
         return f"a number in [{d.low}, {d.high}]"
-    steps = (value - d.low) / d.step
+    steps = (value - d.low) / cast(float, d.step)  # not None: an int's never is, a float's was said above
     if not d.low <= value <= d.high or abs(steps - round(steps)) > 1e-8:
         return f"a number in [{d.low}, {d.high}]" + (f" on steps of {d.step} from {d.low}" if d.step != 1 else "")
     return None

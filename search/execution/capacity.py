@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from typing import cast
 
 import ray
 from ray.tune import PlacementGroupFactory
@@ -76,7 +77,8 @@ def workers_fit(node_resources: dict[str, float], resources: Resources) -> int:
     fits = round(node_resources.get("CPU", 0) * UNIT) // round(resources.cpus * UNIT)
     if resources.gpus:
         # a fraction must fit inside one GPU: 0.4 GPU is 2 trials per GPU, not 2.5
-        gpus, share = round(node_resources.get("GPU", 0) * UNIT), round(resources.gpus * UNIT)
+        # never auto here: resolved first (gpu_probe.resolve_auto), or skipped (preflight.check_local_capacity)
+        gpus, share = round(node_resources.get("GPU", 0) * UNIT), round(cast(float, resources.gpus) * UNIT)
         fits = min(fits, gpus // UNIT * (UNIT // share) + gpus % UNIT // share)
     return fits
 

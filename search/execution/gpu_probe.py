@@ -108,6 +108,7 @@ def choose_trials_per_gpu(rounds: list[Round], total_mb: float | None, *, margin
                 total_mb and candidate.device_used_mb and candidate.device_used_mb > (1 - margin) * total_mb):
             reason = f"{candidate.copies} at once would not fit {budget} ({100 * (1 - margin):.0f}% of the GPU)"
             break
+        assert best.steps_per_s is not None  # ordered[0] or a candidate before, each measured (checked above)
         gain = candidate.steps_per_s / best.steps_per_s - 1
         if gain < min_gain:
             reason = (f"{candidate.copies} at once gained {100 * gain:+.0f}% steps/s over {best.copies} "
@@ -275,7 +276,7 @@ def probe_on_this_node(flat: dict[str, Any], data: Data, cpus_per_trial: float, 
     """The Ray task's body: as many copies as this node's CPUs allow per GPU, and no more than `wanted`
     (the trials per GPU the search can run at once), then probe()."""
     node_id = ray.get_runtime_context().get_node_id()
-    node = next((n.get("Resources", {}) for n in ray.nodes() if n["NodeID"] == node_id), {})
+    node: dict[str, float] = next((n.get("Resources", {}) for n in ray.nodes() if n["NodeID"] == node_id), {})
     per_gpu = node.get("CPU", 1) / max(node.get("GPU", 1), 1) / cpus_per_trial
     return probe(flat, data, max(1, min(math.floor(per_gpu), wanted)))
 
@@ -300,7 +301,8 @@ def lease_returned(free_before: dict[str, float], bound_s: float = 5.0) -> None:
         time.sleep(0.05)  # polling Ray's resource view: it has no event for a returned lease
 
 
-def resolve_auto(space: Space, data: Data, folder: RunFolder, *, resume: bool, private: bool = False) -> tuple[Resources, str]:
+def resolve_auto(space: Space, data: Data | None, folder: RunFolder, *, resume: bool,
+                 private: bool = False) -> tuple[Resources, str]:
     """`resources` with gpus: auto replaced by a measured fraction, and a line for the summary.
 
     A resumed run keeps the choice recorded in its gpu_probe.json. Raises ConfigError when
@@ -318,6 +320,8 @@ def resolve_auto(space: Space, data: Data, folder: RunFolder, *, resume: bool, p
         choice = Choice(0, "no GPU in the cluster")
         folder.write_probe({"choice": asdict(choice), "gpus_per_trial": 0.0})
         return resources.model_copy(update={"gpus": 0.0}), "auto: no GPU in the cluster, so CPU trials (gpus 0)"
+    # a function trainable may not ask for auto (function_kind.resource_problems): the canonical loop's data are here
+    assert data is not None
     config = largest_config(space, data.input_shape, data.num_classes).to_flat()
     experiment = space.experiment
     gpus = sum(n.get("GPU", 0) for n in alive_nodes())

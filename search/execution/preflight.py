@@ -16,7 +16,7 @@ import sys
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast, overload
 
 import numpy as np
 import pandas as pd
@@ -52,6 +52,9 @@ from trainable.metrics import reports_accuracy
 from trainable.measures import check_measures
 from trainable.report import CheckpointError
 from trainable.yaml_file import dump_yaml
+
+if TYPE_CHECKING:
+    from trainable.config import TrialConfig
 
 # tracker -> (module it needs, the pip extra that installs it)
 TRACKER_PACKAGES = {"mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}
@@ -109,16 +112,18 @@ def check_search(space: Space) -> Data | None:
     if space.trainable:  # the function loads its own data: import it now, so a bad reference costs seconds
         resolve_function(space.trainable)
         return None
-    data = load_data(space.trial_defaults(), space.data_root, key="data.dataset")
-    searched_keys = tuple(keyword_of(d.name) for d in space.searched if keyword_of(d.name) is not None)
+    # no `trainable:`: the canonical loop's kind (search/definition/kind.py kind_of), whose configs are TrialConfigs
+    defaults = cast("TrialConfig", space.trial_defaults())
+    data = load_data(defaults, space.data_root, key="data.dataset")
+    searched_keys = tuple(key for d in space.searched if (key := keyword_of(d.name)) is not None)
     widths = [p for d in space.searched if d.is_choice
-              for p in width_problems(space.trial_defaults().model, keyword_of(d.name), d.values, f"space.{d.name}")]
+              for p in width_problems(defaults.model, keyword_of(d.name), d.values, f"space.{d.name}")]
     if widths:
         raise ConfigError(widths)
     drop_last_problem(space, len(data.train.labels))
-    check_model(example_config(space), data.sample(), data.num_classes, searched_keys)
-    check_measures(example_config(space), data)  # training.loss and training.metrics, once on a few examples
-    note = schedule_note(space.trial_defaults())  # a fixed t_max below epochs; a searched one is the user's choice
+    check_model(cast("TrialConfig", example_config(space)), data.sample(), data.num_classes, searched_keys)
+    check_measures(cast("TrialConfig", example_config(space)), data)  # training.loss and training.metrics, once on a few examples
+    note = schedule_note(defaults)  # a fixed t_max below epochs; a searched one is the user's choice
     if note:
         print(f"note: {note}", file=sys.stderr, flush=True)
     return data
@@ -127,14 +132,14 @@ def check_search(space: Space) -> Data | None:
 def drop_last_problem(space: Space, train_examples: int) -> None:
     """data.drop_last with a batch_size above the training examples leaves no training batch at all: every
     such trial would end DIVERGED (a loss of 0/0) without a step. ConfigError naming the largest."""
-    defaults = space.trial_defaults()
+    defaults = cast("TrialConfig", space.trial_defaults())  # check_search asks only for the canonical loop
     searched = {d.name: d for d in space.searched}
     if not defaults.drop_last or "drop_last" in searched:
         return
     sizes = [defaults.batch_size]
     if "batch_size" in searched:
         drawn = searched["batch_size"]
-        sizes = list(drawn.values) if drawn.is_choice else [drawn.distribution.high]
+        sizes = list(drawn.values) if drawn.is_choice else [drawn.high]
     if max(sizes) > train_examples:
         key = "space.batch_size" if "batch_size" in searched else "training.batch_size"
         raise ConfigError([problem(key, f"must be at most the {train_examples} training examples with "
@@ -142,7 +147,11 @@ def drop_last_problem(space: Space, train_examples: int) -> None:
                                         "taken); lower it or set drop_last: false", max(sizes))])
 
 
-def data_fingerprint(data: Data) -> dict[str, str | None]:
+@overload
+def data_fingerprint(data: Data) -> dict[str, str | None]: ...
+@overload
+def data_fingerprint(data: None) -> None: ...
+def data_fingerprint(data: Data | None) -> dict[str, str | None] | None:
     """A short hash of each part of the split (inputs, labels, their types and shapes) and of how
     inputs are prepared: what a resume must find again for its trials to be judged as before."""
     if data is None:  # a function trainable's data are its own
@@ -161,9 +170,11 @@ def data_fingerprint(data: Data) -> dict[str, str | None]:
             "prepared": prepared.hexdigest()}
 
 
-def check_same_data(run: dict[str, Any], data: Data, folder: RunFolder) -> dict[str, str | None]:
+def check_same_data(run: dict[str, Any], data: Data | None, folder: RunFolder) -> dict[str, str | None] | None:
     """The resumed run's data must be the data it started with: another split would judge the rest of
     the trials on other examples. Runs started before fingerprints were kept pass."""
+    if data is None:  # a function trainable's data are its own: nothing to compare
+        return None
     now = data_fingerprint(data)
     then = run.get("data")
     if then is not None and then != now:
@@ -212,7 +223,8 @@ def with_kept_code(stored: Space, folder: RunFolder) -> Space:
     run folder's copy (trainable/kept_code.py); a note per file. On URI storage the copies are not local: as is."""
     if is_uri(folder.path):
         return stored
-    code, notes = copies(folder.path), []
+    code = copies(folder.path)
+    notes: list[str] = []
     trainable = relocated(stored.trainable, code, notes, read_code_record(folder.path))
     fixed = relocated(dict(stored.fixed), code, notes)
     for note in dict.fromkeys(notes):
@@ -231,9 +243,9 @@ def record_changes(folder: RunFolder, stored: Space, run: dict[str, Any], change
 
 
 def prepare(space: Space, storage: Storage, name: str | None, resume: bool, held: ExitStack,
-            early_ray: EarlyRay | None = None) -> tuple[Space, RunFolder, Data, tuple[pd.DataFrame, dict] | None]:
-    """The space to run (a resume's is its spec.yaml), its claimed folder, its data, checked, and for a
-    resume with nothing left to run, what `finished` read (else None).
+            early_ray: EarlyRay | None = None) -> tuple[Space, RunFolder, Data | None, tuple[pd.DataFrame, dict] | None]:
+    """The space to run (a resume's is its spec.yaml), its claimed folder, its data, checked (None for a
+    function trainable), and for a resume with nothing left to run, what `finished` read (else None).
 
     The run folder is held (RunFolder.held) until `held` closes: one process searches a run at a time.
     """
@@ -308,9 +320,10 @@ def check_space(space: Space, *, address: str | None = None) -> str:
         return (f"# The resolved spec of {space.source}: defaults and flags applied; checks passed (the function "
                 f"{space.trainable} imports)\n" + choice + dump_yaml(to_raw(space)))
     shape = ", ".join(map(str, data.input_shape))
+    loss = cast("TrialConfig", space.trial_defaults()).loss  # data: the canonical loop's (check_search)
     return (f"# The resolved spec of {space.source}: defaults and flags applied; checks passed (data: "
             f"{len(data.train)} train, {len(data.val)} val, {0 if data.test is None else len(data.test)} test, "
-            f"inputs ({shape}), {targets(data.num_classes, space.trial_defaults().loss)}; the model on two inputs)\n"
+            f"inputs ({shape}), {targets(data.num_classes, loss)}; the model on two inputs)\n"
             + choice + dump_yaml(to_raw(space)))
 
 

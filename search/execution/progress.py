@@ -37,7 +37,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import pyarrow.fs as pafs
 from ray.tune import Callback
@@ -55,6 +55,9 @@ from search.searching.study import RUNNING
 from search.store.results import read_record, records, results_schema, trial_rows
 from search.store.run_folder import RunFolder
 from trainable.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ray.tune.stopper import Stopper
 
 # Every Progress with a writer thread started, so the driver can hand on their last journal batch
 # and wait for their threads after Tune returns, even when Tune ended without on_experiment_end (a
@@ -140,7 +143,8 @@ class Progress(Callback):
         """What this process keeps apart from Tune's pickled copy of the callback."""
         self._journal: Journal | None = None  # opened by the writer thread; not pickled with the callback
         self._journal_failed = False  # one note, then the end of the search writes the journal
-        self._ending: list[tuple[Any, bool]] = []  # (trial, error) that ended in this step, written at its end
+        # (trial, error, trials ended by then) that ended in this step, written at its end
+        self._ending: list[tuple[Any, bool, int]] = []
         self._schema = None  # results_schema(space), made once: it takes ms, and this runs per trial
         self._writer: ThreadPoolExecutor | None = None  # parts and journal, off Tune's controller thread
         self._epochs: dict[str, float] = {}  # running trial -> share of its epochs done (the ETA's)
@@ -172,7 +176,8 @@ class Progress(Callback):
             pass  # the resume itself reads and checks spec.yaml first; keep the old total
         self._reset()
 
-    def setup(self, **info) -> None:
+    def setup(self, stop: Stopper | None = None, num_samples: int | None = None, total_num_samples: int | None = None,
+              **info: Any) -> None:
         self._submit(self._to_journal, lambda journal: None)  # the journal exists from the start
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:

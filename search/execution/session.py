@@ -41,7 +41,7 @@ class DropMessages(logging.Filter):
 class _Once(logging.Filter):
     """Lets each message through once (Ray's handler on the "ray" logger prints every record)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.seen: set[str] = set()
 

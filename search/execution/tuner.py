@@ -54,17 +54,18 @@ def make_scheduler(space: Space, folder: RunFolder | None = None) -> TrialSchedu
         return make_pbt(space)
     if experiment.scheduler not in HALVING:
         return FIFOScheduler()
-    max_t = max_epochs(space.searched, space.trial_defaults().epochs)
+    # a function may leave epochs unsaid (None): its searched epochs bound the rungs, as schedule_problems found
+    max_t = max_epochs(space.searched, space.trial_defaults().epochs or 0)
     # bohb: asynchronous BOHB, ASHA's one bracket with a model fit on the rungs (search/searching/searcher.py)
     brackets = 1 if experiment.scheduler in ("asha", "bohb") else \
         bracket_count(experiment.grace_period, max_t, experiment.reduction_factor)
     if experiment.reproducible:
-        return OrderedHalving(metric=experiment.metric, mode=experiment.mode, max_t=max_t,
+        return OrderedHalving(metric=first(experiment.metric), mode=first(experiment.mode), max_t=max_t,
                               grace_period=experiment.grace_period, reduction_factor=experiment.reduction_factor,
                               brackets=brackets, storage=None if folder is None else folder.storage,
                               record=f"{folder.name if folder else ''}/{HALVING_RECORD}",
                               objectives=objectives_of(experiment))
-    return ASHAScheduler(time_attr="training_iteration", metric=experiment.metric, mode=experiment.mode,
+    return ASHAScheduler(time_attr="training_iteration", metric=first(experiment.metric), mode=first(experiment.mode),
                          max_t=max_t, grace_period=experiment.grace_period,
                          reduction_factor=experiment.reduction_factor, brackets=brackets)
 
@@ -85,7 +86,7 @@ def trial_folder_name(trial) -> str:
 
 def tracker_callbacks(space: Space, folder: RunFolder) -> list:
     """Tune's logger callbacks for experiment.loggers (Tune adds its TensorBoard logger unless one is given)."""
-    callbacks = [EventFiles() if "tensorboard" in space.experiment.loggers else NoEventFiles()]
+    callbacks: list[tune.Callback] = [EventFiles() if "tensorboard" in space.experiment.loggers else NoEventFiles()]
     if "mlflow" in space.experiment.loggers:
         # a SQLite file in the run folder: MLflow 3 has put its ./mlruns file store in maintenance mode
         uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{folder.path}/{MLFLOW_DB}"
@@ -134,7 +135,8 @@ class OneEventPerReport:
     report; everything else (histograms, the hparams at the trial's end, close) goes to the writer."""
 
     def __init__(self, writer) -> None:
-        self._writer, self._values, self._step = writer, [], None
+        self._writer, self._step = writer, None
+        self._values: list[Any] = []  # tensorboardX's Summary.Value
 
     def add_scalar(self, tag: str, scalar_value, global_step=None, walltime=None, **kwargs) -> None:
         from tensorboardX.proto.summary_pb2 import Summary
@@ -236,6 +238,7 @@ class KeepingJsonLogger(JsonLoggerCallback):
         if record_file(self, trial) is None:
             self.log_trial_start(trial)
         record = record_file(self, trial)
+        assert record is not None  # Tune's log_trial_start opens it, and ran above when it was not open
         # json.dumps, unlike json.dump, takes the C encoder; SafeFallbackEncoder's fallbacks are the same
         record.write(json.dumps(result, cls=SafeFallbackEncoder) + "\n")
         record.flush()
@@ -287,7 +290,8 @@ def build_tuner(space: Space, folder: RunFolder, data: Data | None, trial_functi
     """The search's Tuner; the data goes into the object store once, and every trial reads it there."""
     experiment = space.experiment
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, data=DataHandle.put(None if data is None else data.for_trials()), trial_function=trial_function,
+        tune.with_parameters(run_trial, data=DataHandle.put(None if data is None else data.for_trials()),
+                             trial_function=trial_function,
                              checkpoint_every=experiment.checkpoint_every, trial_timeout=experiment.trial_timeout,
                              # a trial restored from Tune's record names its files as the run began: where one
                              # is gone, the run folder's copy (trainable/kept_code.py)

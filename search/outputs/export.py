@@ -21,7 +21,7 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import pandas as pd
 import torch
@@ -253,7 +253,7 @@ def export(run: str, *, trial: int | None = None, fmt: str | None = None,
     return output, chosen
 
 
-def describe(path: str, fmt: str | None, chosen: Chosen, metric: str | list[str]) -> str:
+def describe(path: str, fmt: str | None, chosen: Chosen, metric: str | Sequence[str]) -> str:
     """What the CLI prints: the file, which epoch it holds, what the model takes, and how to load it."""
     fmt = fmt or default_format(chosen.kind)
     values = [f"{m} {chosen.metrics[m]:.4f}" for m in ([metric] if isinstance(metric, str) else metric)

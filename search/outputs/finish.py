@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 import pyarrow.fs as pafs
@@ -82,7 +82,7 @@ def derive(folder: RunFolder, space: Space, grid, notes: list[str], ran_to_end: 
         if not reports and result.error is None and status == TUNE_PENDING:
             continue
         ended = status in TUNE_ENDED
-        trial_config = result.config or config
+        trial_config = cast(dict[str, Any], result.config or config)  # Tune gives every trial a config
         trial = trial_rows(trial_id, trial_config, reports, done=ended, error=result.error is not None,
                            suggested=suggested.get((trial_config or {}).get("trial_number")))
         trial = kept_rows(folder, trial_id, trial, schema, record_gone=not record_exists(result), notes=notes)
@@ -158,6 +158,7 @@ def best_with_test(grid, rows: pd.DataFrame, data: Data | None, kind: TrialKind,
                 f"it kept no checkpoint ({kind.checkpoints_kept_by})"
             return row, None, "; ".join([f"epoch {int(row['epoch'])} of trial #{row['trial_number']}: {why}; "
                                          f"{kind.without_checkpoint}", *notes])
+        assert checkpoint is not None  # `saved` comes only from a checkpoint
         # trial_<id>/checkpoint_<k>: Tune numbers checkpoints, not epochs
         row = pd.concat([row, pd.Series({"checkpoint": "/".join(checkpoint.path.rstrip("/").split("/")[-2:])})])
         return kind.tested(row, saved, data, notes)  # the loop's checkpoint on the test part; a function has none
@@ -228,7 +229,7 @@ def no_success(frame: pd.DataFrame, metric: str, interrupted: bool = False) -> s
             f"the command exits {NO_SUCCESS_EXIT}")
 
 
-def finish(grid, folder: RunFolder, space: Space, data: Data, phases: Phases, slots: int, gpus_per_trial: float,
+def finish(grid, folder: RunFolder, space: Space, data: Data | None, phases: Phases, slots: int, gpus_per_trial: float,
            gpu_notes: tuple[str, str], *, resume: str, ran_to_end: bool = False, stopped: str | None = None) -> Outcome:
     """Derive results.parquet, best.yaml (with test accuracy), the report and the summary."""
     experiment = space.experiment

@@ -46,7 +46,7 @@ import os
 import re
 import time
 import uuid
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence, cast
 
 import optuna
 import pandas as pd
@@ -161,8 +161,8 @@ class Journal:
         trials = self.storage.get_all_trials(self.study_id, deepcopy=False)
         self.entries: dict[int, FrozenTrial] = {}
         for t in trials:  # the later of two entries of one trial wins
-            if number_of(t) is not None:
-                self.entries[number_of(t)] = t
+            if (number := number_of(t)) is not None:
+                self.entries[number] = t
         if any(number_of(t) != t.number for t in trials):  # written in finishing order (before hpsearch 0.2),
             self._rewrite()  # or another process added a trial (study.ask()): numbered as results.parquet, anew
         else:
@@ -173,8 +173,9 @@ class Journal:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self._backend = HeldAppends(path)
         self.storage = optuna.storages.JournalStorage(self._backend)
-        optuna.create_study(storage=self.storage, study_name=self.folder.name, load_if_exists=True,
-                            directions=objectives_of(self.space.experiment).directions)
+        # Objectives.directions holds only these two words, which its list[str] does not say
+        directions = cast("list[Literal['minimize', 'maximize']]", objectives_of(self.space.experiment).directions)
+        optuna.create_study(storage=self.storage, study_name=self.folder.name, load_if_exists=True, directions=directions)
         self.study_id = self.storage.get_study_id_from_name(self.folder.name)
         self._write_warm_start()
         self._backend.holding = self._holding  # the study is in the file from the start; a batch goes on held
@@ -238,7 +239,8 @@ class Journal:
 
     def start(self, trial: FrozenTrial) -> None:
         """A trial (re)starts: its entry RUNNING; one still running (a retry, a resume) keeps its curve."""
-        known = self.entries.get(number_of(trial))
+        number = number_of(trial)
+        known = None if number is None else self.entries.get(number)
         if known is not None and not known.state.is_finished():
             trial = create_trial(state=trial.state, params=trial.params, distributions=trial.distributions,
                                  intermediate_values=known.intermediate_values,
@@ -268,8 +270,8 @@ class Journal:
             if "status" in frame and frame["status"].isin([STOPPED, DIVERGED]).any() else set()
         for rows in trial_records(frame):
             trial = self.trial_of(rows, best=str(rows[0]["trial_id"]) in best)
-            if number_of(trial) is not None:
-                wanted[number_of(trial)] = trial
+            if (number := number_of(trial)) is not None:
+                wanted[number] = trial
         ok = not any(e.state.is_finished() for n, e in self.entries.items() if n not in wanted)
         if not ok:
             self.entries = {n: e for n, e in self.entries.items() if n in wanted or not e.state.is_finished()}
@@ -282,6 +284,7 @@ class Journal:
     def _put(self, trial: FrozenTrial, *, write: bool = True) -> bool:
         """Bring trial's entry up to date in place; False if only a rewrite can (self.entries then holds it)."""
         number = number_of(trial)
+        assert number is not None  # every caller hands over a trial of results.parquet, which has its trial_number
         known = self.entries.get(number)
         if known is not None and _content(known) == _content(trial):
             return True
@@ -326,8 +329,10 @@ class Journal:
                 and known.user_attrs.keys() <= trial.user_attrs.keys())
 
     def _create(self, trial: FrozenTrial) -> None:
+        number = number_of(trial)
+        assert number is not None  # _put's trial, or a placeholder: both have a trial_number
         trial_id = self.storage.create_new_trial(self.study_id, template_trial=trial)
-        self.entries[number_of(trial)] = self.storage.get_trial(trial_id)
+        self.entries[number] = self.storage.get_trial(trial_id)
 
     def _id(self, number: int) -> int:
         return self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
@@ -393,7 +398,7 @@ class Journal:
         self._open(self.path)
         trials = self.storage.get_all_trials(self.study_id, deepcopy=False)
         self.foreign = [t for t in trials if number_of(t) is None]  # added by another process (study.ask())
-        self.file_entries = {number_of(t): t for t in trials if number_of(t) is not None}
+        self.file_entries = {number: t for t in trials if (number := number_of(t)) is not None}
         self.entries = dict(self.file_entries)
 
     def upload(self, *, force: bool) -> None:

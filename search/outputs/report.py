@@ -108,7 +108,8 @@ def trial_spans(frame: pd.DataFrame) -> pd.DataFrame:
 
 def lanes(spans: pd.DataFrame) -> pd.Series:
     """A row per concurrently running trial on each slot group (greedy interval partitioning)."""
-    lane_of, free_at = {}, {}
+    lane_of = {}
+    free_at: dict[tuple, list[float]] = {}  # slot group -> when each of its lanes is free
     for trial_id, span in spans.iterrows():
         group = (span["node"], span["device"], span["gpus"])
         ends = free_at.setdefault(group, [])
@@ -184,7 +185,8 @@ def time_breakdown(frame: pd.DataFrame, slots: int | None) -> plt.Figure:
         parts = {"training": spans["training"].sum(), "in trials, between epochs (checkpoint, report)": in_trials}
     parts["idle, or in no phase"] = max(0.0, wall * slots - sum(parts.values()))
     left = 0.0
-    colors = matplotlib.colormaps["tab10"].colors
+    # tab10 is a ListedColormap, whose colors (a tuple of RGB triples) matplotlib's stubs type as any ArrayLike
+    colors = matplotlib.colormaps["tab10"].colors  # type: ignore[attr-defined]
     for i, (label, seconds) in enumerate(parts.items()):
         axes.barh(0, seconds, left=left, color="lightgray" if label.startswith("idle") else colors[i % 10],
                   label=f"{label}: {seconds:.1f} s")
@@ -236,7 +238,8 @@ def figures(frame: pd.DataFrame, space: Space, best_trial: str | None,
             out[name] = (caption, _message("every finished trial has the same parameters: nothing to draw"))
         else:
             wanted = {"target": lambda t: sign * t.values[0]} if target and name == "importance" else target
-            out[name] = (caption, _guarded(lambda plot=plot, wanted=wanted, kwargs=kwargs: _optuna_figure(
+            # mypy infers no lambda whose parameters have defaults (python/mypy#15459): these bind the loop's values
+            out[name] = (caption, _guarded(lambda plot=plot, wanted=wanted, kwargs=kwargs: _optuna_figure(  # type: ignore[misc]
                 plot, study, target_name=metric, **wanted, **kwargs)))
     if objectives.several:
         out["pareto"] = ("Pareto front: every finished trial at its point (its last epoch whose objectives are all "

@@ -132,6 +132,7 @@ def read_run(folder: RunFolder) -> Run | None:
         state = FINISHED
     else:
         state = INTERRUPTED_RUN
+    stamp: float | None
     if frame is not None and "finished_at" in frame and frame["finished_at"].notna().any():
         stamp = float(frame["finished_at"].max())
     else:
@@ -198,6 +199,7 @@ def compare(a: RunFolder, b: RunFolder) -> str:
                                if str(k).startswith("test_") and v is not None))
     best = {}
     for folder, run, entry, result in zip((a, b), runs, entries, results):
+        assert run is not None  # the first loop raised on a run that does not read
         shown = ("trial_number", "epoch", run.metric, *tests) if not run.several else ()  # no best.yaml
         best[folder.name] = {"state": run.state, "trials": f"{run.done}/{run.total}", "best": best_text(run),
                              **{f"result.{k}": result.get(k) for k in shown},

@@ -57,7 +57,8 @@ def max_trials_per_gpu(frame: pd.DataFrame) -> int:
         for gpu in ids.split(","):
             key = (trial["node"].iloc[0], gpu)
             events += [(key, start, 1), (key, end, -1)]
-    most, running = 0, {}
+    most = 0
+    running: dict[tuple[Any, str], int] = {}  # (node, GPU id) -> the trials running on it
     for key, _, step in sorted(events, key=lambda e: (e[1], e[2])):  # ends before starts at a tie
         running[key] = running.get(key, 0) + step
         most = max(most, running[key])
@@ -148,7 +149,7 @@ def time_breakdown(frame: pd.DataFrame) -> str | None:
     lines = ["Slot time (mean per trial): " + mean(in_slot)]
     outside = {p: v for p, v in in_slot.items() if p not in TRAINING_PHASES}
     if outside:
-        biggest = max(outside, key=outside.get)
+        biggest = max(outside, key=outside.__getitem__)
         lines.append(f"      biggest outside training and validation: {PHASES[biggest]} "
                      f"({biggest}, {outside[biggest]:.1f} s in all)")
     driver = {p: v for p, v in phase_totals(frame).items() if p in DRIVER_PHASES}

@@ -89,7 +89,9 @@ def targets_of(experiment) -> tuple[Bound, ...]:
     '<=' / '>=' wins)."""
     out = []
     for metric, given in (experiment.stop_when or {}).items():
-        op, value = stop_target(given)
+        target = stop_target(given)
+        assert target is not None  # a validated experiment's stop_when holds targets only (schema.stop_when_valid)
+        op, value = target
         out.append(Bound(metric, op or direction(experiment, metric), value))
     return tuple(out)
 
@@ -161,7 +163,8 @@ class Budget:
             value = (result or {}).get(target.metric)
             if value is None and result and self.writes:
                 self._unreported(target.metric, result)
-            if self.ended is None and target.holds(value):
+            # a target holds only for a finite value, so only on a result that holds one
+            if self.ended is None and result is not None and value is not None and target.holds(value):
                 self._end({"ended_by": "stop_when", "metric": target.metric, "op": target.op, "target": target.bound,
                            "value": float(value),
                            "trial_number": trial_number(result),
@@ -208,7 +211,8 @@ class BudgetedSearch(Searcher):
             self.budget.restart()
         self.budget.start()
         if self.budget.observe() or self.budget.finished:
-            return Searcher.FINISHED
+            # Ray's Searcher.suggest returns this str sentinel too, though its annotation says Optional[Dict]
+            return Searcher.FINISHED  # type: ignore[return-value]
         config = self.searcher.suggest(trial_id)
         if config == Searcher.FINISHED:  # the searcher has no more trials to give
             self.budget.num_samples = self.budget.trials_started
@@ -242,6 +246,8 @@ class BudgetedSearch(Searcher):
 
 class Generator(SearchGenerator):
     """Tune's SearchGenerator, finished when the Budget says so (not by its own restored count)."""
+
+    searcher: BudgetedSearch  # budgeted() hands it one; SearchGenerator declares a plain Searcher
 
     def is_finished(self) -> bool:
         return self.searcher.budget.finished

@@ -42,7 +42,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from ray.tune.experiment import Trial
@@ -93,7 +93,8 @@ class OrderedHalving(FIFOScheduler):
         self.rungs = [milestones(grace_period * reduction_factor ** s, max_t, reduction_factor)
                       for s in range(brackets)]
         self.storage, self.record = storage, record  # where halving.json goes (None: nowhere)
-        self.values: dict[int, dict[int, float | None]] = {}  # n -> rung epoch -> signed score (None: not finite)
+        # n -> rung epoch -> measured(): signed score, or with several objectives their list (None: not finite)
+        self.values: dict[int, dict[int, float | list[float] | None]] = {}
         self.decided: dict[int, dict[int, str]] = {}  # n -> rung epoch -> CONTINUE | STOP
         self.stopped: dict[int, int] = {}  # n -> the rung epoch it was stopped at
         self.waits: dict[int, float] = {}  # n -> seconds it waited at rungs, in all
@@ -186,9 +187,10 @@ class OrderedHalving(FIFOScheduler):
         if self.objectives is None:
             return self.signed(result.get(self._metric))
         values = [signed(result.get(m), mode) for m, mode in zip(self.objectives.metrics, self.objectives.modes)]
-        if any(v is None for v in values):
+        scores = [v for v in values if v is not None]
+        if len(scores) < len(values):
             return None
-        return [*values, float(sum(max(0.0, v) for v in self.objectives.violations(result)))]
+        return [*scores, float(sum(max(0.0, v) for v in self.objectives.violations(result)))]
 
     def _peers(self, n: int) -> range:
         """The lower-numbered trials of n's bracket."""
@@ -209,7 +211,7 @@ class OrderedHalving(FIFOScheduler):
         value = self.values[n][rung]
         decision = TrialScheduler.CONTINUE
         if self.objectives is not None:  # MO-ASHA: n goes on while fewer than 1/rf of the others are on a better front
-            everyone = [*others, value]
+            everyone = cast("list[list[float] | None]", [*others, value])  # measured() gave each a list
             front = fronts([None if v is None else v[:-1] for v in everyone],
                            [math.inf if v is None else v[-1] for v in everyone])
             better = sum(1 for f in front[:-1] if f < front[-1])
@@ -217,7 +219,7 @@ class OrderedHalving(FIFOScheduler):
                 decision = TrialScheduler.STOP
         elif finite:
             cutoff = float(np.nanpercentile(finite, (1 - 1 / self.reduction_factor) * 100))
-            if value is None or value < cutoff:
+            if value is None or cast(float, value) < cutoff:  # one objective: measured() gave a float
                 decision = TrialScheduler.STOP
         elif others and value is None:
             decision = TrialScheduler.STOP
@@ -278,7 +280,7 @@ class OrderedHalving(FIFOScheduler):
 
 def read_record(storage: Storage, relative: str) -> dict[str, Any]:
     """halving.json as the scheduler holds it (int keys); empty if there is none or it does not read."""
-    empty = {"values": {}, "decided": {}, "stopped": {}, "waits": {}}
+    empty: dict[str, Any] = {"values": {}, "decided": {}, "stopped": {}, "waits": {}}
     data = storage.read(relative)
     if data is None:
         return empty

@@ -151,6 +151,14 @@ class OrderedSearch(Searcher):
     unseen 0 never waits (docs/search-quality.md measures both).
     """
 
+    # the caches (CACHES), declared here since methods above _drop_caches, which sets them, read them
+    _kept: KeptStudy | None
+    _told: int
+    _settled: int
+    _fidelity: int | None
+    _space: optuna.search_space.IntersectionSearchSpace | None
+    _longest: int | None
+
     def __init__(self, ask: Callable[[optuna.Trial], dict[str, Any]], *, metric: str, mode: str,
                  experiment_seed: int, sampler: str, lag: int, tpe_settings: Mapping[str, Any] | None = None,
                  enqueued: Sequence[Mapping[str, Any]] = (), warm: Sequence[FrozenTrial] = (),
@@ -179,7 +187,8 @@ class OrderedSearch(Searcher):
         # by number: params, distributions, system attrs (where a sampler such as CMA-ES keeps its state)
         self.asked: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = []
         self.curves: dict[int, dict[int, float]] = {}  # number -> epoch -> metric
-        self.finished: dict[int, float | None] = {}  # number -> value (None: no finite metric, or an error)
+        # number -> value, with several objectives their list (None: no finite metric, or an error)
+        self.finished: dict[int, float | list[float] | None] = {}
         self.study_attrs: dict[str, Any] = {}  # the study's system attrs after the last ask (QMC's point counter)
         self.waits: dict[int, float] = {}  # number -> seconds its slot waited for earlier results
         # number -> (unix time the suggestion was made, seconds it took): results.parquet's
@@ -230,8 +239,8 @@ class OrderedSearch(Searcher):
         self.asked.append((dict(asked.params), dict(asked.distributions), dict(asked.system_attrs)))
         self.numbers[trial_id] = n
         if (self.multifidelity != "final" or self.ends_at_epochs or self.rungs) and \
-                (constants.get("epochs") or self.epochs):
-            self.planned[n] = int(constants.get("epochs") or self.epochs)
+                (epochs := constants.get("epochs") or self.epochs):
+            self.planned[n] = int(epochs)
             self._longest = None if self._longest is None else max(self._longest, self.planned[n])
         self.suggested[n] = (time.time(), time.perf_counter() - asking)
         return {**trial.params, **constants}
@@ -435,17 +444,17 @@ class OrderedSearch(Searcher):
         if self._space is None:
             self._space = space
         else:
-            sampler._search_space = self._space
+            sampler._search_space = self._space  # type: ignore[attr-defined]  # the sampler's own, found by getattr above
         return sampler
 
     def _drop_caches(self) -> None:
         """Forget what is derived from the record; it is derived again when next needed."""
-        self._kept: KeptStudy | None = None
+        self._kept = None
         self._told = 0  # trials 0 .. _told-1 have their results in the study
         self._settled = 0  # trials 0 .. _settled-1 are finished
-        self._fidelity: int | None = None  # "rung": the epoch the kept study's values are at
-        self._space: optuna.search_space.IntersectionSearchSpace | None = None  # the kept study's, for TPE
-        self._longest: int | None = None  # the most epochs a trial was planned to run (halving's horizons)
+        self._fidelity = None  # "rung": the epoch the kept study's values are at
+        self._space = None  # the kept study's, for TPE
+        self._longest = None  # the most epochs a trial was planned to run (halving's horizons)
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         value = score(result.get(self.metric))

@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
-from optuna.distributions import CategoricalDistribution, IntDistribution
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from ray import tune
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import PopulationBasedTraining, TrialScheduler
 
+from search.definition.objectives import first
 from search.definition.schema import Searched
 from search.definition.space import Space
 from search.searching.choice import resolved
@@ -51,9 +52,11 @@ def initial_population(space: Space) -> list[dict[str, Any]]:
     """Each trial's searched values, seed and trial_number, drawn as OrderedSearch draws them with no results yet."""
     experiment = resolved(space).experiment  # sampler: auto (search/searching/choice.py)
     ask = functools.partial(suggest, searched=space.searched, experiment_seed=experiment.seed)
-    searcher = OrderedSearch(ask, metric=experiment.metric, mode=experiment.mode, experiment_seed=experiment.seed,
-                             sampler=experiment.sampler, lag=experiment.num_samples)
-    return [searcher.suggest(f"initial-{n}") for n in range(experiment.num_samples)]
+    # first: pbt has one objective (objectives.py refuses several), so metric and mode are already one name each
+    searcher = OrderedSearch(ask, metric=first(experiment.metric), mode=first(experiment.mode),
+                             experiment_seed=experiment.seed, sampler=experiment.sampler, lag=experiment.num_samples)
+    # lag num_samples: every slot is free and no trial waits for a result, so none is None
+    return cast("list[dict[str, Any]]", [searcher.suggest(f"initial-{n}") for n in range(experiment.num_samples)])
 
 
 def _drawn(config: dict[str, Any], *, population: list[dict[str, Any]], key: str) -> Any:
@@ -76,7 +79,7 @@ def mutations(searched: tuple[Searched, ...]) -> dict[str, Any]:
     for d in searched:
         if d.name not in MUTABLE:
             continue
-        dist = d.distribution
+        dist = cast("CategoricalDistribution | IntDistribution | FloatDistribution", d.distribution)  # a space file's three
         if isinstance(dist, CategoricalDistribution):
             out[d.name] = list(d.values)
         elif isinstance(dist, IntDistribution):
@@ -93,7 +96,9 @@ class ClipToRange:
     """Ray's explore step multiplies by 0.8 or 1.2 without bounds: put each value back in its searched range."""
 
     def __init__(self, searched: tuple[Searched, ...]):
-        self.ranges = {d.name: d.distribution for d in searched if d.name in MUTABLE and not d.is_choice}
+        # not a choice: a space's other distributions are ranges
+        self.ranges = {d.name: cast("IntDistribution | FloatDistribution", d.distribution)
+                       for d in searched if d.name in MUTABLE and not d.is_choice}
 
     def __call__(self, config: dict[str, Any]) -> dict[str, Any]:
         for name, dist in self.ranges.items():
@@ -162,7 +167,7 @@ class PopulationTraining(PopulationBasedTraining):
 
 def make_pbt(space: Space) -> PopulationTraining:
     experiment = space.experiment
-    return PopulationTraining(metric=experiment.metric, mode=experiment.mode,
+    return PopulationTraining(metric=first(experiment.metric), mode=first(experiment.mode),  # one objective, as above
                               perturbation_interval=experiment.perturbation_interval,
                               quantile_fraction=experiment.quantile_fraction, searched=space.searched)
 
@@ -175,7 +180,7 @@ def replay_config(config: dict[str, Any], lineage: Mapping[str, Any] | None) -> 
     weights are the trial's own with one set of values (every scheduler but pbt).
     """
     epochs = (lineage or {}).get("epochs") or []
-    if not epochs or epochs[0]["epoch"] != 1:  # none kept, or a checkpoint older than lineages
+    if lineage is None or not epochs or epochs[0]["epoch"] != 1:  # none kept, or a checkpoint older than lineages
         return config
     schedule = [dict(entry) for before, entry in zip(epochs, epochs[1:])
                 if any(entry[k] != before[k] for k in ("trial_number", *MUTABLE))]

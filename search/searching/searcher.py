@@ -13,7 +13,7 @@ max_concurrent 1).
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Literal, cast
 
 import optuna
 from optuna.storages import InMemoryStorage
@@ -73,6 +73,7 @@ def make_searcher(space: Space, folder: RunFolder | None = None) -> Searcher:
         ask = functools.partial(warm_start.renumbered, ask=ask, first=len(warm))
     # a space with `when:` keys keeps the pinned TPE settings: group=True (each branch modelled
     # jointly) did no better on a conditional problem (bench/conditional_tpe.py, docs/conditional.md)
+    searcher: Searcher  # OrderedSearch, or Tune's OptunaSearch
     if experiment.reproducible:
         # under halving, TPE is told a stopped trial as PRUNED with its curve (search/searching/ordered.py MULTIFIDELITY):
         # as good as or better than telling its value as a full trial's, and BOHB's model at a rung did
@@ -92,14 +93,16 @@ def make_searcher(space: Space, folder: RunFolder | None = None) -> Searcher:
                                  # its `epochs` is told its best value up to them: still a function of the seed
                                  ends_at_epochs=True,
                                  # under halving, trial n sees a trial that runs on past its rungs up to a rung
-                                 # it has surely reached: a slot does not wait for a long trial (ordered.py)
+                                 # it has surely reached: a slot does not wait for a long trial (ordered.py). A
+                                 # function may leave epochs unsaid (None): 0, as space.schedule_problems counts it
                                  rungs=rung_epochs(experiment.scheduler, experiment.grace_period,
-                                                   max_epochs(space.searched, space.trial_defaults().epochs),
+                                                   max_epochs(space.searched, space.trial_defaults().epochs or 0),
                                                    experiment.reduction_factor) if halving else ())
     else:  # Tune's OptunaSearch loads the study made here, with the warm start told and the configs enqueued;
         # several objectives: it tells each trial's last result (the point, search/definition/objectives.py)
         storage = InMemoryStorage()
-        study = optuna.create_study(storage=storage, study_name="optuna", directions=objectives.directions)
+        directions = cast('list[Literal["maximize", "minimize"]]', objectives.directions)  # list[str], of these two only
+        study = optuna.create_study(storage=storage, study_name="optuna", directions=directions)
         study.add_trials(warm)
         for params in enqueued:
             study.enqueue_trial(params)

@@ -24,7 +24,7 @@ trials only, and the report shows every trial's value.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence, cast
 
 import optuna
 import pandas as pd
@@ -62,8 +62,8 @@ def frozen_trial(rows: Sequence[Mapping[str, Any]], space: Space, schema=None, *
     metric, mode = objectives.metrics[0], objectives.modes[0]
     first = rows[0]
     json_columns = {f.name for f in (schema or results_schema(space)) if is_json(f)}
-    curve = {int(r["epoch"]): score(r[metric]) for r in rows
-             if not pd.isna(r["epoch"]) and score(r[metric]) is not None}
+    curve = {int(r["epoch"]): scored for r in rows
+             if not pd.isna(r["epoch"]) and (scored := score(r[metric])) is not None}
     value = best_value(curve.values(), mode)
     # several objectives, constraints: the trial's point (search/definition/objectives.py) gives its values and constraints
     point = point_row(rows, objectives) if objectives.several or objectives.constraints else None
@@ -109,8 +109,9 @@ def make_study(frame: pd.DataFrame, space: Space, storage: optuna.storages.BaseS
                name: str | None = None) -> optuna.Study:
     """A study of every trial in `frame`, in trial-number order."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True,
-                                directions=objectives_of(space.experiment).directions)
+    # Objectives.directions is typed list[str]; it holds these two only
+    directions = cast('list[Literal["maximize", "minimize"]]', objectives_of(space.experiment).directions)
+    study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True, directions=directions)
     schema = results_schema(space)
     for rows in sorted(trial_records(frame, by_id=True), key=lambda rows: rows[0]["trial_number"]):
         study.add_trial(frozen_trial(rows, space, schema))

@@ -108,7 +108,8 @@ def select(frame, earlier_space, space) -> tuple[list[dict[str, Any]], dict[str,
     # drew another value did not run today's space: told as if it had, it would misstate the study.
     searched_now = {d.name for d in space.searched}
     now = space.trial_defaults().to_flat()
-    kept, left_out = [], {}
+    kept: list[dict[str, Any]] = []
+    left_out: dict[str, int] = {}
     groups = sorted(frame.groupby("trial_id"), key=lambda kv: kv[1]["trial_number"].iloc[0])
     for _, rows in groups:
         first = rows.iloc[0]
@@ -117,7 +118,7 @@ def select(frame, earlier_space, space) -> tuple[list[dict[str, Any]], dict[str,
         if earlier.state != TrialState.COMPLETE or first["status"] in (INTERRUPTED, LOST) \
                 or pd.isna(first["trial_number"]):
             why = UNFINISHED
-        then = {}  # the keys the earlier run drew for it, as its `when:` conditions read them
+        then: dict[str, Any] = {}  # the keys the earlier run drew for it, as its `when:` conditions read them
         for d in earlier_space.searched:
             if why:
                 break
@@ -130,7 +131,8 @@ def select(frame, earlier_space, space) -> tuple[list[dict[str, Any]], dict[str,
                 why = not_set_now(d.name)
             elif _ran_with(ran) != _ran_with(now[d.name]):
                 why = fixed_now(d.name, _ran_with(now[d.name]))
-        params, drawn = {}, {}
+        params: dict[str, Any] = {}
+        drawn: dict[str, Any] = {}
         for d in space.searched:
             if why:
                 break
@@ -148,8 +150,8 @@ def select(frame, earlier_space, space) -> tuple[list[dict[str, Any]], dict[str,
             drawn[d.name] = cell
             if missing:
                 why = f"without {d.name}"
-            elif outside(d, params[d.name]):
-                why = f"{d.name} {outside(d, params[d.name]).removeprefix('must be ')}"
+            elif reason := outside(d, params[d.name]):
+                why = f"{d.name} {reason.removeprefix('must be ')}"
         constraints = None
         if not why and objectives.constraints:
             # told as feasible without them (Optuna scores a trial with no constraints as feasible), so
@@ -159,6 +161,7 @@ def select(frame, earlier_space, space) -> tuple[list[dict[str, Any]], dict[str,
             if absent:
                 why = f"without {absent[0]} (experiment.constraints)"
             else:
+                assert point is not None  # without a point every constraint is absent
                 constraints = objectives.constraint_values(point)
         if why:
             left_out[why] = left_out.get(why, 0) + 1
@@ -201,6 +204,7 @@ def settle(space, folder) -> WarmStart | None:
     if saved is not None or space.experiment.warm_start is None:
         return saved
     warm = read(space)
+    assert warm is not None  # read gives None only without experiment.warm_start, returned above
     folder.storage.write(f"{folder.name}/{WARM_START_FILE}", json.dumps(asdict(warm), indent=1).encode())
     return warm
 

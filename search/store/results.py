@@ -15,7 +15,7 @@ from __future__ import annotations
 import io
 import json
 import math
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, cast
 
 import pandas as pd
 import pyarrow as pa
@@ -145,6 +145,7 @@ def search_phases(report: Mapping[str, Any], suggested: tuple[float, float] | No
     ready, started = report.get("ready_at"), report.get("started_at")
     if _missing(ready) or _missing(started):
         return out
+    ready, started = cast(float, ready), cast(float, started)  # _missing ruled out None, which mypy cannot see
     if suggested is not None and first:  # a restart waited for a free slot again, not for the searcher
         at, out["suggest_seconds"] = suggested
         free = max(ready, at)

@@ -35,6 +35,7 @@ first and a checkpoint without the metric at the best end.
 from __future__ import annotations
 
 import sys
+from typing import cast
 
 import pyarrow.fs as pafs
 from ray import tune
@@ -45,7 +46,9 @@ from search.store.results import read_record
 
 def on_storage(checkpoint: tune.Checkpoint) -> bool:
     """Whether a checkpoint Tune lists is still there: Tune lists every one, KeepCheckpoints deletes some."""
-    return checkpoint.filesystem.get_file_info(checkpoint.path).type != pafs.FileType.NotFound
+    # Checkpoint.__init__ takes the filesystem from the path where none is given: it is never None here
+    filesystem = cast(pafs.FileSystem, checkpoint.filesystem)
+    return filesystem.get_file_info(checkpoint.path).type != pafs.FileType.NotFound
 
 
 class KeepCheckpoints(tune.Callback):

@@ -30,7 +30,7 @@ import io
 import os
 import sys
 import zipfile
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, cast
 
 from ray import tune
 from ray.tune.experiment import Trial
@@ -117,7 +117,8 @@ class TuneStateCopy(tune.Callback):
         """Tune is saving its state (and asks nothing of this callback to keep): its files go in one zip now."""
         if not self._trials:  # no trial yet: nothing that a resume could read in part
             return None
-        folders = [t.local_path for t in self._trials
+        # Ray types Trial.local_path Optional, but it is its storage's staging path: a str, or it raises
+        folders = [cast(str, t.local_path) for t in self._trials
                    if t.status not in (Trial.TERMINATED, Trial.ERROR) or t.trial_id in self._ended]
         try:
             files = snapshot_files(self._trials[0].local_experiment_path, folders)
