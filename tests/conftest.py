@@ -46,7 +46,8 @@ def ray_local():
 # The files whose tests take longest (seconds of a full run on 2 cores, `make test`'s durations), run
 # first: pytest-xdist's loadfile hands out files in collection order, so a long file collected last
 # keeps one worker busy after the other has finished (the longest-first order makes the two even).
-LONGEST_FIRST = ["test_faults.py", "test_workers.py", "test_gpus.py", "test_damage.py", "test_cluster.py", "test_resume.py",
+LONGEST_FIRST = ["test_chaos.py", "test_faults.py", "test_workers.py", "test_object_store.py", "test_gpus.py", "test_damage.py",
+                 "test_cluster.py", "test_resume.py",
                  "test_model_based.py", "test_budgets.py", "test_quiet.py", "test_layout.py", "test_autoscaler.py", "test_session.py",
                  "test_function_trainable.py", "test_exits.py", "test_reproducible.py", "test_halving.py",
                  "test_multi_objective.py", "test_user_code.py", "test_per_report.py", "test_shared_cluster.py", "test_own_function.py",
@@ -57,4 +58,21 @@ LONGEST_FIRST = ["test_faults.py", "test_workers.py", "test_gpus.py", "test_dama
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order stays
+
+
+_file_seconds: dict[str, float] = {}  # test file -> seconds of its tests' setup, call and teardown
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::")[0]
+    _file_seconds[path] = _file_seconds.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The longest files, whose order LONGEST_FIRST keeps (under xdist the reports reach this process too)."""
+    if not _file_seconds:
+        return
+    terminalreporter.write_sep("=", "longest files (seconds of their tests' phases: the order of LONGEST_FIRST)")
+    for path, seconds in sorted(_file_seconds.items(), key=lambda item: -item[1])[:15]:
+        terminalreporter.write_line(f"{seconds:8.1f}s {path}")
 
