@@ -62,11 +62,6 @@ class Chosen:
     kind: TrialKind = field(default_factory=CanonicalLoop)  #: the kind of trial that wrote it
 
 
-def default_format(kind: TrialKind) -> str:
-    """--format when none is given: a TorchScript model, or for a function the dict it checkpointed."""
-    return kind.default_format
-
-
 class CheckpointGone(CheckpointError):
     """The record names a checkpoint whose file is not there: num_to_keep removed it (not damage)."""
 
@@ -245,7 +240,7 @@ def export(run: str, *, trial: int | None = None, fmt: str | None = None,
     check_format(fmt)
     folder = open_run(run)
     space, _ = folder.read_spec("RUN")
-    fmt = fmt or default_format(space.kind)
+    fmt = fmt or space.kind.default_format  # a TorchScript model, or for a function the dict it checkpointed
     check_kind(fmt, space.kind)
     chosen = choose(folder, space, trial)
     output = output or f"{folder.name}-{'best' if trial is None else f'trial{trial}'}{FORMATS[fmt]}"
@@ -255,7 +250,7 @@ def export(run: str, *, trial: int | None = None, fmt: str | None = None,
 
 def describe(path: str, fmt: str | None, chosen: Chosen, metric: str | Sequence[str]) -> str:
     """What the CLI prints: the file, which epoch it holds, what the model takes, and how to load it."""
-    fmt = fmt or default_format(chosen.kind)
+    fmt = fmt or chosen.kind.default_format
     values = [f"{m} {chosen.metrics[m]:.4f}" for m in ([metric] if isinstance(metric, str) else metric)
               if m in chosen.metrics]
     wrote = (f"Wrote {path} ({fmt}): trial #{chosen.trial_number} ({chosen.trial_id}), epoch {chosen.epoch}"
