@@ -37,7 +37,7 @@ from ray.cluster_utils import Cluster
 from search.store.results import COMPLETED
 from tests.heads import free_port
 from tests.helpers import SMALL, assert_outputs_agree
-from tests.test_object_store import BUCKET, ENV, download_run, moto_server, uri
+from tests.test_object_store import ENV, download_run, make_bucket, moto_server, uri
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -95,11 +95,8 @@ def cluster():
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     """moto's S3 server with one bucket: (its host:port, its process)."""
-    import pyarrow.fs as pafs
-
     with moto_server(tmp_path_factory.mktemp("moto") / "moto.log") as endpoint:
-        pafs.S3FileSystem(endpoint_override=endpoint, scheme="http", access_key="test", secret_key="test",
-                          region="us-east-1", allow_bucket_creation=True).create_dir(BUCKET)
+        make_bucket(endpoint)
         port = endpoint.rsplit(":", 1)[1]
         [server] = [p for p in psutil.Process().children() if p.cmdline()[-2:] == ["-p", port]]
         yield endpoint, server

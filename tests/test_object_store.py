@@ -55,12 +55,16 @@ def moto_server(log: Path, env: dict[str, str] | None = None):
         server.wait(30)
 
 
+def make_bucket(endpoint: str, bucket: str = BUCKET) -> None:
+    pafs.S3FileSystem(endpoint_override=endpoint, scheme="http", access_key="test", secret_key="test",
+                      region="us-east-1", allow_bucket_creation=True).create_dir(bucket)
+
+
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     """moto's S3 server with one bucket; its host:port."""
     with moto_server(tmp_path_factory.mktemp("moto") / "moto.log") as endpoint:
-        pafs.S3FileSystem(endpoint_override=endpoint, scheme="http", access_key="test", secret_key="test",
-                          region="us-east-1", allow_bucket_creation=True).create_dir(BUCKET)
+        make_bucket(endpoint)
         yield endpoint
 
 
