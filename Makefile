@@ -61,8 +61,10 @@ browser:
 # Two test files at a time (pytest-xdist, whole files per worker so module fixtures are made
 # once): most of a test's time is Ray and processes starting, so two cores overlap it. The 20 slowest
 # tests are printed at the end (docs/testing.md keeps them), so where the time goes shows in every run.
+# --no-loadscope-reorder: xdist 3 hands out the files with the most tests first, which put the longest
+# files (test_chaos.py: 2 tests, 5 minutes) last, on one worker alone; tests/conftest.py orders them.
 test: $(VENV)/.installed-test browser lint
-	$(PY) -m pytest -n 2 --dist loadfile --durations=20
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=20
 
 # ruff's checks and mypy's ([tool.ruff], [tool.mypy] in pyproject.toml): about 2 minutes, mostly mypy
 lint: $(VENV)/.installed-test

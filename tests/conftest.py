@@ -44,13 +44,15 @@ def ray_local():
 
 
 # The files whose tests take longest (seconds of a full run on 2 cores, `make test`'s durations), run
-# first: pytest-xdist's loadfile hands out files in collection order, so a long file collected last
-# keeps one worker busy after the other has finished (the longest-first order makes the two even).
-LONGEST_FIRST = ["test_chaos.py", "test_faults.py", "test_workers.py", "test_object_store.py", "test_gpus.py", "test_damage.py",
-                 "test_cluster.py", "test_resume.py",
-                 "test_model_based.py", "test_budgets.py", "test_quiet.py", "test_layout.py", "test_autoscaler.py", "test_session.py",
-                 "test_function_trainable.py", "test_exits.py", "test_reproducible.py", "test_halving.py",
-                 "test_multi_objective.py", "test_user_code.py", "test_per_report.py", "test_shared_cluster.py", "test_own_function.py",
+# first: pytest-xdist's loadfile with --no-loadscope-reorder (the Makefile's) hands out files in collection
+# order, so a long file collected last keeps one worker busy after the other has finished (the longest-first
+# order makes the two even). Without that flag xdist 3 orders files by their number of tests instead.
+LONGEST_FIRST = ["test_faults.py", "test_chaos.py", "test_object_store.py", "test_workers.py", "test_resume.py", "test_gpus.py",
+                 "test_model_based.py", "test_damage.py", "test_cluster.py", "test_user_code.py", "test_search.py",
+                 "test_halving.py", "test_function_trainable.py", "test_autoscaler.py", "test_layout.py",
+                 # the rest in an earlier run's order
+                 "test_budgets.py", "test_quiet.py", "test_session.py", "test_exits.py", "test_reproducible.py",
+                 "test_multi_objective.py", "test_per_report.py", "test_shared_cluster.py", "test_own_function.py",
                  "test_trial_timeout.py", "test_conditional.py", "test_warm_start.py", "test_end_to_end.py",
                  "test_report.py", "test_schema.py", "test_pbt.py", "test_export.py"]
 
@@ -75,4 +77,5 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_sep("=", "longest files (seconds of their tests' phases: the order of LONGEST_FIRST)")
     for path, seconds in sorted(_file_seconds.items(), key=lambda item: -item[1])[:15]:
         terminalreporter.write_line(f"{seconds:8.1f}s {path}")
+    terminalreporter.write_line(f"{sum(_file_seconds.values()):8.1f}s all {len(_file_seconds)} files")
 
