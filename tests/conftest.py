@@ -78,4 +78,3 @@ def pytest_terminal_summary(terminalreporter):
     for path, seconds in sorted(_file_seconds.items(), key=lambda item: -item[1])[:15]:
         terminalreporter.write_line(f"{seconds:8.1f}s {path}")
     terminalreporter.write_line(f"{sum(_file_seconds.values()):8.1f}s all {len(_file_seconds)} files")
-

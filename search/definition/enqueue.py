@@ -8,11 +8,11 @@ leave out are drawn as usual. Each value must lie inside its key's distribution.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Sequence, cast
+from typing import Any, Callable, Mapping, Sequence
 
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
-from search.definition.schema import Range, Searched, field_value, holds
+from search.definition.schema import Searched, field_value, holds
 from trainable.errors import problem
 
 
@@ -21,7 +21,6 @@ def outside(d: Searched, param: Any) -> str | None:
     dist = d.distribution
     if isinstance(dist, CategoricalDistribution):
         return None if param in dist.choices else f"must be one of {list(d.values)}"
-    dist = cast(Range, dist)  # no choice: a range (schema.parse_searched)
     step = dist.step
     grid = "" if step is None or (isinstance(dist, IntDistribution) and step == 1) else f" on steps of {step} from {dist.low}"
     rule = f"must be {'an integer ' if isinstance(dist, IntDistribution) else ''}in [{dist.low}, {dist.high}]{grid}"

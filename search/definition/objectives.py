@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence, cast
+from typing import Any, Iterable, Literal, Mapping, Sequence, cast
 
 import numpy as np
 import pandas as pd
@@ -112,7 +112,7 @@ class Objectives:
         return len(self.metrics) > 1
 
     @property
-    def directions(self) -> list[str]:
+    def directions(self) -> list[Literal["maximize", "minimize"]]:
         """Optuna's study directions."""
         return ["maximize" if m == "max" else "minimize" for m in self.modes]
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Collection, Literal, Mapping, Protocol, TypeVar, cast, get_args
 
 import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from search.definition.objectives import names, parse_constraint
@@ -476,7 +476,7 @@ class Searched:
     """One searched field of the trial config and its Optuna distribution."""
 
     name: str  #: the trial config's flat name: lr, batch_size, model.<key>
-    distribution: BaseDistribution  #: a choice's categories are the labels of `values`
+    distribution: CategoricalDistribution | Range  #: a choice's categories are the labels of `values`
     values: tuple[Any, ...] = ()  #: a choice's values, in the order of its categories
     when: When = ()  #: drawn only where every (earlier searched key, its allowed values) holds; (): always
 
@@ -490,11 +490,11 @@ class Searched:
 
     @property
     def low(self) -> Any:
-        return None if self.is_choice else cast(Range, self.distribution).low
+        return None if isinstance(self.distribution, CategoricalDistribution) else self.distribution.low
 
     @property
     def high(self) -> Any:
-        return None if self.is_choice else cast(Range, self.distribution).high
+        return None if isinstance(self.distribution, CategoricalDistribution) else self.distribution.high
 
     def ask(self, trial: optuna.Trial) -> Any:
         """Draw this field in `trial`; the value the trial config gets (a choice's value, not its label)."""
@@ -503,7 +503,6 @@ class Searched:
             return self.values[d.choices.index(trial.suggest_categorical(self.name, d.choices))]
         if isinstance(d, IntDistribution):
             return trial.suggest_int(self.name, d.low, d.high, step=d.step, log=d.log)
-        d = cast(FloatDistribution, d)  # the third kind parse_searched makes
         return trial.suggest_float(self.name, d.low, d.high, step=d.step, log=d.log)
 
     def param(self, value: Any) -> Any:
@@ -530,7 +529,6 @@ class Searched:
         if isinstance(d, CategoricalDistribution):
             raw = {"distribution": "choice", "values": plain(list(self.values))}
         else:
-            d = cast(Range, d)  # no choice: a range (parse_searched)
             kind = "int" if isinstance(d, IntDistribution) else "float"
             raw = {"distribution": kind, "low": d.low, "high": d.high, "log": d.log}
             if d.step is not None and not (kind == "int" and d.step == 1):

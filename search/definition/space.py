@@ -33,7 +33,7 @@ from search.definition.enqueue import enqueue_problems
 from search.definition.kind import TrialKind, kind_of, kind_of_raw
 from search.definition.objectives import HALVING
 from search.definition.overrides import set_keys
-from search.definition.schema import Experiment, Range, Resources, Searched, label, section_of, validated, worker_problems
+from search.definition.schema import Experiment, Resources, Searched, label, section_of, validated, worker_problems
 from trainable.config import plain
 from trainable.errors import ConfigError, problem
 
@@ -212,7 +212,6 @@ def _never_taken(target: Searched, value: Any) -> str | None:
     d = target.distribution
     if isinstance(d, CategoricalDistribution):
         return None if label(value) in d.choices else f"one of {plain(list(target.values))}"
-    d = cast(Range, d)  # no choice: a range (schema.parse_searched)
     if isinstance(d, FloatDistribution) and d.step is None:
         return "a float key without a step takes any one value with probability 0; name a choice or an int key"
     if not isinstance(value, (int, float)) or isinstance(value, bool) or \

@@ -121,8 +121,9 @@ def check_search(space: Space) -> Data | None:
     if widths:
         raise ConfigError(widths)
     drop_last_problem(space, len(data.train.labels))
-    check_model(cast("TrialConfig", example_config(space)), data.sample(), data.num_classes, searched_keys)
-    check_measures(cast("TrialConfig", example_config(space)), data)  # training.loss and training.metrics, once on a few examples
+    example = cast("TrialConfig", example_config(space))
+    check_model(example, data.sample(), data.num_classes, searched_keys)
+    check_measures(example, data)  # training.loss and training.metrics, once on a few examples
     note = schedule_note(defaults)  # a fixed t_max below epochs; a searched one is the user's choice
     if note:
         print(f"note: {note}", file=sys.stderr, flush=True)

@@ -46,7 +46,7 @@ import os
 import re
 import time
 import uuid
-from typing import Any, Literal, Mapping, Sequence, cast
+from typing import Any, Mapping, Sequence
 
 import optuna
 import pandas as pd
@@ -173,9 +173,8 @@ class Journal:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self._backend = HeldAppends(path)
         self.storage = optuna.storages.JournalStorage(self._backend)
-        # Objectives.directions holds only these two words, which its list[str] does not say
-        directions = cast("list[Literal['minimize', 'maximize']]", objectives_of(self.space.experiment).directions)
-        optuna.create_study(storage=self.storage, study_name=self.folder.name, load_if_exists=True, directions=directions)
+        optuna.create_study(storage=self.storage, study_name=self.folder.name, load_if_exists=True,
+                            directions=objectives_of(self.space.experiment).directions)
         self.study_id = self.storage.get_study_id_from_name(self.folder.name)
         self._write_warm_start()
         self._backend.holding = self._holding  # the study is in the file from the start; a batch goes on held

@@ -32,7 +32,7 @@ import functools
 import math
 from typing import Any, Mapping, cast
 
-from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.distributions import CategoricalDistribution, IntDistribution
 from ray import tune
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import PopulationBasedTraining, TrialScheduler
@@ -79,7 +79,7 @@ def mutations(searched: tuple[Searched, ...]) -> dict[str, Any]:
     for d in searched:
         if d.name not in MUTABLE:
             continue
-        dist = cast("CategoricalDistribution | IntDistribution | FloatDistribution", d.distribution)  # a space file's three
+        dist = d.distribution
         if isinstance(dist, CategoricalDistribution):
             out[d.name] = list(d.values)
         elif isinstance(dist, IntDistribution):
@@ -96,9 +96,8 @@ class ClipToRange:
     """Ray's explore step multiplies by 0.8 or 1.2 without bounds: put each value back in its searched range."""
 
     def __init__(self, searched: tuple[Searched, ...]):
-        # not a choice: a space's other distributions are ranges
-        self.ranges = {d.name: cast("IntDistribution | FloatDistribution", d.distribution)
-                       for d in searched if d.name in MUTABLE and not d.is_choice}
+        self.ranges = {d.name: d.distribution for d in searched
+                       if d.name in MUTABLE and not isinstance(d.distribution, CategoricalDistribution)}
 
     def __call__(self, config: dict[str, Any]) -> dict[str, Any]:
         for name, dist in self.ranges.items():

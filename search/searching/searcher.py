@@ -13,7 +13,7 @@ max_concurrent 1).
 from __future__ import annotations
 
 import functools
-from typing import Any, Literal, cast
+from typing import Any
 
 import optuna
 from optuna.storages import InMemoryStorage
@@ -101,8 +101,7 @@ def make_searcher(space: Space, folder: RunFolder | None = None) -> Searcher:
     else:  # Tune's OptunaSearch loads the study made here, with the warm start told and the configs enqueued;
         # several objectives: it tells each trial's last result (the point, search/definition/objectives.py)
         storage = InMemoryStorage()
-        directions = cast('list[Literal["maximize", "minimize"]]', objectives.directions)  # list[str], of these two only
-        study = optuna.create_study(storage=storage, study_name="optuna", directions=directions)
+        study = optuna.create_study(storage=storage, study_name="optuna", directions=objectives.directions)
         study.add_trials(warm)
         for params in enqueued:
             study.enqueue_trial(params)

@@ -24,7 +24,7 @@ trials only, and the report shows every trial's value.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, Mapping, Sequence, cast
+from typing import Any, Mapping, Sequence
 
 import optuna
 import pandas as pd
@@ -109,9 +109,8 @@ def make_study(frame: pd.DataFrame, space: Space, storage: optuna.storages.BaseS
                name: str | None = None) -> optuna.Study:
     """A study of every trial in `frame`, in trial-number order."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    # Objectives.directions is typed list[str]; it holds these two only
-    directions = cast('list[Literal["maximize", "minimize"]]', objectives_of(space.experiment).directions)
-    study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True, directions=directions)
+    study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True,
+                                directions=objectives_of(space.experiment).directions)
     schema = results_schema(space)
     for rows in sorted(trial_records(frame, by_id=True), key=lambda rows: rows[0]["trial_number"]):
         study.add_trial(frozen_trial(rows, space, schema))
