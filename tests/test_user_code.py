@@ -97,7 +97,7 @@ def test_the_example_tunes_a_user_model_and_best_yaml_replays_bit_for_bit(tmp_pa
     runs = tmp_path / "runs"
     done = run_search_cli(REPO / "examples" / "mnist_cnn" / "space.yaml", "--name", "cnn", "--num-samples", "2",
                           "--epochs", "2", "--storage-path", str(runs), "--data-root", str(data_root),
-                          "--set", "data.train_size=2000", "--set", "data.val_size=500",
+                          "--set", "data.train_size=500", "--set", "data.val_size=200",
                           "--set", "experiment.max_concurrent=1")  # one trial process, not two (tests/helpers.py)
     assert done.returncode == 0, done.stderr[-3000:]
     best_file = runs / "cnn" / "best.yaml"

@@ -1,16 +1,19 @@
 """Trials on several workers (resources.workers; trainable/distributed.py, docs/gpus.md).
 
 What a user sees: the key checked before Ray starts; a 2-worker search on this 2-core machine (gloo) whose
-rows say world size 2 and whose best.yaml replays on 2 workers to the same val_acc; the same tables at
-max_concurrent 1 and 2 on a 4-CPU cluster (ray.cluster_utils.Cluster); and a 2-worker trial killed
-mid-epoch that resumes from its checkpoint on both workers, to the numbers of a run never killed.
+rows say world size 2 and whose best.yaml replays on 2 workers to the same val_acc (its trials one at a
+time); the same table from a search of two trials at once on a 4-CPU cluster (ray.cluster_utils.Cluster),
+where a 2-worker trial killed mid-epoch resumes from its checkpoint on both workers, to the numbers of the
+run never killed.
 """
 
 from __future__ import annotations
 
 import copy
+import io
 import subprocess
 import sys
+from contextlib import redirect_stderr
 from pathlib import Path
 
 import pandas as pd
@@ -23,7 +26,7 @@ from search.definition.space import parse_space
 from search.driver import run_search
 from search.execution.capacity import trial_resources, trials_fit, workers_fit
 from search.store.results import COMPLETED
-from tests.helpers import SMALL, assert_outputs_agree, small_space
+from tests.helpers import SMALL, TOY_FUNCTION, assert_outputs_agree
 from trainable.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,39 +91,19 @@ def test_capacity_counts_workers_times_resources():
     assert trial_resources(Resources(cpus=0.5), 0) == {"cpu": 0.5, "gpu": 0}  # one worker: as before
 
 
-def test_more_workers_than_this_machine_holds_exit_2_before_ray(tmp_path, data_root):
-    raw = copy.deepcopy(SMALL)
-    raw["resources"] = {"cpus": 1, "workers": 3}
-    raw["space"]["batch_size"] = {"distribution": "choice", "values": [33, 66]}
-    raw["data"]["root"] = str(data_root)
+def test_more_workers_than_this_machine_holds_exit_2_before_ray(tmp_path):
+    # the user's training function (TOY_FUNCTION): the capacity check is the driver's, whatever trains, and a
+    # check of the MNIST loop's space would load MNIST and build the model first
+    (tmp_path / "toy.py").write_text(TOY_FUNCTION)
+    raw = {"trainable": "toy.py:train", "experiment": {**SMALL["experiment"], "metric": "val_acc", "mode": "max"},
+           "resources": {"cpus": 1, "workers": 3}, "training": {"epochs": SMALL["training"]["epochs"]},
+           "space": {**SMALL["space"], "batch_size": {"distribution": "choice", "values": [33, 66]}}}
     (space := tmp_path / "space.yaml").write_text(yaml.safe_dump(raw))
     done = subprocess.run([sys.executable, "-m", "search", "check", "--space", str(space)], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
     assert "resources.workers: must be at most the workers of 1 CPU and 0 GPU each" in done.stderr
     assert "got 3" in done.stderr and "Traceback" not in done.stderr
-
-
-@pytest.mark.slow
-def test_a_two_worker_search_reports_world_size_2_and_replays_on_2_workers(ray_local, tmp_path, data_root, capsys):
-    space = small_space(tmp_path, data_root, resources={"cpus": 1, "workers": 2},
-                        experiment={"num_samples": 2, "max_concurrent": 2}, training={"epochs": 1},
-                        data={"train_size": 1000, "val_size": 300})
-    outcome = run_search(space, name="two")
-    # issue 49 item 12: 2 workers of 1 CPU on 2 CPUs run one trial at a time, said as the search starts
-    assert "note: experiment.max_concurrent is 2, but Ray's nodes hold 1 trial(s) of 2 workers of 1 CPU and 0 GPU " \
-           "at once: 1 at a time" in capsys.readouterr().err
-    frame = outcome.results
-    assert set(frame["status"]) == {COMPLETED} and frame["trial_id"].nunique() == 2
-    assert (frame["world_size"] == 2).all() and (frame["workers"] == 2).all()
-    best = yaml.safe_load((Path(outcome.path) / "best.yaml").read_text())
-    assert best["workers"] == 2
-    replay = subprocess.run([sys.executable, "-m", "trainable", "--config", str(Path(outcome.path) / "best.yaml"),
-                             "--data-root", str(data_root)], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert replay.returncode == 0, replay.stderr
-    assert "workers: 2" in replay.stdout
-    last = [line for line in replay.stdout.splitlines() if line.startswith(f"Epoch [{best['result']['epoch']}/")]
-    assert f"val_acc {best['result']['val_acc']:.4f}" in last[0], (replay.stdout, best["result"])
 
 
 # A model file as a user writes one, with a kill switch: on rank 0, at its `kill_at`-th training step after its
@@ -150,6 +133,62 @@ class Net(nn.Sequential):
 '''
 
 
+def worker_space(folder: Path, data_root: Path, name: str, max_concurrent: int, kill_at: int = 0) -> Path:
+    """folder/NAME.yaml: 2 trials of 2 epochs on 2 workers of 1 CPU each, KILLER's model (folder/net.py)."""
+    (folder / "net.py").write_text(KILLER)
+    raw = copy.deepcopy(SMALL)
+    # lag 0 fixes what each trial is asked on, so any max_concurrent gives the same trials (docs/reproducibility.md)
+    raw["experiment"].update(num_samples=2, max_concurrent=max_concurrent, lag=0, storage_path=str(folder / "runs"))
+    raw["resources"] = {"cpus": 1, "workers": 2}
+    raw["model"] = {"factory": "net.py:Net", "kill_at": kill_at, "marker": str(folder / f"{name}.killed")}
+    raw["data"] = {"train_size": 1000, "val_size": 300, "root": str(data_root)}
+    raw["space"] = {"lr": SMALL["space"]["lr"], "batch_size": {"distribution": "choice", "values": [32, 64]}}
+    (space := folder / f"{name}.yaml").write_text(yaml.safe_dump(raw))
+    return space
+
+
+def finished_run(run: Path) -> pd.DataFrame:
+    """A run's results.parquet, after its outputs agree and every trial completed on 2 workers."""
+    assert_outputs_agree(run)
+    frame = pd.read_parquet(run / "results.parquet")
+    assert set(frame["status"]) == {COMPLETED} and (frame["world_size"] == 2).all()
+    return frame
+
+
+@pytest.fixture(scope="module")
+def two_at_1(ray_local, tmp_path_factory, data_root):
+    """One search never killed, on the session's Ray (2 CPUs): its 2 trials of 2 workers run one at a time
+    although it says max_concurrent 2. Read by the 2-worker test below, and the table the killed search at
+    max_concurrent 2 (two trials at once) must give. (outcome, what it printed to stderr, its results.parquet)."""
+    from search.cli import load_space
+
+    space = worker_space(tmp_path_factory.mktemp("two_at_1"), data_root, "two", max_concurrent=2)
+    with redirect_stderr(io.StringIO()) as said:
+        outcome = run_search(load_space(str(space), []), name="two")
+    sys.stderr.write(said.getvalue())
+    assert outcome.succeeded and not outcome.interrupted, outcome.summary
+    return outcome, said.getvalue(), finished_run(Path(outcome.path))
+
+
+@pytest.mark.slow
+def test_a_two_worker_search_reports_world_size_2_and_replays_on_2_workers(two_at_1, data_root):
+    outcome, said, _ = two_at_1
+    # issue 49 item 12: 2 workers of 1 CPU on 2 CPUs run one trial at a time, said as the search starts
+    assert "note: experiment.max_concurrent is 2, but Ray's nodes hold 1 trial(s) of 2 workers of 1 CPU and 0 GPU " \
+           "at once: 1 at a time" in said
+    frame = outcome.results
+    assert set(frame["status"]) == {COMPLETED} and frame["trial_id"].nunique() == 2
+    assert (frame["world_size"] == 2).all() and (frame["workers"] == 2).all()
+    best = yaml.safe_load((Path(outcome.path) / "best.yaml").read_text())
+    assert best["workers"] == 2
+    replay = subprocess.run([sys.executable, "-m", "trainable", "--config", str(Path(outcome.path) / "best.yaml"),
+                             "--data-root", str(data_root)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert replay.returncode == 0, replay.stderr
+    assert "workers: 2" in replay.stdout
+    last = [line for line in replay.stdout.splitlines() if line.startswith(f"Epoch [{best['result']['epoch']}/")]
+    assert f"val_acc {best['result']['val_acc']:.4f}" in last[0], (replay.stdout, best["result"])
+
+
 @pytest.fixture(scope="module")
 def four_cpus():
     """A Ray cluster of 4 CPUs on this machine: two 2-worker trials at once."""
@@ -160,23 +199,11 @@ def four_cpus():
 
 def search_on(cluster: Cluster, tmp_path: Path, data_root: Path, name: str, max_concurrent: int,
               kill_at: int = 0) -> pd.DataFrame:
-    (tmp_path / "net.py").write_text(KILLER)
-    raw = copy.deepcopy(SMALL)
-    # lag 0 fixes what each trial is asked on, so any max_concurrent gives the same trials (docs/reproducibility.md)
-    raw["experiment"].update(num_samples=2, max_concurrent=max_concurrent, lag=0, storage_path=str(tmp_path / "runs"))
-    raw["resources"] = {"cpus": 1, "workers": 2}
-    raw["model"] = {"factory": "net.py:Net", "kill_at": kill_at, "marker": str(tmp_path / f"{name}.killed")}
-    raw["data"] = {"train_size": 1000, "val_size": 300, "root": str(data_root)}
-    raw["space"] = {"lr": SMALL["space"]["lr"], "batch_size": {"distribution": "choice", "values": [32, 64]}}
-    (space := tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(raw))
+    space = worker_space(tmp_path, data_root, name, max_concurrent, kill_at)
     done = subprocess.run([sys.executable, "-m", "search", "--space", str(space), "--address", cluster.address,
                            "--name", name], cwd=REPO, capture_output=True, text=True, timeout=500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    run = tmp_path / "runs" / name
-    assert_outputs_agree(run)
-    frame = pd.read_parquet(run / "results.parquet")
-    assert set(frame["status"]) == {COMPLETED} and (frame["world_size"] == 2).all()
-    return frame
+    return finished_run(tmp_path / "runs" / name)
 
 
 def numbers(frame: pd.DataFrame) -> pd.DataFrame:
@@ -187,10 +214,10 @@ def numbers(frame: pd.DataFrame) -> pd.DataFrame:
 
 @pytest.mark.slow
 def test_a_search_killed_at_max_concurrent_2_resumes_on_both_workers_to_the_table_at_1(
-        four_cpus, tmp_path, data_root):
-    # two searches, not three: the one killed at max_concurrent 2 must give the table of the one never
-    # killed at max_concurrent 1 (each search here costs about 40 s of the suite's time)
-    one = search_on(four_cpus, tmp_path, data_root, "one", max_concurrent=1)
+        four_cpus, two_at_1, tmp_path, data_root):
+    # one search here, not two: the one killed at max_concurrent 2 (two trials at once on 4 CPUs) must give the
+    # table of the one never killed that ran one trial at a time (two_at_1; each search costs about 40 s)
+    _, _, one = two_at_1
     killed = search_on(four_cpus, tmp_path, data_root, "killed", max_concurrent=2, kill_at=3)
     assert (tmp_path / "killed.killed").exists(), "a trial was killed"
     starts = killed.groupby("trial_number")["started_at"].apply(lambda s: int(s.notna().sum()))
