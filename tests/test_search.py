@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pandas as pd
@@ -11,8 +12,9 @@ import yaml
 from search.execution.capacity import CapacityError
 from search.driver import run_search
 from search.store.searcher_record import RECORD_FILE, record_from_json
+from search.definition.space import Space, parse_space
 from search.store.results import COMPLETED, DIVERGED, STOPPED, columns, config_from_row, results_schema
-from tests.helpers import assert_outputs_agree, small_space
+from tests.helpers import SMALL, TOY_FUNCTION, assert_outputs_agree, small_space
 from trainable.config import TrialConfig
 from trainable.data import load_data
 from trainable.device import get_default_device
@@ -74,21 +76,40 @@ def test_searcher_gets_one_report_per_epoch(four_trials):
     assert {n: v for n, v in state["finished"].items()} == best.to_dict(), "a trial's value: its best epoch"
 
 
-def test_same_seed_same_trials(ray_local, tmp_path, data_root):
-    def trials(name):
-        space = small_space(tmp_path / name, data_root, experiment={"max_concurrent": 1, "num_samples": 3},
-                            training={"epochs": 1})
-        frame = run_search(space, name=name).results
-        return frame.sort_values("seed")[["seed", "lr", "batch_size", "t_max", "clip_norm", "val_acc"]]
+def test_same_seed_same_trials(four_trials, tmp_path, data_root):
+    # the module's search again, from the same space in another storage path: one new search, not two
+    _, first = four_trials
+    second = run_search(small_space(tmp_path, data_root), name="again")
 
-    first, second = trials("a"), trials("b")
-    pd.testing.assert_frame_equal(first.reset_index(drop=True), second.reset_index(drop=True))
+    def trials(frame):
+        return frame.sort_values(["seed", "epoch"])[["seed", "epoch", "lr", "batch_size", "t_max", "clip_norm",
+                                                     "val_acc"]].reset_index(drop=True)
+
+    pd.testing.assert_frame_equal(trials(first.results), trials(second.results))
 
 
-def test_rays_asha_stops_some_trials_early(ray_local, tmp_path, data_root):
-    space = small_space(tmp_path, data_root,  # reproducible: false keeps Ray's own ASHAScheduler
-                        experiment={"scheduler": "asha", "num_samples": 6, "grace_period": 1, "reproducible": False},
-                        training={"epochs": 4}, data={"train_size": 1000})
+def toy_space(folder: Path, **sections: dict) -> Space:
+    """SMALL's experiment and searched keys on the toy training function (tests/helpers.py TOY_FUNCTION, written
+    to folder/toy.py) instead of the MNIST loop, `sections` merged in: for a test about Ray and the driver, whose
+    trials then start without torchvision and the data."""
+    (folder / "toy.py").write_text(TOY_FUNCTION)
+    (folder / "space.yaml").write_text("")  # the reference is relative to the space file
+    raw = {"trainable": "toy.py:train",
+           "experiment": {**copy.deepcopy(SMALL["experiment"]), "metric": "val_acc", "mode": "max",
+                          "storage_path": str(folder)},
+           "resources": copy.deepcopy(SMALL["resources"]),
+           "training": {"epochs": SMALL["training"]["epochs"]},
+           "space": copy.deepcopy(SMALL["space"])}
+    for section, values in sections.items():
+        raw.setdefault(section, {}).update(values)
+    return parse_space(raw, source=str(folder / "space.yaml"))
+
+
+def test_rays_asha_stops_some_trials_early(ray_local, tmp_path):
+    # Ray's scheduler stops on the reported metric, whichever loop reports it: the toy function's val_acc
+    space = toy_space(tmp_path,  # reproducible: false keeps Ray's own ASHAScheduler
+                      experiment={"scheduler": "asha", "num_samples": 6, "grace_period": 1, "reproducible": False},
+                      training={"epochs": 4})
     frame = run_search(space, name="asha").results
     per_trial = frame.groupby("trial_id").agg(status=("status", "first"), epochs=("epoch", "max"))
     stopped = per_trial[per_trial["status"] == STOPPED]
