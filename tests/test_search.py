@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pandas as pd
@@ -10,11 +9,12 @@ import pytest
 import yaml
 
 from search.execution.capacity import CapacityError
+from search.cli import load_space
 from search.driver import run_search
 from search.store.searcher_record import RECORD_FILE, record_from_json
-from search.definition.space import Space, parse_space
 from search.store.results import COMPLETED, DIVERGED, STOPPED, columns, config_from_row, results_schema
-from tests.helpers import SMALL, TOY_FUNCTION, assert_outputs_agree, small_space
+from tests.helpers import assert_outputs_agree, small_space
+from tests.test_faults import toy_space_file
 from trainable.config import TrialConfig
 from trainable.data import load_data
 from trainable.device import get_default_device
@@ -88,28 +88,11 @@ def test_same_seed_same_trials(four_trials, tmp_path, data_root):
     pd.testing.assert_frame_equal(trials(first.results), trials(second.results))
 
 
-def toy_space(folder: Path, **sections: dict) -> Space:
-    """SMALL's experiment and searched keys on the toy training function (tests/helpers.py TOY_FUNCTION, written
-    to folder/toy.py) instead of the MNIST loop, `sections` merged in: for a test about Ray and the driver, whose
-    trials then start without torchvision and the data."""
-    (folder / "toy.py").write_text(TOY_FUNCTION)
-    (folder / "space.yaml").write_text("")  # the reference is relative to the space file
-    raw = {"trainable": "toy.py:train",
-           "experiment": {**copy.deepcopy(SMALL["experiment"]), "metric": "val_acc", "mode": "max",
-                          "storage_path": str(folder)},
-           "resources": copy.deepcopy(SMALL["resources"]),
-           "training": {"epochs": SMALL["training"]["epochs"]},
-           "space": copy.deepcopy(SMALL["space"])}
-    for section, values in sections.items():
-        raw.setdefault(section, {}).update(values)
-    return parse_space(raw, source=str(folder / "space.yaml"))
-
-
 def test_rays_asha_stops_some_trials_early(ray_local, tmp_path):
     # Ray's scheduler stops on the reported metric, whichever loop reports it: the toy function's val_acc
-    space = toy_space(tmp_path,  # reproducible: false keeps Ray's own ASHAScheduler
-                      experiment={"scheduler": "asha", "num_samples": 6, "grace_period": 1, "reproducible": False},
-                      training={"epochs": 4})
+    space = load_space(str(toy_space_file(tmp_path,  # reproducible: false keeps Ray's own ASHAScheduler
+        experiment={"scheduler": "asha", "num_samples": 6, "grace_period": 1, "reproducible": False},
+        training={"epochs": 4})), [])
     frame = run_search(space, name="asha").results
     per_trial = frame.groupby("trial_id").agg(status=("status", "first"), epochs=("epoch", "max"))
     stopped = per_trial[per_trial["status"] == STOPPED]
