@@ -41,15 +41,18 @@ def cluster():
     # placement groups onto one node while it has room).
     # its own dashboard agent port: the job server's agent would otherwise share Ray's default
     # (52365) with any other Ray on this machine (the other test worker's, a CLI search's)
-    # its own temporary folder: Ray's job supervisor resolves the job's address ("auto") from the
-    # ray_current_cluster file there, which names the Ray started last on this machine in that folder (the
-    # other test worker's, a CLI search's: a job's search once joined one of those and found no GPU)
+    # its own temporary folder, naming this cluster: Ray's job supervisor resolves the job's address
+    # ("auto") from the ray_current_cluster file in the head's temporary folder, which `ray start --head`
+    # writes and Cluster does not (it writes /tmp/ray's, naming whichever Ray started last there). With no
+    # file Ray takes any Ray running on this machine: a job's search joined the other test worker's and
+    # found no GPU. So the file is written here, as `ray start` would.
     temp = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # short: Ray's socket paths live under it
     cluster = Cluster(initialize_head=True, connect=False,
                       head_node_args={"num_cpus": 1, "num_gpus": 0, "include_dashboard": True, "temp_dir": temp,
                                       "dashboard_port": free_port(), "dashboard_agent_listen_port": free_port()})
     workers = [cluster.add_node(num_cpus=1, num_gpus=2, temp_dir=temp) for _ in range(2)]
     cluster.wait_for_nodes()
+    (Path(temp) / "ray_current_cluster").write_text(cluster.address)
     cluster.workers = workers
     yield cluster
     cluster.shutdown()
