@@ -17,7 +17,7 @@ from search.store.run_folder import RunFolder
 from search.store.tune_record import STATUSES_FILE, _saved_trials
 from search.store.storage import Storage
 from trainable.errors import ConfigError
-from trainable.report import PACKED_COLUMNS
+from trainable.report import EPOCH_COLUMNS, PACKED_COLUMNS
 from trainable.function import (ContractError, MetricNotReported, Reporter, ReportMisuse, ReservedName, _Diverged,
                                 load_state, replay, resolve_function, save_state)
 
@@ -303,6 +303,12 @@ def test_a_function_that_returns_without_a_report_fails_its_trial_not_the_search
     said = capsys.readouterr().out  # no restart: the same on every try (issue 49 item 2)
     assert "(#0) failed and ended in ERROR (not restarted: it broke the function's contract" in said
     assert "restarts from" not in said
+    # the trial without a report adds none of the canonical loop's columns (best.yaml had them as NaN)
+    loops_own = set(EPOCH_COLUMNS) - {"epoch", "epoch_seconds"}
+    assert not loops_own & set(outcome.results.columns)
+    best = yaml.safe_load((Path(outcome.path) / "best.yaml").read_text())["result"]
+    assert best["trial_number"] == 1 and not loops_own & set(best)
+    assert not [k for k, v in best.items() if isinstance(v, float) and math.isnan(v)]
 
 
 # Tune's own report style, with the metric as the only positional: the same contract error on every trial

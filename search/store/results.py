@@ -31,7 +31,7 @@ from search.definition.space import Space
 from search.definition.status import COMPLETED, DIVERGED, ERROR, INTERRUPTED, LOST, STOPPED  # noqa: F401 (re-exported)
 from trainable.config import TrialConfig, json_text
 from trainable.function import FunctionConfig, trial_config
-from trainable.report import REPORT_COLUMNS, unpacked
+from trainable.report import unpacked
 
 RESULTS_FILE = "results.parquet"
 RECORD_FILE = "result.json"  # Tune's per-trial record: one JSON line per report
@@ -168,8 +168,8 @@ def trial_rows(trial_id: str, config: Mapping[str, Any], reports: Iterable[Mappi
     ordered = [by_epoch[e] for e in sorted(by_epoch)]
     status = trial_status(trial, ordered, done=done, error=error)
     base = {"trial_id": trial_id, "status": status, **trial.to_flat()}
-    if not ordered:  # failed before its first epoch: keep it visible
-        return [{**base, **{c: None for c in REPORT_COLUMNS + SEARCH_COLUMNS}}]
+    if not ordered:  # failed before its first epoch: keep it visible (the schema gives its report columns, empty)
+        return [{**base, **dict.fromkeys(SEARCH_COLUMNS)}]
     kind = kind_of_config(config)  # its report columns: the loop's, or the metrics a function names in each report
     return [{**base, **kind.report_row(r, config, ordered[0]), **search_phases(r, suggested, first=i == 0)}
             for i, r in enumerate(ordered)]
