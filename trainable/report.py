@@ -18,11 +18,12 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
-
-import torch
+from typing import TYPE_CHECKING, Any, Mapping
 
 from trainable.config import TrialConfig
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,9 @@ def report_columns(metric_columns: tuple[str, ...]) -> list[str]:
 def epoch_report(record: EpochRecord, placement: Placement, device: torch.device,
                  phases: Phases | None = None) -> dict[str, Any]:
     """One epoch's report: metrics (the names experiment.metric may use), placement, timing."""
+    import torch  # here and below, not at the top: the driver reads this module's columns, and its checks
+    # (a `python -m search` refusal, a function search) need no torch (1.5 s to import)
+
     fields = {f.name: getattr(record, f.name) for f in dataclasses.fields(record) if f.name not in ("extra", "train_acc",
                                                                                                    "val_acc")}
     return {
@@ -174,6 +178,8 @@ class CheckpointError(RuntimeError):
 
 def save_checkpoint(folder: str | Path, config: TrialConfig, input_shape: tuple[int, ...], num_classes: int,
                     state: dict[str, Any]) -> Path:
+    import torch
+
     path = Path(folder) / CHECKPOINT_FILE
     torch.save({"format": CHECKPOINT_FORMAT, "config": config.to_dict(), "input_shape": list(input_shape),
                 "num_classes": num_classes, "state": state}, path)
@@ -182,6 +188,8 @@ def save_checkpoint(folder: str | Path, config: TrialConfig, input_shape: tuple[
 
 def load_checkpoint(folder: str | Path) -> Checkpoint:
     """Read a checkpoint folder; anything unreadable is a CheckpointError saying which file and why."""
+    import torch
+
     path = Path(folder) / CHECKPOINT_FILE
     try:
         saved = torch.load(path, weights_only=True, map_location="cpu")
