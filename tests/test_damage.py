@@ -27,6 +27,7 @@ from search.definition.space import parse_space
 from search.store.storage import Storage
 from search.searching.study import JOURNAL_FILE, journal
 from tests.helpers import assert_outputs_agree, small_space
+from tests.test_resume import wait_for
 from trainable.data import load_data
 from trainable.errors import ConfigError
 
@@ -210,10 +211,11 @@ def test_a_resume_with_other_data_is_refused_naming_both_fingerprints(tmp_path, 
     assert str(data_fingerprint(then)) in line and str(data_fingerprint(now)) in line
 
 
-# The toy training function (tests/helpers.py) with a 28 MB checkpoint (the disk guard is the driver's, not the
-# MNIST loop's): its second epoch does not start while the disk beside this file is below the guard's line (as
-# a trial of the MNIST loop would go on training); only the stop ends it. One trial at a time: the first one's
-# first checkpoint crosses the line, and the disk holds no more than that whatever the trial's speed.
+# The toy training function (tests/helpers.py); the disk guard is the driver's, not the MNIST loop's. On the
+# test's small disk its second epoch never ends (as a trial of the MNIST loop would go on training): only the
+# stop ends it. The test fills the disk once Tune's record holds the first epoch, so the stop always finds a
+# trial with a report and a checkpoint to resume from (when the first checkpoint filled the disk, a stop
+# could come before the driver had taken that epoch's report: a CI run had no row at all).
 FULL_DISK_TOY = """
 import os
 import shutil
@@ -222,20 +224,23 @@ import threading
 import torch
 
 DISK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "disk")
-BALLAST = torch.ones(28 * 2**18)  # 28 MB of float32 in every checkpoint
 
 
 def train(config, report, checkpoint=None):
     start = checkpoint["epoch"] if checkpoint else 0
     x = checkpoint["x"] if checkpoint else torch.zeros(())
     for epoch in range(start, config["epochs"]):
-        if epoch and shutil.disk_usage(DISK).free < 40 * 2**20:  # experiment.min_free_mb
+        if epoch and shutil.disk_usage(DISK).total < 100 * 2**20:  # the 64 MB disk, before it is made larger
             threading.Event().wait()  # until the guard's stop ends the trial
         noise = torch.randn((), generator=torch.Generator().manual_seed(config["seed"] + epoch))
         x = x + config["lr"] * (1 - x) + 0.01 * noise
-        report(score=float(x), val_acc=float(x), val_loss=float(1 - x),
-               checkpoint={"x": x, "epoch": epoch + 1, "ballast": BALLAST})
+        report(score=float(x), val_acc=float(x), val_loss=float(1 - x), checkpoint={"x": x, "epoch": epoch + 1})
 """
+
+
+def first_epoch_recorded(run: Path) -> bool | None:
+    """Whether Tune's record of a trial of `run` (result.json, copied with its snapshots) holds an epoch."""
+    return True if any(p.stat().st_size for p in run.glob("trial_*/result.json")) else None
 
 
 @pytest.mark.slow
@@ -243,8 +248,7 @@ def train(config, report, checkpoint=None):
 def test_a_full_disk_stops_the_search_as_ctrl_c_does_and_it_resumes_once_space_is_free(ray_local, tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
-    # 64 MB, stopped below 40 MB free: the first trial's first checkpoint (28 MB) crosses the line, and no
-    # more is written before the stop (FULL_DISK_TOY), which leaves room for the interrupted trial's rows
+    # 64 MB, stopped below 40 MB free: 28 MB written beside the run folder crosses the line
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)], check=True)
     try:
         raw = yaml.safe_load((REPO / "spaces" / "mnist.yaml").read_text())
@@ -257,10 +261,22 @@ def test_a_full_disk_stops_the_search_as_ctrl_c_does_and_it_resumes_once_space_i
         space_file = tmp_path / "space.yaml"
         space_file.write_text(yaml.safe_dump(raw))
         command = [sys.executable, "-m", "search", "--space", str(space_file), "--name", "full"]
-        stopped = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
-        assert stopped.returncode == 130, stopped.stderr[-3000:]
-        assert "the search stopped as Ctrl-C stops it" in stopped.stderr and "free space" in stopped.stderr
-        assert 'search/driver.py", line' not in stopped.stderr  # trials may log their own ENOSPC; the driver not
+        # Tune copies result.json into the run folder with its snapshots: every second here (by default 10 s)
+        with (tmp_path / "out").open("w") as stdout, (tmp_path / "err").open("w") as stderr:
+            stopped = subprocess.Popen(command, stdout=stdout, stderr=stderr, text=True, cwd=REPO,
+                                       env={**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "1"})
+        try:
+            wait_for(lambda: first_epoch_recorded(disk / "full"), 300, "the first epoch in Tune's record")
+            (disk / "ballast").write_bytes(bytes(28 * 2**20))  # a user's other files fill the disk
+            stopped.wait(timeout=300)
+        finally:
+            if stopped.poll() is None:
+                stopped.kill()
+        out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
+        assert stopped.returncode == 130, err[-3000:]
+        assert "the search stopped as Ctrl-C stops it" in err and "free space" in err
+        assert 'search/driver.py", line' not in err  # trials may log their own ENOSPC; the driver not
+        assert "1 trial(s) unfinished, 3 not started" in out
         assert_outputs_agree(disk / "full")
         subprocess.run(["mount", "-o", "remount,size=512m", str(disk)], check=True)  # space freed
         # the resume in this process (on the session's Ray), as the command's --resume runs it: the stop above
