@@ -285,6 +285,18 @@ def test_cli_bad_file_exits_2_without_traceback(tmp_path):
     assert not (tmp_path / "runs").exists(), "nothing starts before the file is valid"
 
 
+def test_a_refusal_of_bad_input_does_not_import_torch(tmp_path):
+    # torch's import was 1.5 s of the 2.1 s a refusal took (trainable/report.py imports it where it is used)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("experiment:\n  num_samples: -1\n")
+    code = ("import sys\nfrom search.cli import main\ncode = main(['--space', sys.argv[1]])\n"
+            "print(code, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, str(bad)], capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
+    assert "experiment.num_samples: must be an integer in [1, 1000000], got -1" in done.stderr
+    assert done.stdout.split() == ["2", "False"]
+
+
 def test_cli_yaml_syntax_error_names_the_line(tmp_path):
     bad = tmp_path / "broken.yaml"
     bad.write_text("experiment:\n  name: x\n  seed: [1, 2\n")
