@@ -10,6 +10,8 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from search.definition.space import Space, parse_space
 
 SMALL: dict[str, Any] = {
@@ -44,6 +46,23 @@ def train(config, report, checkpoint=None):
         x = x + config["lr"] * (1 - x) + 0.01 * noise
         report(score=float(x), val_acc=float(x), val_loss=float(1 - x), checkpoint={"x": x, "epoch": epoch + 1})
 """
+
+
+def toy_space_file(tmp_path: Path, **sections: dict[str, Any]) -> Path:
+    """SMALL's experiment and searched keys on TOY_FUNCTION (tmp_path/toy.py) instead of the MNIST loop, with
+    `sections` merged in (section -> keys to set), written to tmp_path/space.yaml."""
+    (tmp_path / "toy.py").write_text(TOY_FUNCTION)
+    raw = {"trainable": "toy.py:train",
+           "experiment": {**copy.deepcopy(SMALL["experiment"]), "metric": "val_acc", "mode": "max",
+                          "storage_path": str(tmp_path / "runs")},
+           "resources": copy.deepcopy(SMALL["resources"]),
+           "training": {"epochs": SMALL["training"]["epochs"]},
+           "space": copy.deepcopy(SMALL["space"])}
+    for section, values in sections.items():
+        raw.setdefault(section, {}).update(values)
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
 
 
 def small_space(storage: Path, data_root: Path, **sections: dict[str, Any]) -> Space:

@@ -27,7 +27,7 @@ from search.definition.space import parse_space
 from search.store.storage import Storage
 from search.searching.study import JOURNAL_FILE, journal
 from tests.helpers import assert_outputs_agree, small_space
-from tests.test_resume import wait_for
+from tests.test_resume import reported, wait_for
 from trainable.data import load_data
 from trainable.errors import ConfigError
 
@@ -56,8 +56,7 @@ def resume(outcome) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def finished(ray_local, tmp_path_factory, data_root):
     """3 trials of the MNIST loop, one at a time (one trial process): the tests damage the run folder, not
-    trials at once. (Not the toy function: a LOST trial of a function's run puts the loop's report columns,
-    NaN, into best.yaml's result.)"""
+    trials at once."""
     storage = tmp_path_factory.mktemp("damage") / "runs"
     space = tiny_space(storage, data_root, max_concurrent=1)
     return space, run_search(space, name="damaged")
@@ -238,11 +237,6 @@ def train(config, report, checkpoint=None):
 """
 
 
-def first_epoch_recorded(run: Path) -> bool | None:
-    """Whether Tune's record of a trial of `run` (result.json, copied with its snapshots) holds an epoch."""
-    return True if any(p.stat().st_size for p in run.glob("trial_*/result.json")) else None
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root (CI runs as root)")
 def test_a_full_disk_stops_the_search_as_ctrl_c_does_and_it_resumes_once_space_is_free(ray_local, tmp_path):
@@ -266,7 +260,7 @@ def test_a_full_disk_stops_the_search_as_ctrl_c_does_and_it_resumes_once_space_i
             stopped = subprocess.Popen(command, stdout=stdout, stderr=stderr, text=True, cwd=REPO,
                                        env={**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "1"})
         try:
-            wait_for(lambda: first_epoch_recorded(disk / "full"), 300, "the first epoch in Tune's record")
+            wait_for(lambda: True if reported(disk / "full") else None, 300, "the first epoch in Tune's record")
             (disk / "ballast").write_bytes(bytes(28 * 2**20))  # a user's other files fill the disk
             stopped.wait(timeout=300)
         finally:

@@ -21,7 +21,7 @@ import yaml
 
 from search.store.results import COMPLETED, INTERRUPTED
 from search.definition.ranking import ranked
-from tests.helpers import SMALL, TOY_FUNCTION, assert_kept_checkpoints, assert_outputs_agree
+from tests.helpers import SMALL, assert_kept_checkpoints, assert_outputs_agree, toy_space_file
 from tests.test_resume import wait_for
 from tests.test_trainable_data import write_idx
 from trainable.data import RAW_FILES, load_dataset
@@ -34,29 +34,6 @@ def space_file(tmp_path: Path, data_root: Path, **sections) -> Path:
     raw = copy.deepcopy(SMALL)
     raw["experiment"].update(storage_path=str(tmp_path / "runs"))
     raw["data"].update(root=str(data_root))
-    for section, values in sections.items():
-        raw.setdefault(section, {}).update(values)
-    path = tmp_path / "space.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
-
-
-# A training function as a user would write it (`trainable: FILE.py:FUNCTION`, docs/own-training-function.md),
-# for a test about the driver rather than the MNIST loop: it reports val_acc and val_loss and checkpoints each
-# epoch, in milliseconds, and its search checks no MNIST before the run folder is claimed.
-TOY = TOY_FUNCTION
-
-
-def toy_space_file(tmp_path: Path, **sections) -> Path:
-    """SMALL's experiment and searched keys on TOY (tmp_path/toy.py) instead of the MNIST loop, with
-    `sections` merged in (section -> keys to set), written to tmp_path/space.yaml."""
-    (tmp_path / "toy.py").write_text(TOY)
-    raw = {"trainable": "toy.py:train",
-           "experiment": {**copy.deepcopy(SMALL["experiment"]), "metric": "val_acc", "mode": "max",
-                          "storage_path": str(tmp_path / "runs")},
-           "resources": copy.deepcopy(SMALL["resources"]),
-           "training": {"epochs": SMALL["training"]["epochs"]},
-           "space": copy.deepcopy(SMALL["space"])}
     for section, values in sections.items():
         raw.setdefault(section, {}).update(values)
     path = tmp_path / "space.yaml"
@@ -219,7 +196,7 @@ def test_an_unreadable_latest_checkpoint_falls_back_to_the_previous_one(tmp_path
 
 @pytest.mark.slow
 def test_two_searches_with_one_name_give_one_search_and_one_refusal(tmp_path):
-    # the user's training function (TOY): the race for the name is the driver's, not the training loop's
+    # the user's training function (TOY_FUNCTION): the race for the name is the driver's, not the training loop's
     space = toy_space_file(tmp_path, experiment={"num_samples": 2}, training={"epochs": 1})
     command = [sys.executable, "-m", "search", "--space", str(space), "--name", "same"]
     first, second = (subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -13,8 +13,7 @@ from search.cli import load_space
 from search.driver import run_search
 from search.store.searcher_record import RECORD_FILE, record_from_json
 from search.store.results import COMPLETED, DIVERGED, STOPPED, columns, config_from_row, results_schema
-from tests.helpers import assert_outputs_agree, small_space
-from tests.test_faults import toy_space_file
+from tests.helpers import assert_outputs_agree, small_space, toy_space_file
 from trainable.config import TrialConfig
 from trainable.data import load_data
 from trainable.device import get_default_device

@@ -26,7 +26,7 @@ from search.definition.space import parse_space
 from search.driver import run_search
 from search.execution.capacity import trial_resources, trials_fit, workers_fit
 from search.store.results import COMPLETED
-from tests.helpers import SMALL, TOY_FUNCTION, assert_outputs_agree
+from tests.helpers import SMALL, assert_outputs_agree, toy_space_file
 from trainable.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,11 +94,8 @@ def test_capacity_counts_workers_times_resources():
 def test_more_workers_than_this_machine_holds_exit_2_before_ray(tmp_path):
     # the user's training function (TOY_FUNCTION): the capacity check is the driver's, whatever trains, and a
     # check of the MNIST loop's space would load MNIST and build the model first
-    (tmp_path / "toy.py").write_text(TOY_FUNCTION)
-    raw = {"trainable": "toy.py:train", "experiment": {**SMALL["experiment"], "metric": "val_acc", "mode": "max"},
-           "resources": {"cpus": 1, "workers": 3}, "training": {"epochs": SMALL["training"]["epochs"]},
-           "space": {**SMALL["space"], "batch_size": {"distribution": "choice", "values": [33, 66]}}}
-    (space := tmp_path / "space.yaml").write_text(yaml.safe_dump(raw))
+    space = toy_space_file(tmp_path, resources={"cpus": 1, "workers": 3},
+                           space={"batch_size": {"distribution": "choice", "values": [33, 66]}})
     done = subprocess.run([sys.executable, "-m", "search", "check", "--space", str(space)], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
