@@ -159,3 +159,31 @@ def test_a_reused_actor_that_failed_its_reset_restarts_its_trial():
         TuneController._trial_task_failure(controller, trial, RuntimeError("actor died"))
     assert seen == [Trial.RUNNING, Trial.PENDING, Trial.RUNNING], "only the failed reset is marked RUNNING"
     assert controller._resetting_trials == set(), "its reset ended"
+
+
+def test_idle_actors_of_a_search_are_all_kept_for_its_next_trials():
+    """Tune kept one idle actor: two slots free at once while the searcher had nothing yet (a trial paused at
+    a reproducible rung) lost the second, and the search went on one trial at a time (ray_internals.keep_idle_actors)."""
+    from ray.tune.execution import tune_controller
+    from ray.tune.execution.tune_controller import TuneController
+    from ray.tune.utils.object_cache import _ObjectCache
+
+    assert "self._actor_cache = _ObjectCache(may_keep_one=True)" in inspect.getsource(TuneController.__init__), \
+        "Tune makes its actor cache elsewhere now: keep_idle_actors replaces a name Tune no longer reads"
+    tunes = _ObjectCache(may_keep_one=True)
+    assert [tunes.cache_object("1 cpu", a) for a in ("a", "b")] == [True, False], "Tune's own rule: one idle actor"
+
+    ray_internals.keep_idle_actors()
+    ray_internals.keep_idle_actors()  # twice: patched once
+    assert tune_controller._ObjectCache.__mro__[1] is _ObjectCache
+    cache = tune_controller._ObjectCache(may_keep_one=True)  # as TuneController makes it
+    assert [cache.cache_object("1 cpu", a) for a in ("a", "b")] == [True, True], "both slots' actors kept"
+    assert list(cache.flush_cached_objects()) == [] and cache.num_cached_objects == 2, "kept between steps"
+    assert cache.pop_cached_object("1 cpu") == "a" and cache.num_cached_objects == 1
+
+    cache.increase_max("1 gpu")  # a trial of other resources is staged: Tune's rule frees what it may need
+    assert not cache.cache_object("1 cpu", "c"), "not kept while another shape waits for resources"
+    assert list(cache.flush_cached_objects()) == ["b"]
+    cache.decrease_max("1 gpu")
+    cache.cache_object("1 cpu", "d")
+    assert list(cache.flush_cached_objects(force_all=True)) == ["d"], "the search's end frees them all"

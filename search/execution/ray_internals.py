@@ -35,6 +35,14 @@ fails when Ray changes what it relies on, so an upgrade says where to look inste
   `_trial_task_failure` now does the same for a failed reset (and ends the reset); the trial's staged
   resources are left as they are, for its next actor's start to take. No public API reaches
   Tune's handling of a task's failure; a callback hears of the ERROR only after it is decided.
+- `keep_idle_actors`: Tune keeps at most one idle actor (reuse_actors) unless a staged trial waits for one:
+  its TuneController makes its actor cache as `_ObjectCache(may_keep_one=True)`, a module global there, and
+  no knob sets it. When two slots come free while the searcher has nothing to run yet (a trial paused at a
+  reproducible rung, a reproducible trial waiting for an earlier result), Tune stops the second actor; the
+  next trial then waits for a new one (seconds of imports), takes the first that comes free instead, and
+  the search goes on one trial at a time (issue 49: ASHA's short trials). The cache made here keeps every
+  idle actor while no trial of other resources is staged: never more than the search ran at once, since
+  each was a running trial's; Tune still stops them all when the searcher is done.
 - `silent_raylet_errors`: Ray's error thread on the driver prints what the raylet publishes ("(raylet) A
   worker died or was killed ...") straight to the terminal with `print_worker_logs`, past any logger and
   whatever log_to_driver says; its one switch is the module flag `_worker_logs_enabled` (Ray's debugger
@@ -163,6 +171,35 @@ def restart_a_trial_whose_reused_actor_died() -> None:
 
     _trial_task_failure.restarts_failed_resets = True  # type: ignore[attr-defined]
     TuneController._trial_task_failure = _trial_task_failure  # type: ignore[method-assign]
+
+
+def keep_idle_actors() -> None:
+    """Make Tune keep every idle actor of a search's trials for the next ones, not one (idempotent; see the
+    module docstring)."""
+    from ray.tune.execution import tune_controller
+    from ray.tune.utils.object_cache import _ObjectCache
+
+    if tune_controller._ObjectCache is not _ObjectCache:
+        return
+
+    class _KeepIdle(_ObjectCache):
+        """Tune's cache of idle actors by resources, keeping them all while no trial of other resources waits."""
+
+        def _others_wanted(self, key) -> bool:
+            return any(wanted > len(self._cached_objects[k]) for k, wanted in self._max_num_objects.items() if k != key)
+
+        def cache_object(self, key, obj) -> bool:
+            if not self._max_num_objects[key] > len(self._cached_objects[key]) and self._others_wanted(key):
+                return super().cache_object(key, obj)  # Tune's rule: another shape needs the resources
+            self._cached_objects[key].append(obj)
+            self._num_cached_objects += 1
+            return True
+
+        def flush_cached_objects(self, force_all: bool = False):
+            if force_all or any(self._others_wanted(key) for key, objs in self._cached_objects.items() if objs):
+                yield from super().flush_cached_objects(force_all=force_all)
+
+    tune_controller._ObjectCache = _KeepIdle  # type: ignore[misc]
 
 
 def silent_raylet_errors() -> None:
