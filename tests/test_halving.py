@@ -106,3 +106,37 @@ def test_a_rung_without_its_checkpoint_is_refused_before_the_search(tmp_path, da
         small_space(tmp_path, data_root, experiment={"scheduler": "asha", "grace_period": 3, "checkpoint_every": 2},
                     training={"epochs": 6})
     assert "experiment.checkpoint_every: must divide grace_period (3) for a reproducible asha" in str(error.value)
+
+
+def test_rung_decisions_reach_halving_json_at_most_once_a_second_and_all_when_the_search_ends(tmp_path, monkeypatch):
+    """halving.json was replaced and synced at every decision (~9 ms of Tune's turn per one-epoch trial, an
+    upload per decision on a URI run); now a running trial's decisions go at most once a second, and
+    flush_records (after Tune returns) writes what is held back."""
+    import json
+    from types import SimpleNamespace
+
+    from ray.tune.schedulers import TrialScheduler
+
+    from search.searching import halving
+    from search.store.storage import Storage
+
+    writes: list[str] = []
+    write = Storage.write
+    monkeypatch.setattr(Storage, "write", lambda self, relative, data: writes.append(relative) or write(self, relative, data))
+    scheduler = halving.OrderedHalving(metric="val_acc", mode="max", max_t=8, grace_period=1, reduction_factor=2,
+                                       storage=Storage(str(tmp_path)), record="run/halving.json")
+    trials = [SimpleNamespace(config={"trial_number": n, "epochs": 8}, status="RUNNING") for n in range(6)]
+    for trial in trials:
+        scheduler.on_trial_add(None, trial)
+    decisions = [scheduler.on_trial_result(None, trial, {"epoch": 1, "val_acc": 0.1 * (n % 3)})
+                 for n, trial in enumerate(trials)]  # in trial-number order: each is decided at once
+    assert TrialScheduler.STOP in decisions and TrialScheduler.CONTINUE in decisions
+    assert len(writes) == 1, "the first decision is written, the next five within its second are held back"
+    assert len(json.loads((tmp_path / "run" / "halving.json").read_text())["decided"]) == 1
+
+    halving.flush_records()
+    assert len(writes) == 2
+    record = halving.read_record(Storage(str(tmp_path)), "run/halving.json")
+    assert record["decided"] == {n: {1: d} for n, d in enumerate(decisions)}, "every decision, once the search ends"
+    halving.flush_records()
+    assert len(writes) == 2, "nothing held back: nothing written"

@@ -30,7 +30,7 @@ from search.outputs.phases import first_trial_started
 from search.searching.budget import budgeted, forget_ending
 from trainable.kept_code import copies
 from search.searching.halving import RECORD_FILE as HALVING_RECORD
-from search.searching.halving import OrderedHalving, bracket_count
+from search.searching.halving import OrderedHalving, bracket_count, flush_records
 from search.searching.pbt import make_pbt, population_space
 from search.searching.searcher import make_searcher
 from search.definition.objectives import HALVING, first, objectives_of, several
@@ -353,5 +353,7 @@ def fit(tuner: tune.Tuner, folder: RunFolder, resume_hint: str):
                 print(f"interrupted; continue with:\n  {resume_hint}", file=sys.stderr)
                 raise
             grid = tune.ResultGrid(folder.record.analysis())
+        finally:
+            flush_records()  # halving.json: the rung decisions held back (search/searching/halving.py)
     flush_all()  # the live parts first: the end of the search writes every part again, from Tune's record
     return grid, not stop.stopping
