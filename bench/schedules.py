@@ -7,9 +7,10 @@ virtual clock, and the multi-fidelity and several-objective suites on real learn
 The simulator (`simulate`) builds the searcher and the scheduler with the service's own functions
 (search/searching/searcher.py make_searcher, search/execution/tuner.py make_scheduler) from a real Space, and
 drives them as Tune's controller does: up to max_concurrent trials hold a slot; each epoch of a trial ends after
-its duration on the clock; its result goes to the scheduler (CONTINUE, PAUSE at a rung, STOP), then to the
+its duration on the clock; its result goes to the scheduler (CONTINUE, PAUSE or NOOP at a rung, STOP), then to the
 searcher unless stopped; a paused trial frees its slot until the scheduler clears it (choose_trial_to_run) or
-stops it (stop_trial); a free slot asks the scheduler for a paused trial first, then the searcher for a new one.
+stops it (stop_trial); a held one keeps its slot until the scheduler starts its next epoch, pauses or stops it;
+a free slot asks the scheduler for a paused trial first, then the searcher for a new one.
 Because hpsearch's searcher and halving are reproducible, a Ray search of the same space runs the same trials
 with the same stops (tests/test_model_based.py holds them side by side), so a table costs seconds, not Ray runs.
 
@@ -76,10 +77,14 @@ class Simulated:
 
 
 class Controller:
-    """What the schedulers ask of Tune's controller: the trials, and stop_trial (tune_controller.stop_trial)."""
+    """What the schedulers ask of Tune's controller: the trials, stop_trial and pause_trial (as the controller's
+    wrapper passes them on), and the next epoch of a trial held at a rung (search/execution/ray_internals.py
+    continue_held_trial: Tune's _schedule_trial_train). `held`: the trials holding a slot with no epoch running."""
 
-    def __init__(self, trials: dict[str, Trial], searcher, scheduler, stopped: set[int]):
+    def __init__(self, trials: dict[str, Trial], searcher, scheduler, stopped: set[int],
+                 train: Callable[[str], None]):
         self.trials, self.searcher, self.scheduler, self.stopped = trials, searcher, scheduler, stopped
+        self.train, self.held = train, set()
 
     def get_trials(self) -> list[Trial]:
         return list(self.trials.values())
@@ -90,8 +95,20 @@ class Controller:
         if trial.status in (Trial.PENDING, Trial.PAUSED):
             self.scheduler.on_trial_remove(self, trial)
             self.searcher.on_trial_complete(trial.trial_id)
+        else:  # a trial held at a rung, stopped there
+            self.scheduler.on_trial_complete(self, trial, trial.last_result)
+            self.searcher.on_trial_complete(trial.trial_id, trial.last_result)
+        self.held.discard(trial.trial_id)
         trial.set_status(Trial.TERMINATED)
         self.stopped.add(int(trial.config["trial_number"]))
+
+    def pause_trial(self, trial: Trial, should_checkpoint: bool = True) -> None:
+        self.held.discard(trial.trial_id)
+        trial.set_status(Trial.PAUSED)
+
+    def _schedule_trial_train(self, trial: Trial) -> None:
+        self.held.discard(trial.trial_id)
+        self.train(trial.trial_id)
 
 
 def simulate(space: Space, metrics: Metrics, duration: Callable[[dict[str, Any]], float] = lambda config: 1.0,
@@ -104,7 +121,6 @@ def simulate(space: Space, metrics: Metrics, duration: Callable[[dict[str, Any]]
     planned_default = space.trial_defaults().epochs
     trials: dict[str, Trial] = {}
     out = Simulated([], {}, {}, set())
-    controller = Controller(trials, searcher, scheduler, out.stopped)
     clock: list[tuple[float, int, str]] = []  # (when its next epoch ends, tie-break, trial id): a heap
     next_epoch: dict[str, int] = {}
     now, created, sequence = 0.0, 0, 0
@@ -115,8 +131,10 @@ def simulate(space: Space, metrics: Metrics, duration: Callable[[dict[str, Any]]
         trials[trial_id].set_status(Trial.RUNNING)
         heapq.heappush(clock, (now + duration(trials[trial_id].config), sequence, trial_id))
 
+    controller = Controller(trials, searcher, scheduler, out.stopped, train=start)
     while True:
-        while len(clock) < experiment.max_concurrent:  # a free slot: a cleared paused trial first, then a new one
+        # a free slot (a held trial keeps its own): a cleared paused trial first, then a new one
+        while len(clock) + len(controller.held) < experiment.max_concurrent:
             resumed = scheduler.choose_trial_to_run(controller) if hasattr(scheduler, "_ready") else None
             if resumed is not None and resumed.status == Trial.PAUSED:
                 start(resumed.trial_id)
@@ -135,7 +153,8 @@ def simulate(space: Space, metrics: Metrics, duration: Callable[[dict[str, Any]]
             start(trial_id)
         if not clock:
             waiting = [t for t in trials.values() if t.status == Trial.PAUSED]
-            assert not waiting and created == experiment.num_samples, "the simulated search is stuck"
+            assert not waiting and not controller.held and created == experiment.num_samples, \
+                "the simulated search is stuck"
             return out
         now, _, trial_id = heapq.heappop(clock)
         trial = trials[trial_id]
@@ -158,6 +177,9 @@ def simulate(space: Space, metrics: Metrics, duration: Callable[[dict[str, Any]]
             searcher.on_trial_complete(trial_id, result)
         elif decision == TrialScheduler.PAUSE:
             trial.set_status(Trial.PAUSED)
+            next_epoch[trial_id] = epoch + 1
+        elif decision == TrialScheduler.NOOP:  # held at a rung: its slot stays its own until the scheduler says
+            controller.held.add(trial_id)
             next_epoch[trial_id] = epoch + 1
         else:
             next_epoch[trial_id] = epoch + 1

@@ -140,3 +140,116 @@ def test_rung_decisions_reach_halving_json_at_most_once_a_second_and_all_when_th
     assert record["decided"] == {n: {1: d} for n, d in enumerate(decisions)}, "every decision, once the search ends"
     halving.flush_records()
     assert len(writes) == 2, "nothing held back: nothing written"
+
+
+class _Controller:
+    """What OrderedHalving asks of Tune's controller wrapper: stop, pause, and (through continue_held_trial) train."""
+
+    def __init__(self, scheduler):
+        self.scheduler, self.log = scheduler, []
+
+    def stop_trial(self, trial):
+        self.log.append(("stop", trial.config["trial_number"]))
+        self.scheduler.on_trial_complete(self, trial, {})
+        trial.status = "TERMINATED"
+
+    def pause_trial(self, trial, should_checkpoint=True):
+        self.log.append(("pause", trial.config["trial_number"]))
+        trial.status = "PAUSED"
+
+    def _schedule_trial_train(self, trial):
+        self.log.append(("train", trial.config["trial_number"]))
+
+
+def test_a_trial_that_waits_for_running_trials_is_held_on_its_actor_not_paused():
+    """A trial at a rung before the lower-numbered trials it is judged against: held (NOOP) while they run, then
+    trained on or stopped the moment they arrive; paused once one of them stops running; always paused
+    without `hold` (experiment.trial_timeout set)."""
+    from types import SimpleNamespace
+
+    from ray.tune.schedulers import TrialScheduler
+
+    from search.execution.ray_internals import continue_held_trial
+    from search.searching.halving import OrderedHalving
+
+    def scheduler_with(hold):
+        scheduler = OrderedHalving(metric="val_acc", mode="max", max_t=8, grace_period=1, reduction_factor=2, hold=hold)
+        trials = [SimpleNamespace(config={"trial_number": n, "epochs": 8}, status="RUNNING") for n in range(4)]
+        for trial in trials:
+            scheduler.on_trial_add(None, trial)
+        return scheduler, trials, _Controller(scheduler)
+
+    scheduler, (t0, t1, t2, t3), tune = scheduler_with(continue_held_trial)
+    assert scheduler.on_trial_result(tune, t1, {"epoch": 1, "val_acc": 0.9}) == TrialScheduler.NOOP, "t0 runs: held"
+    assert scheduler.on_trial_result(tune, t2, {"epoch": 1, "val_acc": 0.1}) == TrialScheduler.NOOP
+    assert tune.log == []
+    assert scheduler.on_trial_result(tune, t0, {"epoch": 1, "val_acc": 0.5}) == TrialScheduler.CONTINUE
+    assert tune.log == [("train", 1), ("stop", 2)], "each held trial goes on or stops as t0 arrives, lowest first"
+    assert scheduler.decided == {0: {1: "CONTINUE"}, 1: {1: "CONTINUE"}, 2: {1: "STOP"}}
+    assert set(scheduler.waits) == {1, 2}, "a hold is a wait the summary counts"
+
+    assert scheduler.on_trial_result(tune, t3, {"epoch": 2, "val_acc": 0.9}) == TrialScheduler.NOOP, "t0, t1 run"
+    t1.status = "PAUSED"  # Tune paused t1 (say, held at rung 4 behind a paused trial): t3 must not keep its slot
+    scheduler._settle(tune)
+    assert tune.log[-1] == ("pause", 3) and scheduler._held == {} and 3 in scheduler._waiting
+
+    scheduler, (t0, t1, _, _), tune = scheduler_with(None)
+    assert scheduler.on_trial_result(tune, t1, {"epoch": 1, "val_acc": 0.9}) == TrialScheduler.PAUSE, "no hold"
+    scheduler, (t0, t1, _, _), tune = scheduler_with(continue_held_trial)
+    t0.status = "PAUSED"  # the trial t1 waits for holds no slot: holding t1's could leave t0 none
+    assert scheduler.on_trial_result(tune, t1, {"epoch": 1, "val_acc": 0.9}) == TrialScheduler.PAUSE
+
+
+# A function that saves no checkpoint, as many users write one: a trial paused at a rung starts over. Trial 1
+# reports its first epoch once trial 0 runs (its actors may start seconds apart), and trial 0's first epoch
+# ends a second after that, so trial 1 reaches the rung first and waits for a running trial 0 (2 slots).
+# Each call of train() is counted in MARKS/starts-<trial number>.
+UNSAVED = '''
+import pathlib
+import time
+
+MARKS = pathlib.Path({marks!r})
+
+
+def wait_for(mark):
+    while not (MARKS / mark).exists():
+        time.sleep(0.01)
+
+
+def train(config, report, checkpoint=None):
+    n = config["trial_number"]
+    with open(MARKS / f"starts-{{n}}", "a") as starts:
+        starts.write("started\\n")
+    (MARKS / f"{{n}}-running").touch()
+    for epoch in range(config["epochs"]):
+        if n == 0 and epoch == 0:
+            wait_for("1-at-rung")  # trial 1 is about to report its first epoch
+            time.sleep(1.0)  # trial 0's first epoch is the slower one
+        if n == 1 and epoch == 0:
+            wait_for("0-running")
+            (MARKS / "1-at-rung").touch()
+        report(val_acc=0.5 + 0.1 * n + 0.01 * epoch)
+'''
+
+
+def test_a_function_without_checkpoints_waits_at_a_rung_without_starting_over(ray_local, tmp_path):
+    """Paused, such a trial started again from epoch 0 (its first epochs trained twice); held, it starts once."""
+    import json
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    (tmp_path / "unsaved.py").write_text(UNSAVED.format(marks=str(marks)))
+    (tmp_path / "space.yaml").write_text("")
+    space = parse_space({"trainable": "unsaved.py:train",
+                         "experiment": {"name": "held", "metric": "val_acc", "mode": "max", "num_samples": 3,
+                                        "max_concurrent": 2, "seed": 3, "scheduler": "asha",
+                                        "storage_path": str(tmp_path / "runs")},
+                         "resources": {"cpus": 1}, "training": {"epochs": 2},
+                         "space": {"lr": {"distribution": "float", "low": 0.01, "high": 0.1}}},
+                        source=str(tmp_path / "space.yaml"))
+    results = run_search(space, name="held").results
+    halving = json.loads((tmp_path / "runs" / "held" / "halving.json").read_text())
+    assert "1" in halving["waits"], "trial 1 waited at the rung for trial 0"
+    assert halving["decided"]["1"] == {"1": "CONTINUE"}, "trial 1 beat trial 0 at the rung"
+    assert {n: (marks / f"starts-{n}").read_text().count("started") for n in range(3)} == {0: 1, 1: 1, 2: 1}
+    assert results.groupby("trial_number")["epoch"].apply(list).to_dict() == {0: [1, 2], 1: [1, 2], 2: [1, 2]}

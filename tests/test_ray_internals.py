@@ -187,3 +187,20 @@ def test_idle_actors_of_a_search_are_all_kept_for_its_next_trials():
     cache.decrease_max("1 gpu")
     cache.cache_object("1 cpu", "d")
     assert list(cache.flush_cached_objects(force_all=True)) == ["d"], "the search's end frees them all"
+
+
+def test_tune_still_leaves_a_trial_held_by_noop_alone_and_trains_it_as_continue_does():
+    """OrderedHalving holds a trial at a rung with NOOP and starts its next step with continue_held_trial."""
+    from ray.tune.execution.tune_controller import TrialRunnerWrapper, TuneController
+
+    action = inspect.getsource(TuneController._execute_action)
+    assert "decision == TrialScheduler.CONTINUE:\n            self._schedule_trial_train(trial)" in action
+    assert "elif decision == TrialScheduler.NOOP:\n            pass" in action, "NOOP no longer leaves the trial alone"
+    assert "self._tune_controller = tune_controller" in inspect.getsource(TrialRunnerWrapper.__init__)
+
+    trained = []
+    controller = type("Controller", (), {"_schedule_trial_train": lambda self, trial: trained.append(trial)})()
+    wrapper = TrialRunnerWrapper(controller, trial_executor=None)
+    ray_internals.continue_held_trial(wrapper, "trial")
+    ray_internals.continue_held_trial(controller, "other")  # the simulator's controller, unwrapped
+    assert trained == ["trial", "other"]

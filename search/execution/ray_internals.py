@@ -43,6 +43,12 @@ fails when Ray changes what it relies on, so an upgrade says where to look inste
   the search goes on one trial at a time (issue 49: ASHA's short trials). The cache made here keeps every
   idle actor while no trial of other resources is staged: never more than the search ran at once, since
   each was a running trial's; Tune still stops them all when the searcher is done.
+- `continue_held_trial`: a reproducible halving scheduler holds a trial at a rung while the trials it waits
+  for run (search/searching/halving.py): it answers NOOP, which Tune's controller executes as nothing, so
+  the trial keeps its actor with no training task. Once they arrive it goes on: Tune's controller then
+  schedules its next `train` task as it does for CONTINUE (`_schedule_trial_train`). The controller reaches
+  a scheduler wrapped (TrialRunnerWrapper, its `_tune_controller`), whose public names pause and stop a
+  trial but never start its training again.
 - `silent_raylet_errors`: Ray's error thread on the driver prints what the raylet publishes ("(raylet) A
   worker died or was killed ...") straight to the terminal with `print_worker_logs`, past any logger and
   whatever log_to_driver says; its one switch is the module flag `_worker_logs_enabled` (Ray's debugger
@@ -171,6 +177,13 @@ def restart_a_trial_whose_reused_actor_died() -> None:
 
     _trial_task_failure.restarts_failed_resets = True  # type: ignore[attr-defined]
     TuneController._trial_task_failure = _trial_task_failure  # type: ignore[method-assign]
+
+
+def continue_held_trial(scheduler_view: Any, trial: Any) -> None:
+    """Start the next training step of `trial`, held by its scheduler's NOOP (see the module docstring).
+    `scheduler_view`: what Tune hands a scheduler (its controller, wrapped), or a controller itself."""
+    controller = getattr(scheduler_view, "_tune_controller", scheduler_view)
+    controller._schedule_trial_train(trial)
 
 
 def keep_idle_actors() -> None:

@@ -23,8 +23,8 @@ from ray.tune.utils.util import SafeFallbackEncoder
 from search.execution.capacity import trial_resources
 from search.execution.disk_guard import DiskGuard
 from search.execution.progress import Progress, flush_all
-from search.execution.ray_internals import (event_writers, keep_idle_actors, quick_stop, record_file,
-                                           restart_a_trial_whose_reused_actor_died)
+from search.execution.ray_internals import (continue_held_trial, event_writers, keep_idle_actors, quick_stop,
+                                           record_file, restart_a_trial_whose_reused_actor_died)
 from search.execution.session import sigterm_as_sigint
 from search.outputs.phases import first_trial_started
 from search.searching.budget import budgeted, forget_ending
@@ -65,7 +65,9 @@ def make_scheduler(space: Space, folder: RunFolder | None = None) -> TrialSchedu
                               grace_period=experiment.grace_period, reduction_factor=experiment.reduction_factor,
                               brackets=brackets, storage=None if folder is None else folder.storage,
                               record=f"{folder.name if folder else ''}/{HALVING_RECORD}",
-                              objectives=objectives_of(experiment))
+                              objectives=objectives_of(experiment),
+                              # a trial waits at a rung on its actor, unless an epoch's watchdog could take the wait
+                              hold=continue_held_trial if experiment.trial_timeout is None else None)
     return ASHAScheduler(time_attr="training_iteration", metric=first(experiment.metric), mode=first(experiment.mode),
                          max_t=max_t, grace_period=experiment.grace_period,
                          reduction_factor=experiment.reduction_factor, brackets=brackets)

@@ -9,10 +9,17 @@ that rung (their value at it), whatever order they arrive in:
   percentile of the lower-numbered trials' values at the rung (np.nanpercentile, as Ray's
   ASHA computes it), and always when none of them reached the rung; a value that is not
   finite (a diverged trial) is below every cutoff;
-- trial n waits at a rung (Tune PAUSEs it: it checkpoints, frees its slot, and later resumes
-  from that checkpoint bit for bit) only while a lower-numbered trial it is compared with has
-  not yet either reached the rung or ended short of it. Those waits are counted (`waits`:
-  trial number -> seconds) and said in the summary, as OrderedSearch's are;
+- trial n waits at a rung only while a lower-numbered trial it is compared with has not yet either
+  reached the rung or ended short of it. While every such trial is running (each has a slot and gets
+  there on its own), n is held where it is (`hold`: Tune's NOOP, its actor idle in its report) and
+  goes on or stops when they arrive: no checkpoint, no restart. Otherwise Tune PAUSEs it (it
+  checkpoints, frees its slot, and later resumes from that checkpoint bit for bit), and so does a
+  held trial once a trial it waits for stops running. Holding matters for a function that saves no
+  checkpoint, which a pause restarts from epoch 0: two trials started together on new actors reach
+  the first rung in either order, and the later-numbered one then trained its first epochs twice
+  (bench/short_trials.py, issue 49). Not with experiment.trial_timeout, whose watchdog would take a
+  long hold for a hung epoch. Those waits are counted (`waits`: trial number -> seconds) and said in
+  the summary, as OrderedSearch's are;
 - a lower-numbered trial that ends in ERROR (after its restarts) before the rung counts as
   ending short of it, with no value; so the search reproduces when its errors do;
 - Hyperband (`brackets` > 1): trial n is in bracket n mod brackets; bracket s first judges
@@ -25,8 +32,9 @@ that rung (their value at it), whatever order they arrive in:
 - bohb is this scheduler with brackets=1; what makes it BOHB is the searcher's model, fit at a rung
   (search/searching/ordered.py MULTIFIDELITY "rung").
 
-No deadlock: the lowest-numbered trial that has not passed a rung never waits, and a waiting
-trial holds no slot (it is PAUSED); Tune resumes a paused trial only when choose_trial_to_run
+No deadlock: the lowest-numbered trial that has not passed a rung never waits, a paused trial holds
+no slot, and a held one waits only for lower-numbered trials that hold theirs and are not paused (a
+chain of holds ends at a trial that runs); Tune resumes a paused trial only when choose_trial_to_run
 picks it, and it picks those cleared to go on, lowest number first.
 
 What TPE learns from a trial stopped here is OrderedSearch's part (search/searching/ordered.py
@@ -50,6 +58,7 @@ import json
 import math
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any, cast
 
 import numpy as np
@@ -101,8 +110,11 @@ class OrderedHalving(FIFOScheduler):
 
     def __init__(self, *, metric: str, mode: str, max_t: int, grace_period: int, reduction_factor: int,
                  brackets: int = 1, storage: Storage | None = None, record: str = RECORD_FILE,
-                 objectives: Objectives | None = None):
+                 objectives: Objectives | None = None, hold: Callable[[Any, Trial], None] | None = None):
         super().__init__()
+        # how a trial held at a rung goes on (search/execution/ray_internals.py continue_held_trial: Tune has no
+        # public way); None: a waiting trial is always paused (module docstring)
+        self.hold = hold
         self._metric, self.mode, self.reduction_factor = first(metric), first(mode), reduction_factor
         # several objectives: a rung is ranked by non-dominated sorting (MO-ASHA), constraints counted
         self.objectives = objectives if objectives is not None and objectives.several else None
@@ -118,9 +130,13 @@ class OrderedHalving(FIFOScheduler):
         self._ended: set[int] = set()  # completed, stopped or removed: reaches no further rung
         self._waiting: dict[int, tuple[int, float]] = {}  # n -> (rung epoch, monotonic time it paused)
         self._ready: set[int] = set()  # paused, cleared to go on, not yet resumed
+        self._held: dict[int, tuple[int, float]] = {}  # n -> (rung epoch, monotonic time): waiting on its actor
         self._loaded = False
         self._settling = False
         self._written_at = 0.0  # when halving.json was last written (wall clock: a resumed pickle compares)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:  # a scheduler pickled by an earlier release
+        self.__dict__.update({"hold": None, "_held": {}, "_written_at": 0.0, **state})
 
     # ---- what Tune calls ---------------------------------------------------------------
 
@@ -144,6 +160,9 @@ class OrderedHalving(FIFOScheduler):
             decision = self._decide(n, rung)
             self._save(now=False)
         self._settle(tune_controller)  # its value may clear trials waiting at this rung
+        if decision is None and self.hold is not None and self._holdable(n, rung):
+            self._held[n] = (rung, time.monotonic())
+            return TrialScheduler.NOOP
         if decision is None:
             self._waiting[n] = (rung, time.monotonic())
             return TrialScheduler.PAUSE
@@ -161,6 +180,7 @@ class OrderedHalving(FIFOScheduler):
         # called before a restart too (then on_trial_add follows); a final ERROR is read from
         # the trial's status when the waiting trials are next settled
         self._waiting.pop(self.number(trial), None)
+        self._held.pop(self.number(trial), None)
 
     def choose_trial_to_run(self, tune_controller) -> Trial | None:
         self._settle(tune_controller)
@@ -185,7 +205,8 @@ class OrderedHalving(FIFOScheduler):
         return n in self.stopped and int((trial.last_result or {}).get("epoch") or 0) >= self.stopped[n]
 
     def debug_string(self) -> str:
-        return f"Reproducible successive halving, rungs {self.rungs}; {len(self._waiting)} trial(s) waiting"
+        return (f"Reproducible successive halving, rungs {self.rungs}; "
+                f"{len(self._waiting) + len(self._held)} trial(s) waiting")
 
     # ---- the rule ----------------------------------------------------------------------
 
@@ -218,6 +239,12 @@ class OrderedHalving(FIFOScheduler):
     def _comparable(self, n: int, rung: int) -> bool:
         """Whether every lower-numbered trial of n's bracket has reached `rung` or ended short of it."""
         return all(rung in self.values.get(k, {}) or self._has_ended(k) for k in self._peers(n))
+
+    def _holdable(self, n: int, rung: int) -> bool:
+        """Whether every trial n waits for at `rung` is running and not paused (so it gets there holding its slot)."""
+        awaited = [k for k in self._peers(n) if rung not in self.values.get(k, {}) and not self._has_ended(k)]
+        return all(k in self._trials and self._trials[k].status == Trial.RUNNING and k not in self._waiting
+                   for k in awaited)
 
     def _has_ended(self, k: int) -> bool:
         trial = self._trials.get(k)
@@ -254,17 +281,33 @@ class OrderedHalving(FIFOScheduler):
         self._settling = True
         changed = False
         try:
-            for n in sorted(self._waiting):  # lower numbers first: stopping one can clear a higher one
-                rung, since = self._waiting[n]
+            for n in sorted({*self._waiting, *self._held}):  # lower numbers first: stopping one can clear a higher one
                 trial = self._trials[n]
-                if trial.status != Trial.PAUSED or not self._comparable(n, rung):
-                    continue  # still saving its checkpoint, or still waiting
-                del self._waiting[n]
+                if n in self._held:
+                    rung, since = self._held[n]
+                    if trial.status != Trial.RUNNING:  # Tune stopped it meanwhile (the search's stop)
+                        del self._held[n]
+                        continue
+                    if not self._comparable(n, rung):
+                        if not self._holdable(n, rung):  # a trial it waits for stopped running: free the slot
+                            del self._held[n]
+                            self._waiting[n] = (rung, since)
+                            tune_controller.pause_trial(trial)
+                        continue
+                    del self._held[n]
+                else:
+                    rung, since = self._waiting[n]
+                    if trial.status != Trial.PAUSED or not self._comparable(n, rung):
+                        continue  # still saving its checkpoint, or still waiting
+                    del self._waiting[n]
+                held = trial.status == Trial.RUNNING
                 self.waits[n] = self.waits.get(n, 0.0) + time.monotonic() - since
                 changed = True
                 if self._decide(n, rung) == TrialScheduler.STOP:
                     self._ended.add(n)
                     tune_controller.stop_trial(trial)
+                elif held and self.hold is not None:
+                    self.hold(tune_controller, trial)
                 else:
                     self._ready.add(n)
         finally:
@@ -276,6 +319,7 @@ class OrderedHalving(FIFOScheduler):
         n = self.number(trial)
         self._ended.add(n)
         self._waiting.pop(n, None)
+        self._held.pop(n, None)
         self._ready.discard(n)
 
     # ---- the record in the run folder ---------------------------------------------------
@@ -288,7 +332,7 @@ class OrderedHalving(FIFOScheduler):
         if self.storage is None:
             return
         at = time.time()
-        if not now and 0 <= at - getattr(self, "_written_at", 0.0) < RECORD_EVERY_S:
+        if not now and 0 <= at - self._written_at < RECORD_EVERY_S:
             _unwritten.add(self)
             return
         _unwritten.discard(self)
@@ -328,4 +372,4 @@ def summary_note(storage: Storage, record: str, scheduler: str) -> str:
     held = sum(halving["waits"].values())
     return (f"\n      {scheduler}: reproducible: trial n is judged at a rung against the trials "
             f"numbered below it; {len(halving['stopped'])} trial(s) stopped early; "
-            f"{len(halving['waits'])} paused at a rung for lower-numbered ones, {held:.1f} s in all")
+            f"{len(halving['waits'])} waited at a rung for lower-numbered ones, {held:.1f} s in all")
