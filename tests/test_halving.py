@@ -164,7 +164,7 @@ class _Controller:
 def test_a_trial_that_waits_for_running_trials_is_held_on_its_actor_not_paused():
     """A trial at a rung before the lower-numbered trials it is judged against: held (NOOP) while they run, then
     trained on or stopped the moment they arrive; paused once one of them stops running; always paused
-    without `hold` (experiment.trial_timeout set)."""
+    without `hold` (experiment.trial_timeout set) and with several workers."""
     from types import SimpleNamespace
 
     from ray.tune.schedulers import TrialScheduler
@@ -195,6 +195,9 @@ def test_a_trial_that_waits_for_running_trials_is_held_on_its_actor_not_paused()
 
     scheduler, (t0, t1, _, _), tune = scheduler_with(None)
     assert scheduler.on_trial_result(tune, t1, {"epoch": 1, "val_acc": 0.9}) == TrialScheduler.PAUSE, "no hold"
+    scheduler, (t0, t1, _, _), tune = scheduler_with(continue_held_trial)
+    t1.config["workers"] = 2  # its other ranks wait at a collective with a timeout: never held
+    assert scheduler.on_trial_result(tune, t1, {"epoch": 1, "val_acc": 0.9}) == TrialScheduler.PAUSE
     scheduler, (t0, t1, _, _), tune = scheduler_with(continue_held_trial)
     t0.status = "PAUSED"  # the trial t1 waits for holds no slot: holding t1's could leave t0 none
     assert scheduler.on_trial_result(tune, t1, {"epoch": 1, "val_acc": 0.9}) == TrialScheduler.PAUSE
