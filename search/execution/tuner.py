@@ -138,8 +138,9 @@ class OneEventPerReport:
     Tune's logger adds a report's scalars one by one (all at the report's step) and flushes after each
     report; everything else (histograms, the hparams at the trial's end, close) goes to the writer.
     tensorboardX's flush syncs the event file to disk (os.fsync), ~3 ms of the controller's turn per
-    report here: a trial's writer is flushed at most every FLUSH_EVERY_S and when the trial ends, so
-    TensorBoard sees a curve a second late at most (tensorboardX's own thread writes every 30 s)."""
+    report here: a trial's writer is flushed at most every FLUSH_EVERY_S and when the trial ends. TensorBoard
+    then sees a report within a second while reports come; the last before a pause in them waits for the
+    next, for tensorboardX's own flush (every 30 s, as Tune makes the writer) or for the trial's end."""
 
     FLUSH_EVERY_S = 1.0
 
