@@ -204,18 +204,21 @@ def test_a_trial_that_waits_for_running_trials_is_held_on_its_actor_not_paused()
 
 
 # A function that saves no checkpoint, as many users write one: a trial paused at a rung starts over. Trial 1
-# reports its first epoch once trial 0 runs (its actors may start seconds apart), and trial 0's first epoch
-# ends a second after that, so trial 1 reaches the rung first and waits for a running trial 0 (2 slots).
-# Each call of train() is counted in MARKS/starts-<trial number>.
+# reports its first epoch once trial 0 runs (their actors may start seconds apart); trial 0 reports its own only
+# once the driver has taken trial 1's (its value 0.6 is in the live journal, written after the scheduler's
+# decision), so trial 1 reaches the rung first and waits for a running trial 0 (2 slots). Each call of train()
+# is counted in MARKS/starts-<trial number>.
 UNSAVED = '''
 import pathlib
+import re
 import time
 
 MARKS = pathlib.Path({marks!r})
+JOURNAL = pathlib.Path({journal!r})
 
 
-def wait_for(mark):
-    while not (MARKS / mark).exists():
+def wait_until(seen):
+    while not seen():
         time.sleep(0.01)
 
 
@@ -225,12 +228,10 @@ def train(config, report, checkpoint=None):
         starts.write("started\\n")
     (MARKS / f"{{n}}-running").touch()
     for epoch in range(config["epochs"]):
-        if n == 0 and epoch == 0:
-            wait_for("1-at-rung")  # trial 1 is about to report its first epoch
-            time.sleep(1.0)  # trial 0's first epoch is the slower one
+        if n == 0 and epoch == 0:  # trial 1's first report, taken by the driver
+            wait_until(lambda: JOURNAL.exists() and re.search(r"[:,{{]0\\.6[,}}]", JOURNAL.read_text()))
         if n == 1 and epoch == 0:
-            wait_for("0-running")
-            (MARKS / "1-at-rung").touch()
+            wait_until((MARKS / "0-running").exists)
         report(val_acc=0.5 + 0.1 * n + 0.01 * epoch)
 '''
 
@@ -241,7 +242,8 @@ def test_a_function_without_checkpoints_waits_at_a_rung_without_starting_over(ra
 
     marks = tmp_path / "marks"
     marks.mkdir()
-    (tmp_path / "unsaved.py").write_text(UNSAVED.format(marks=str(marks)))
+    journal = tmp_path / "runs" / "held" / "optuna.journal"
+    (tmp_path / "unsaved.py").write_text(UNSAVED.format(marks=str(marks), journal=str(journal)))
     (tmp_path / "space.yaml").write_text("")
     space = parse_space({"trainable": "unsaved.py:train",
                          "experiment": {"name": "held", "metric": "val_acc", "mode": "max", "num_samples": 3,
