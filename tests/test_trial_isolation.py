@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import REPO
 from trainable import adapter
 
 KEY = "test-data"
@@ -118,3 +120,15 @@ def test_tunes_own_stop_passes_through_as_tune_expects(fetched, monkeypatch):
     with pytest.raises(SystemExit) as stopped:
         adapter.run_trial({}, data=fetched, trial_function=reporting)
     assert stopped.value.code == 0 and not isinstance(stopped.value, adapter.TrialExit)
+
+
+def test_a_trial_that_changed_nothing_costs_its_process_no_import():
+    """`torch.use_deterministic_algorithms` imports torch._inductor's config (about 1.4 CPU-s, the biggest part
+    of a function trial's process start); restoring a flag the trial did not change must not call it."""
+    probe = ("import sys, torch\n"
+             "from trainable.isolation import GlobalState\n"
+             "GlobalState.capture().restore()\n"
+             "print(sorted(m for m in sys.modules if m.startswith('torch._inductor')))\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

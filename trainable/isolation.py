@@ -76,7 +76,10 @@ class GlobalState:
             torch.cuda.set_rng_state_all(self.cuda_rng)
         np.random.set_state(self.numpy_rng)
         random.setstate(self.python_rng)
-        torch.use_deterministic_algorithms(self.deterministic, warn_only=self.warn_only)
+        if (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()) != (
+                self.deterministic, self.warn_only):
+            # only when changed: the call imports torch._inductor's config (about 1.4 CPU-s per process)
+            torch.use_deterministic_algorithms(self.deterministic, warn_only=self.warn_only)
         torch.utils.deterministic.fill_uninitialized_memory = self.fill_uninitialized_memory  # type: ignore[attr-defined]  # see capture
         torch.backends.cudnn.deterministic = self.cudnn_deterministic
         torch.backends.cudnn.benchmark = self.cudnn_benchmark
