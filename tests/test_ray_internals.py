@@ -7,10 +7,13 @@ import importlib
 import inspect
 import os
 import logging
+import subprocess
+import sys
 
 import pytest
 
 from search.execution import ray_internals
+from tests.conftest import REPO
 
 
 def test_tune_still_logs_the_stop_and_the_save_that_the_quick_stop_reads():
@@ -204,3 +207,41 @@ def test_tune_still_leaves_a_trial_held_by_noop_alone_and_trains_it_as_continue_
     ray_internals.continue_held_trial(wrapper, "trial")
     ray_internals.continue_held_trial(controller, "other")  # the simulator's controller, unwrapped
     assert trained == ["trial", "other"]
+
+
+def test_tunes_usage_census_of_the_callbacks_counts_as_ray_does_without_importing_mlflow():
+    """Tune's run calls the census through its module; ours gives Ray's counts, and a search's callbacks cost
+    it no import of mlflow (0.8 CPU-s) where mlflow is installed, as in the test extra."""
+    import ray.tune.tune
+    from ray.air._internal import usage
+    from ray.air.integrations.mlflow import MLflowLoggerCallback
+    from ray.tune import Callback
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback, LoggerCallback
+
+    assert "air_usage.tag_callbacks(callbacks)" in inspect.getsource(ray.tune.tune.run)
+
+    class Own(Callback):
+        pass
+
+    class OwnLogger(LoggerCallback):
+        pass
+
+    class KeepingJson(JsonLoggerCallback):
+        pass
+
+    callbacks = [CSVLoggerCallback(), Own(), Own(), OwnLogger(), KeepingJson(), MLflowLoggerCallback(), "not one"]
+    before = usage.tag_callbacks
+    try:
+        ray_internals.light_callback_census()
+        assert usage.tag_callbacks.counts(callbacks) == dict(usage._count_callbacks(callbacks))
+    finally:
+        usage.tag_callbacks = before
+    probe = ("import sys\n"
+             "from search.execution.ray_internals import light_callback_census\n"
+             "from ray.air._internal import usage\n"
+             "from ray.tune.logger import CSVLoggerCallback\n"
+             "light_callback_census()\n"
+             "usage.tag_callbacks([CSVLoggerCallback()])\n"
+             "print('mlflow' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout.strip()) == (0, "False"), done.stderr

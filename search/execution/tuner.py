@@ -24,8 +24,8 @@ from ray.tune.utils.util import SafeFallbackEncoder
 from search.execution.capacity import trial_resources
 from search.execution.disk_guard import DiskGuard
 from search.execution.progress import Progress, flush_all
-from search.execution.ray_internals import (continue_held_trial, event_writers, keep_idle_actors, quick_stop,
-                                           record_file, restart_a_trial_whose_reused_actor_died)
+from search.execution.ray_internals import (continue_held_trial, event_writers, keep_idle_actors, light_callback_census,
+                                           quick_stop, record_file, restart_a_trial_whose_reused_actor_died)
 from search.execution.session import sigterm_as_sigint
 from search.outputs.phases import first_trial_started
 from search.searching.budget import budgeted, forget_ending
@@ -360,6 +360,7 @@ def fit(tuner: tune.Tuner, folder: RunFolder, resume_hint: str):
     forget_ending(folder)  # an earlier search of this run in this process ended early: this one has not
     restart_a_trial_whose_reused_actor_died()  # a lost node's kept actors: their next trials restart
     keep_idle_actors()  # two slots free at once: both actors kept for the next trials, not one
+    light_callback_census()  # Ray's usage census of our callbacks, without importing mlflow
     with sigterm_as_sigint(), quick_stop() as stop:
         try:
             grid = tuner.fit()
