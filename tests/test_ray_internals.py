@@ -211,7 +211,7 @@ def test_tune_still_leaves_a_trial_held_by_noop_alone_and_trains_it_as_continue_
 
 def test_tunes_usage_census_of_the_callbacks_counts_as_ray_does_without_importing_mlflow():
     """Tune's run calls the census through its module; ours gives Ray's counts, and a search's callbacks cost
-    it no import of mlflow (0.8 CPU-s) where mlflow is installed, as in the test extra."""
+    it no import of mlflow where mlflow is installed, as in the test extra."""
     import ray.tune.tune
     from ray.air._internal import usage
     from ray.air.integrations.mlflow import MLflowLoggerCallback

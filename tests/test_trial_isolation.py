@@ -123,8 +123,8 @@ def test_tunes_own_stop_passes_through_as_tune_expects(fetched, monkeypatch):
 
 
 def test_a_trial_that_changed_nothing_costs_its_process_no_import():
-    """`torch.use_deterministic_algorithms` imports torch._inductor's config (about 1.4 CPU-s, the biggest part
-    of a function trial's process start); restoring a flag the trial did not change must not call it."""
+    """`torch.use_deterministic_algorithms` imports torch._inductor's config (the biggest import of a function
+    trial's process otherwise); restoring a flag the trial did not change must not call it."""
     probe = ("import sys, torch\n"
              "from trainable.isolation import GlobalState\n"
              "GlobalState.capture().restore()\n"

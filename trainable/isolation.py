@@ -78,7 +78,8 @@ class GlobalState:
         random.setstate(self.python_rng)
         if (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()) != (
                 self.deterministic, self.warn_only):
-            # only when changed: the call imports torch._inductor's config (about 1.4 CPU-s per process)
+            # only when changed: the call imports torch._inductor's config, the biggest import of a function
+            # trial's process otherwise (docs/performance.md)
             torch.use_deterministic_algorithms(self.deterministic, warn_only=self.warn_only)
         torch.utils.deterministic.fill_uninitialized_memory = self.fill_uninitialized_memory  # type: ignore[attr-defined]  # see capture
         torch.backends.cudnn.deterministic = self.cudnn_deterministic

@@ -56,7 +56,7 @@ fails when Ray changes what it relies on, so an upgrade says where to look inste
 - `light_callback_census`: Tune's `run` counts the callbacks a search passes for Ray's usage statistics
   (`ray.air._internal.usage.tag_callbacks`, whether usage statistics are on or off), and to know the built-in
   ones by class it imports every logger integration Ray has: with mlflow installed (the test extra, or a
-  user's environment) that is mlflow, 0.8 CPU-s of every search's start for a tag. The census made here
+  user's environment) that is mlflow, imported at every search's start for a tag. The census made here
   records the same tag from the class names alone; Tune calls it through the module, so replacing the
   function is enough. No knob skips the imports.
 - The logger names the quiet mode filters (search/execution/session.py's `quiet`) are Ray's
