@@ -164,7 +164,7 @@ class _Controller:
 def test_a_trial_that_waits_for_running_trials_is_held_on_its_actor_not_paused():
     """A trial at a rung before the lower-numbered trials it is judged against: held (NOOP) while they run, then
     trained on or stopped the moment they arrive; paused once one of them stops running; always paused
-    without `hold` (experiment.trial_timeout set) and with several workers."""
+    without `hold` (the next test: what the search gives it)."""
     from types import SimpleNamespace
 
     from ray.tune.schedulers import TrialScheduler
@@ -196,12 +196,33 @@ def test_a_trial_that_waits_for_running_trials_is_held_on_its_actor_not_paused()
     scheduler, (t0, t1, _, _), tune = scheduler_with(None)
     assert scheduler.on_trial_result(tune, t1, {"epoch": 1, "val_acc": 0.9}) == TrialScheduler.PAUSE, "no hold"
     scheduler, (t0, t1, _, _), tune = scheduler_with(continue_held_trial)
-    t1.config["workers"] = 2  # its other ranks wait at a collective with a timeout: never held
-    assert scheduler.on_trial_result(tune, t1, {"epoch": 1, "val_acc": 0.9}) == TrialScheduler.PAUSE
-    scheduler, (t0, t1, _, _), tune = scheduler_with(continue_held_trial)
     t0.status = "PAUSED"  # the trial t1 waits for holds no slot: holding t1's could leave t0 none
     assert scheduler.on_trial_result(tune, t1, {"epoch": 1, "val_acc": 0.9}) == TrialScheduler.PAUSE
 
+
+
+@pytest.mark.parametrize("sections, held", [
+    ({}, True),
+    ({"experiment": {"trial_timeout": 3600}}, False),  # the epoch's watchdog would take a long hold for a hang
+    ({"resources": {"workers": 2}}, False),  # its other ranks wait at a collective with a timeout
+], ids=["plain", "trial_timeout", "workers"])
+def test_a_search_holds_a_waiting_trial_unless_something_else_times_the_wait(tmp_path, data_root, sections, held):
+    """The scheduler the search makes (make_scheduler): a trial that reaches the rung before a running lower one
+    is held, except with experiment.trial_timeout or with several workers, where it is paused."""
+    from types import SimpleNamespace
+
+    from ray.tune.schedulers import TrialScheduler
+
+    from search.execution.tuner import make_scheduler
+
+    space = small_space(tmp_path, data_root, **{**sections, "experiment": {"scheduler": "asha",
+                                                                            **sections.get("experiment", {})}})
+    scheduler = make_scheduler(space)
+    t0, t1 = (SimpleNamespace(config={"trial_number": n, "epochs": 2}, status="RUNNING") for n in range(2))
+    for trial in (t0, t1):
+        scheduler.on_trial_add(None, trial)
+    decision = scheduler.on_trial_result(_Controller(scheduler), t1, {"epoch": 1, "val_acc": 0.9})
+    assert decision == (TrialScheduler.NOOP if held else TrialScheduler.PAUSE)
 
 # A function that saves no checkpoint, as many users write one: a trial paused at a rung starts over. Trial 1
 # reports its first epoch once trial 0 runs (their actors may start seconds apart); trial 0 reports its own only

@@ -61,14 +61,16 @@ def make_scheduler(space: Space, folder: RunFolder | None = None) -> TrialSchedu
     # bohb: asynchronous BOHB, ASHA's one bracket with a model fit on the rungs (search/searching/searcher.py)
     brackets = 1 if experiment.scheduler in ("asha", "bohb") else \
         bracket_count(experiment.grace_period, max_t, experiment.reduction_factor)
+    # a trial waits at a rung on its actor, unless something else times that wait: an epoch's watchdog
+    # (trial_timeout), or a trial of several workers, whose other ranks wait at a collective with a timeout
+    holds = experiment.trial_timeout is None and space.resources.workers == 1
     if experiment.reproducible:
         return OrderedHalving(metric=first(experiment.metric), mode=first(experiment.mode), max_t=max_t,
                               grace_period=experiment.grace_period, reduction_factor=experiment.reduction_factor,
                               brackets=brackets, storage=None if folder is None else folder.storage,
                               record=f"{folder.name if folder else ''}/{HALVING_RECORD}",
                               objectives=objectives_of(experiment),
-                              # a trial waits at a rung on its actor, unless an epoch's watchdog could take the wait
-                              hold=continue_held_trial if experiment.trial_timeout is None else None)
+                              hold=continue_held_trial if holds else None)
     return ASHAScheduler(time_attr="training_iteration", metric=first(experiment.metric), mode=first(experiment.mode),
                          max_t=max_t, grace_period=experiment.grace_period,
                          reduction_factor=experiment.reduction_factor, brackets=brackets)

@@ -17,10 +17,10 @@ that rung (their value at it), whatever order they arrive in:
   held trial once a trial it waits for stops running. Holding matters for a function that saves no
   checkpoint, which a pause restarts from epoch 0: two trials started together on new actors reach
   the first rung in either order, and the later-numbered one then trained its first epochs twice
-  (bench/short_trials.py, issue 49). Not with experiment.trial_timeout, whose watchdog would take a
-  long hold for a hung epoch, nor for a trial of several workers, whose other ranks would wait at a
-  collective with a timeout of their own. Those waits are counted (`waits`: trial number -> seconds) and said in
-  the summary, as OrderedSearch's are;
+  (bench/short_trials.py, issue 49). The search gives no `hold` (search/execution/tuner.py) with
+  experiment.trial_timeout, whose watchdog would take a long hold for a hung epoch, nor to trials of
+  several workers, whose other ranks would wait at a collective with a timeout of their own. Those
+  waits are counted (`waits`: trial number -> seconds) and said in the summary, as OrderedSearch's are;
 - a lower-numbered trial that ends in ERROR (after its restarts) before the rung counts as
   ending short of it, with no value; so the search reproduces when its errors do;
 - Hyperband (`brackets` > 1): trial n is in bracket n mod brackets; bracket s first judges
@@ -161,7 +161,7 @@ class OrderedHalving(FIFOScheduler):
             decision = self._decide(n, rung)
             self._save(now=False)
         self._settle(tune_controller)  # its value may clear trials waiting at this rung
-        if decision is None and self.hold is not None and self._holdable(n, rung) and self._one_worker(trial):
+        if decision is None and self.hold is not None and self._holdable(n, rung):
             self._held[n] = (rung, time.monotonic())
             return TrialScheduler.NOOP
         if decision is None:
@@ -246,12 +246,6 @@ class OrderedHalving(FIFOScheduler):
         awaited = [k for k in self._peers(n) if rung not in self.values.get(k, {}) and not self._has_ended(k)]
         return all(k in self._trials and self._trials[k].status == Trial.RUNNING and k not in self._waiting
                    for k in awaited)
-
-    @staticmethod
-    def _one_worker(trial: Trial) -> bool:
-        """A trial of several workers is never held: its other ranks would wait at their next collective, whose
-        timeout (trainable/distributed.py, 30 minutes unless trial_timeout) a long hold could pass."""
-        return int(trial.config.get("workers") or 1) == 1
 
     def _has_ended(self, k: int) -> bool:
         trial = self._trials.get(k)
