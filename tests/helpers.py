@@ -17,7 +17,10 @@ from search.definition.space import Space, parse_space
 SMALL: dict[str, Any] = {
     # one trial at a time: a second slot costs each search a second trial process (about 6 CPU-seconds of
     # imports: torch, Ray Tune, torchmetrics); tests about trials running at once say max_concurrent: 2
-    "experiment": {"name": "test", "num_samples": 4, "max_concurrent": 1, "seed": 7, "max_failures": 1},
+    # and no report: its figures cost a search about 2 CPU-seconds of matplotlib; the tests of the report (and
+    # those that read it) say report: true
+    "experiment": {"name": "test", "num_samples": 4, "max_concurrent": 1, "seed": 7, "max_failures": 1,
+                   "report": False},
     "resources": {"cpus": 1},
     "data": {"train_size": 2000, "val_size": 500},
     "training": {"epochs": 2},

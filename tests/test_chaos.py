@@ -108,7 +108,7 @@ def space_file(folder: Path, scheduler: str, storage_path: str | None = None) ->
     raw = {"trainable": "toy.py:train",
            "experiment": {"name": "chaos", "metric": "val_acc", "mode": "max", "num_samples": 8,
                           "max_concurrent": 4, "seed": SEED, "max_failures": 20, "scheduler": scheduler,
-                          "reproducible": True, "storage_path": storage_path or str(folder / "runs")},
+                          "reproducible": True, "storage_path": storage_path or str(folder / "runs"), "report": False},
            "resources": {"cpus": 0.5},
            "training": {"epochs": 4, "pace": 0.3, "chaos": str(folder / "chaos")},
            "space": copy.deepcopy(SMALL["space"])}

@@ -143,7 +143,8 @@ def test_a_conditional_search_records_nulls_where_keys_were_not_drawn_and_replay
 
     def space(max_concurrent: int):
         raw = copy.deepcopy(SMALL)
-        raw["experiment"].update(num_samples=6, max_concurrent=max_concurrent, seed=3, storage_path=str(tmp_path))
+        raw["experiment"].update(num_samples=6, max_concurrent=max_concurrent, seed=3, storage_path=str(tmp_path),
+                                 report=True)
         raw.update(resources={"cpus": 0.5}, training={"epochs": 1}, model={}, space=searched,
                    data={"train_size": 500, "val_size": 200, "root": str(data_root)})
         return parse_space(raw)

@@ -126,7 +126,7 @@ def test_outputs_never_follow_a_link_out_of_the_run_folder(finished, tmp_path, c
     run = Path(first.path)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    shutil.rmtree(run / "report")
+    shutil.rmtree(run / "report", ignore_errors=True)  # SMALL draws no report: a user may still link one
     (run / "report").symlink_to(elsewhere)
     try:
         capsys.readouterr()

@@ -124,11 +124,15 @@ def test_a_search_on_file_uri_storage_copies_its_journal_into_the_run_folder(on_
 
 
 @pytest.mark.slow
-def test_the_report_command_reads_a_file_uri_run_folder(on_uri_storage):
+def test_a_search_with_report_false_draws_none_and_the_report_command_it_names_draws_it_on_uri_storage(
+        on_uri_storage):
     root, _, _, resumed = on_uri_storage
     run = root / "remote"
-    (run / "report.html").unlink()
-    done = subprocess.run([sys.executable, "-m", "search", "report", resumed.path], capture_output=True,
+    assert not (run / "report.html").exists() and not (run / "report").exists(), "experiment.report: false"
+    said = next(line for line in resumed.summary.splitlines() if line.startswith("Report: "))
+    assert said == f"Report: none (experiment.report is false); draw it with: python -m search report {resumed.path}"
+    command = said.split("draw it with: ")[1].split()
+    done = subprocess.run([sys.executable, *command[1:]], capture_output=True,
                           text=True, timeout=120, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == f"{resumed.path}/report.html"

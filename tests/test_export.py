@@ -45,7 +45,7 @@ def function_run(ray_local, tmp_path_factory):
     (folder / "space.yaml").write_text("")  # a reference is relative to the space file's folder
     raw = {"trainable": "toy.py:train",
            "experiment": {"name": "toy", "metric": "val_acc", "mode": "max", "num_samples": 2, "seed": 3,
-                          "storage_path": str(folder / "runs")},
+                          "storage_path": str(folder / "runs"), "report": False},
            "resources": {"cpus": 0.5}, "training": {"epochs": 3},
            "space": {"lr": {"distribution": "float", "low": 0.1, "high": 0.9}}}
     return run_search(parse_space(raw, source=str(folder / "space.yaml")), name="toy")

@@ -44,7 +44,7 @@ def toy_space(folder: Path, scheduler: str, cpus: float, num_samples: int = 12):
     raw = {"trainable": "toy.py:train",
            "experiment": {"name": "test", "metric": "val_acc", "mode": "max", "num_samples": num_samples,
                           "max_concurrent": 4, "seed": 7, "max_failures": 1, "scheduler": scheduler,
-                          "storage_path": str(folder)},
+                          "storage_path": str(folder), "report": False},
            "resources": {"cpus": cpus},
            "training": {"epochs": 4},
            "space": copy.deepcopy(SMALL["space"])}
@@ -269,7 +269,7 @@ def test_a_function_without_checkpoints_waits_at_a_rung_without_starting_over(ra
     space = parse_space({"trainable": "unsaved.py:train",
                          "experiment": {"name": "held", "metric": "val_acc", "mode": "max", "num_samples": 3,
                                         "max_concurrent": 2, "seed": 3, "scheduler": "asha",
-                                        "storage_path": str(tmp_path / "runs")},
+                                        "storage_path": str(tmp_path / "runs"), "report": False},
                          "resources": {"cpus": 1}, "training": {"epochs": 2},
                          "space": {"lr": {"distribution": "float", "low": 0.01, "high": 0.1}}},
                         source=str(tmp_path / "space.yaml"))

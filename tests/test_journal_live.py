@@ -355,7 +355,8 @@ def test_trials_a_scheduler_stopped_are_pruned_and_the_studys_best_is_best_yamls
         # #2 (0.04) at epoch 1
         "experiment": {"name": "pruned", "metric": "val_acc", "mode": "max", "num_samples": 3, "max_concurrent": 2,
                        "seed": 3, "scheduler": "asha", "grace_period": 1, "reduction_factor": 2,
-                       "enqueue": [{"lr": 0.05}, {"lr": 0.3}, {"lr": 0.02}], "storage_path": str(tmp_path / "runs")},
+                       "enqueue": [{"lr": 0.05}, {"lr": 0.3}, {"lr": 0.02}], "storage_path": str(tmp_path / "runs"),
+                       "report": False},
         "training": {"epochs": 4},
         "space": {"lr": {"distribution": "float", "low": 0.01, "high": 0.4}}}))
     space = load_space(str(tmp_path / "space.yaml"), [])

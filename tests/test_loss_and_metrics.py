@@ -156,7 +156,7 @@ def test_a_users_loss_is_resolved_like_other_references_and_must_give_a_scalar(t
     losses.write_text("import torch\n"
                       "def huber(outputs, targets):\n    return torch.nn.functional.huber_loss(outputs, targets)\n"
                       "def per_example(outputs, targets):\n    return (outputs - targets) ** 2\n")
-    raw = {"experiment": {"metric": "val_loss", "mode": "min", "storage_path": str(tmp_path)},
+    raw = {"experiment": {"metric": "val_loss", "mode": "min", "storage_path": str(tmp_path), "report": False},
            "data": {"dataset": f"{REGRESSION}/data.py:friedman"}, "training": {"loss": "losses.py:huber"},
            "space": {"lr": {"distribution": "loguniform", "low": 0.001, "high": 0.1}}}
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(raw))

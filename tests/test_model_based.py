@@ -50,7 +50,7 @@ def toy_space(folder: Path, max_concurrent: int, cpus: float, epochs: int = 4, *
            # lag 3 at both concurrencies: the same results seen by each trial, so the same trials (reproducibility.md)
            "experiment": {"name": "test", "metric": "val_acc", "mode": "max", "num_samples": 14, "lag": 3,
                           "max_concurrent": max_concurrent, "seed": 5, "max_failures": 0,
-                          "storage_path": str(folder), **experiment},
+                          "storage_path": str(folder), "report": False, **experiment},
            "resources": {"cpus": cpus},
            "training": {"epochs": epochs},
            "space": copy.deepcopy(NUMERIC)}

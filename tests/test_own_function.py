@@ -67,7 +67,7 @@ def front_run(ray_local, tmp_path_factory):
     raw = {"trainable": "train_fn.py:train",
            "experiment": {"name": "front", "num_samples": 6, "max_concurrent": 1, "seed": 3,
                           "storage_path": str(root / "runs"), "metric": ["score", "size"], "mode": ["max", "min"],
-                          "constraints": ["size <= 40"], "reproducible": True},
+                          "constraints": ["size <= 40"], "reproducible": True, "report": False},
            "resources": {"cpus": 1},
            "training": {"epochs": 3},
            "space": {"lr": {"distribution": "float", "low": 0.1, "high": 0.9},
@@ -210,7 +210,7 @@ def partial_run(ray_local, tmp_path_factory):
     (root / "fn.py").write_text(PARTIAL)
     raw = {"trainable": "fn.py:train",
            "experiment": {"name": "partial", "num_samples": 4, "max_concurrent": 1, "seed": 5, "metric": "score",
-                          "mode": "max", "storage_path": str(root / "runs")},
+                          "mode": "max", "storage_path": str(root / "runs"), "report": False},
            "resources": {"cpus": 1}, "training": {"epochs": 2},
            "space": {"lr": {"distribution": "float", "low": 0.1, "high": 0.9}}}
     (root / "space.yaml").write_text(yaml.safe_dump(raw))

@@ -22,7 +22,8 @@ FIGURES = ("history", "parallel", "importance", "curves", "timeline", "time")
 @pytest.fixture(scope="module")
 def searched(ray_local, tmp_path_factory, data_root):
     space = small_space(tmp_path_factory.mktemp("runs"), data_root,
-                        experiment={"num_samples": 4, "max_concurrent": 2, "loggers": ["tensorboard", "mlflow"]})
+                        experiment={"num_samples": 4, "max_concurrent": 2, "loggers": ["tensorboard", "mlflow"],
+                                    "report": True})
     return space, run_search(space, name="seen")
 
 

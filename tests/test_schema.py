@@ -133,7 +133,7 @@ def test_a_search_over_a_log_int_keyword_and_a_choice_of_mappings_runs_to_the_en
 
     (tmp_path / "net.py").write_text(NET)
     raw = copy.deepcopy(SMALL)
-    raw["experiment"].update(num_samples=3, storage_path=str(tmp_path / "runs"))
+    raw["experiment"].update(num_samples=3, storage_path=str(tmp_path / "runs"), report=True)  # its figures take mappings
     raw["data"].update(root=str(data_root), train_size=1000, val_size=300)
     raw["training"]["epochs"] = 1
     raw["model"] = {"factory": f"{tmp_path / 'net.py'}:net"}

@@ -273,6 +273,9 @@ class Experiment(Section):
     # a YAML list arrives as a list: the tuple is the frozen form
     loggers: Annotated[tuple[Logger, ...], Field(strict=False), rule(f"must be a list of {', '.join(LOGGERS)}")] \
         = ("tensorboard",)  #: trackers: tensorboard (event files; [] for none), mlflow, wandb (offline)
+    report: Annotated[bool, rule("must be true or false")] = True
+    #: report.html and its figures at the search's end; false: none (seconds of matplotlib a search), and
+    #: `python -m search report RUN` draws it from the run folder whenever wanted (search/outputs/report.py)
     enqueue: Annotated[tuple[dict[str, Any], ...], Field(strict=False),
                        rule("must be a list of mappings of searched keys to values")] = ()
     #: partial configs run first, as trials 0..k-1; their values are checked in search/searching/warm_start.py

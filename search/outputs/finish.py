@@ -283,6 +283,9 @@ def finish(grid, folder: RunFolder, space: Space, data: Data | None, phases: Pha
     if interrupted:  # a stop must end in seconds (SIGTERM, then SIGKILL); the figures take seconds more
         summary += (f"\nReport: not remade for a stopped search (the search's end makes it); "
                     f"now: python -m search report {folder.path}\n{journal_note(folder.path)}")
+    elif not experiment.report:
+        summary += (f"\nReport: none (experiment.report is false); draw it with: python -m search report "
+                    f"{folder.path}\n{journal_note(folder.path)}")
     else:
         try:
             from search.outputs.report import write_report  # matplotlib: only where a report is drawn
