@@ -38,7 +38,12 @@ def ray_local():
     """One local Ray for the tests that run searches in-process; shut down at the end."""
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from search.execution.ray_internals import lean_local_ray
+
+    # as a search's own local Ray, no log monitor polling for the whole session; its autoscaler monitor stays:
+    # searches here did not start this Ray, so the capacity check reads whether an autoscaler serves it
+    with lean_local_ray(autoscaler_monitor=True):
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 

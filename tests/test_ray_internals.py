@@ -209,6 +209,27 @@ def test_tune_still_leaves_a_trial_held_by_noop_alone_and_trains_it_as_continue_
     assert trained == ["trial", "other"]
 
 
+def test_a_searchs_own_local_ray_starts_neither_monitor_and_the_sessions_keeps_the_autoscalers(ray_local):
+    """A search's local Ray (session.start_ray, in a process of its own) runs no log monitor and no autoscaler
+    monitor; the tests' session Ray (conftest.py) keeps the autoscaler monitor, whose records the capacity
+    check reads of a Ray the search did not start. Raylet and GCS named: the process kinds are Ray's keys."""
+    import ast
+
+    kept = set(ray_local._private.worker._global_node.all_processes)
+    assert {"raylet", "gcs_server", "monitor"} <= kept and "log_monitor" not in kept, kept
+    probe = ("import ray\n"
+             "from search.execution.session import start_ray\n"
+             "assert start_ray(None) == 'private'\n"
+             "print(sorted(ray._private.worker._global_node.all_processes))\n"
+             "ray.shutdown()\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=180,
+                          env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    started = set(ast.literal_eval(done.stdout.strip().splitlines()[-1]))
+    assert {"raylet", "gcs_server"} <= started and not started & {"log_monitor", "monitor"}, started
+
+
 def test_tunes_usage_census_of_the_callbacks_counts_as_ray_does_without_importing_mlflow():
     """Tune's run calls the census through its module; ours gives Ray's counts, and a search's callbacks cost
     it no import of mlflow where mlflow is installed, as in the test extra."""

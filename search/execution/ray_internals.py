@@ -59,6 +59,13 @@ fails when Ray changes what it relies on, so an upgrade says where to look inste
   user's environment) that is mlflow, imported at every search's start for a tag. The census made here
   records the same tag from the class names alone; Tune calls it through the module, so replacing the
   function is enough. No knob skips the imports.
+- `lean_local_ray`: `ray.init` of a local instance starts a log monitor, which reads every worker's log files
+  ten times a second to send them to a driver that subscribes (log_to_driver; hpsearch does not, nor does its
+  quiet mode want them), and an autoscaler monitor, which for a cluster without an autoscaling config only
+  reports that nothing scales it (search/execution/capacity.py asks it only of a cluster the search joined, not
+  of the local Ray it started). Two Python processes a start, each importing Ray, and the log monitor's polling
+  for as long as Ray runs. `ray start` has flags for both (RayParams' include_log_monitor, no_monitor);
+  `ray.init` passes neither, so the node it starts is given them.
 - The logger names the quiet mode filters (search/execution/session.py's `quiet`) are Ray's
   module paths, `ray._private.worker` among them: a renamed module only makes a hint visible again.
 """
@@ -256,6 +263,27 @@ def light_callback_census() -> None:
     tag_callbacks.by_name = True  # type: ignore[attr-defined]
     tag_callbacks.counts = counts  # type: ignore[attr-defined]  # for the test against Ray's own count
     usage.tag_callbacks = tag_callbacks
+
+
+@contextmanager
+def lean_local_ray(autoscaler_monitor: bool = False):
+    """A local Ray that `ray.init` starts within this block runs no log monitor, and no autoscaler monitor
+    unless `autoscaler_monitor` (a Ray that is not the search's own, whose capacity is read from it)."""
+    import ray._private.node as node
+
+    start = node.Node.__init__
+
+    def lean(self, ray_params, *args, **kwargs):
+        if kwargs.get("head") and kwargs.get("ray_init_cluster"):  # ray.init's own node, not a joined one
+            ray_params.include_log_monitor = False
+            ray_params.no_monitor = not autoscaler_monitor
+        start(self, ray_params, *args, **kwargs)
+
+    node.Node.__init__ = lean  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        node.Node.__init__ = start  # type: ignore[method-assign]
 
 
 def silent_raylet_errors() -> None:

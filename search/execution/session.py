@@ -23,7 +23,7 @@ from contextlib import contextmanager
 import ray
 from ray.exceptions import AuthenticationError
 
-from search.execution.ray_internals import silent_raylet_errors
+from search.execution.ray_internals import lean_local_ray, silent_raylet_errors
 from trainable.errors import ConfigError, problem
 
 
@@ -168,7 +168,8 @@ class EarlyRay:
             # Ray warns that it sets no SIGTERM handler off the main thread: the CLI sets its own
             logging.getLogger("ray._private.worker").addFilter(DropMessages("SIGTERM handler is not set"))
             try:
-                ray.init(address="local", include_dashboard=False, log_to_driver=False)
+                with lean_local_ray():
+                    ray.init(address="local", include_dashboard=False, log_to_driver=False)
             except BaseException as error:  # raised again in the thread that takes the instance over
                 self._error = error
                 self._done.set()
@@ -236,7 +237,8 @@ def start_ray(address: str | None, connect_timeout: float = 60.0, early: EarlyRa
         return None
     if address is None and "RAY_ADDRESS" not in os.environ:
         # "local" always starts a new instance, never joins one some other process started
-        ray.init(address="local", include_dashboard=False, log_to_driver=False)
+        with lean_local_ray():
+            ray.init(address="local", include_dashboard=False, log_to_driver=False)
         return "private"
     target = address or os.environ["RAY_ADDRESS"]
     if not reachable(target, connect_timeout):
