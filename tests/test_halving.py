@@ -200,7 +200,6 @@ def test_a_trial_that_waits_for_running_trials_is_held_on_its_actor_not_paused()
     assert scheduler.on_trial_result(tune, t1, {"epoch": 1, "val_acc": 0.9}) == TrialScheduler.PAUSE
 
 
-
 @pytest.mark.parametrize("sections, held", [
     ({}, True),
     ({"experiment": {"trial_timeout": 3600}}, False),  # the epoch's watchdog would take a long hold for a hang
@@ -223,6 +222,7 @@ def test_a_search_holds_a_waiting_trial_unless_something_else_times_the_wait(tmp
         scheduler.on_trial_add(None, trial)
     decision = scheduler.on_trial_result(_Controller(scheduler), t1, {"epoch": 1, "val_acc": 0.9})
     assert decision == (TrialScheduler.NOOP if held else TrialScheduler.PAUSE)
+
 
 # A function that saves no checkpoint, as many users write one: a trial paused at a rung starts over. Trial 1
 # reports its first epoch once trial 0 runs (their actors may start seconds apart); trial 0 reports its own only
