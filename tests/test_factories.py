@@ -15,7 +15,8 @@ from torch import nn
 from trainable.config import TrialConfig
 from trainable.errors import ConfigError
 from trainable.config import absolute_reference
-from trainable.factories import build_model, check_model, resolve
+from trainable.factories import build_model, check_model
+from trainable.references import resolve
 from trainable.model import make_cnn, make_mlp
 
 BATCH = torch.zeros(2, 1, 28, 28)  # what MNIST gives a model

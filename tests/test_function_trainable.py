@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -13,6 +15,7 @@ import torch
 import yaml
 
 from search.definition.space import parse_space
+from tests.conftest import REPO
 from search.store.run_folder import RunFolder
 from search.store.tune_record import STATUSES_FILE, _saved_trials
 from search.store.storage import Storage
@@ -222,6 +225,59 @@ def test_a_checkpoint_round_trips_readable_with_weights_only(tmp_path):
         assert reconstruct in torch.serialization.get_safe_globals(), "the function's own allowance stays"
     finally:
         torch.serialization.clear_safe_globals()
+
+
+# A function of plain Python (as a scikit-learn or XGBoost user's is): nothing of its own imports torch
+PLAIN = """
+def train(config, report, checkpoint=None):
+    for epoch in range(config["epochs"]):
+        report(score=config["lr"] * (epoch + 1))
+"""
+
+# In a fresh process: the driver's modules, the checks before Ray, the trainable handed to Tune and Tune's
+# callbacks with the default TensorBoard logger; then tensorboardX writes an event, and torch still imports
+DRIVER_OF_A_PLAIN_FUNCTION = """
+import sys, yaml
+from search.driver import run_search
+from search.definition.space import parse_space
+from search.execution.preflight import check_local_capacity, check_search
+from search.execution.tuner import make_scheduler, tracker_callbacks
+from trainable.adapter import tune_trial
+
+space = parse_space(yaml.safe_load(open(sys.argv[1])), source=sys.argv[1])
+check_search(space)
+check_local_capacity(space)
+space.kind.trainable(space, tune_trial)
+[events] = tracker_callbacks(space, None)  # loggers: [tensorboard], the default
+make_scheduler(space)
+print(sorted(m for m in sys.modules if m.split(".")[0] == "torch")[:3])
+
+from tensorboardX import SummaryWriter
+with SummaryWriter(sys.argv[2]) as writer:
+    writer.add_scalar("score", 0.5, 1)
+import torch
+print(type(events).__name__, float(torch.ones(2).sum()))
+"""
+
+
+def test_the_driver_of_a_search_of_a_plain_function_imports_no_torch(tmp_path):
+    """torch's import is about 1.5 s of a driver's start, and a function of plain Python gives the driver no
+    use for it: not the checks, the adapter, Tune's callbacks nor tensorboardX's (tuner.py
+    tensorboardx_without_torch)."""
+    (tmp_path / "plain.py").write_text(PLAIN)
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({"trainable": "plain.py:train", "training": {"epochs": 2},
+                                     "experiment": {"metric": "score", "mode": "max", "scheduler": "asha",
+                                                    "storage_path": str(tmp_path / "runs")},
+                                     "space": {"lr": {"distribution": "float", "low": 0.1, "high": 0.9}}}))
+    done = subprocess.run([sys.executable, "-c", DRIVER_OF_A_PLAIN_FUNCTION, str(space), str(tmp_path / "events")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    imported, after = done.stdout.strip().splitlines()
+    assert imported == "[]", f"the driver imported {imported}"
+    assert after == "EventFiles 2.0", "tensorboardX imported without torch, and torch imports after it"
+    [written] = (tmp_path / "events").glob("events.out.tfevents.*")
+    assert b"score" in written.read_bytes()
 
 
 def test_best_yaml_replays_the_function(tmp_path, capsys):

@@ -26,20 +26,20 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, cast
 
 import pyarrow.fs as pafs
 import ray
-import torch
 from ray import tune
 
 from trainable.config import TrialConfig
-from trainable.device import get_default_device
-from trainable.isolation import GlobalState
 from trainable.kept_code import relocated
-from trainable.measures import import_torchmetrics
 from trainable.report import (CheckpointError, Phases, Placement, epoch_report, load_checkpoint, packed,
                               save_checkpoint)
 from trainable.watchdog import Watchdog
 
 if TYPE_CHECKING:  # the canonical loop's modules (torchvision, torchmetrics: seconds of a trial process's
-    # start) are imported by tune_trial when it runs: a function trainable's trials never need them
+    # start) are imported by tune_trial when it runs: a function trainable's trials never need them. torch
+    # itself is imported where a trial runs: the driver imports this module (Tune is handed run_trial) and a
+    # search of a function trainable has no use for torch there (about 1.5 s of its start)
+    import torch
+
     from trainable.data import Data
     from trainable.loop import Run
 
@@ -95,6 +95,9 @@ def run_trial(config: dict[str, Any], *, data: DataHandle, trial_function: Calla
     """What Tune runs: fetch the data (timed, once per actor), then run the trainable, watched
     (trial_timeout: seconds an epoch may take, watchdog.py)."""
     global _start, _watchdog
+    from trainable.isolation import GlobalState  # torch: see the TYPE_CHECKING imports above
+    from trainable.measures import import_torchmetrics
+
     # Tune gives a reused actor's last trial thread 2 s (TUNE_FUNCTION_THREAD_TIMEOUT_S, read by this
     # process at each reset) to end before the next trial; past it, the reset fails and Tune 2.60 sets
     # the next trial ERROR without telling the searcher or the scheduler, and a reproducible search then
@@ -167,6 +170,10 @@ def trial_device() -> torch.device:
     Ray no longer hides GPUs from trials that reserved none, so a `gpus: 0` trial on a
     GPU node would otherwise use a GPU nobody reserved.
     """
+    import torch
+
+    from trainable.device import get_default_device
+
     return get_default_device() if assigned_accelerators() else torch.device("cpu")
 
 
@@ -205,6 +212,8 @@ def mark_report() -> None:
 
 def tune_trial(config: dict[str, Any], *, data: Data) -> None:
     """A Tune function trainable: one trial, a report and (every checkpoint_every epochs) a checkpoint per epoch."""
+    import torch
+
     from trainable.loop import build_run  # here: see the TYPE_CHECKING import above
 
     start = trial_start()

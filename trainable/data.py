@@ -270,7 +270,7 @@ def is_class_targets(labels: np.ndarray, loss: str) -> bool:
 def call_dataset_function(function: Callable, config: TrialConfig, root: Path, key: str
                           ) -> tuple[Arrays, Arrays | None, Arrays | None]:
     """train, val (or None), test (or None) from a user's dataset function, shapes checked."""
-    from trainable.factories import keyword_problems
+    from trainable.references import keyword_problems
 
     try:
         parameters = list(inspect.signature(function).parameters.values())
@@ -356,7 +356,7 @@ def load_data(config: TrialConfig, root: str | Path | None = None, *, key: str =
     `key` names the dataset setting in messages (`data.dataset` in a space file), `root_key`
     where `root` came from (None: $HPSEARCH_DATA or the cache folder).
     """
-    from trainable.factories import resolve  # user code is imported only when asked for
+    from trainable.references import resolve  # user code is imported only when asked for
 
     root = expand_root(root, root_key) if root is not None else default_data_root()
     if config.dataset in TORCHVISION_SETS:

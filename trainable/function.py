@@ -98,7 +98,7 @@ def resolve_function(reference: str) -> Callable[..., None]:
     """The user's function; ConfigError (key `trainable`) if it does not import or take (config, report, checkpoint)."""
     import inspect
 
-    from trainable.factories import resolve
+    from trainable.references import resolve
 
     function = resolve(reference, TRAINABLE_KEY)
     try:

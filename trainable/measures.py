@@ -57,7 +57,7 @@ def build_loss(reference: str) -> LossFunction:
         return nn.SmoothL1Loss()
     if not is_reference(reference):
         raise ConfigError([problem(LOSS_KEY, f"must be one of {', '.join(LOSSES)} or FILE.py:CALLABLE", reference)])
-    from trainable.factories import resolve
+    from trainable.references import resolve
 
     return resolve(reference, LOSS_KEY)
 
@@ -139,7 +139,8 @@ def check_measures(config: TrialConfig, data: Data, n: int = 2) -> None:
     """training.loss and training.metrics, tried once before the search: the loss resolves and gives
     a scalar on the two training examples the model check tried (a model need work on no more
     before the search), every metric builds and gives one number. ConfigError naming the key."""
-    from trainable.factories import build_model, what_happened, where_it_failed
+    from trainable.factories import build_model
+    from trainable.references import what_happened, where_it_failed
 
     loss_fn = build_loss(config.loss)
     metrics = build_metrics(config, data.num_classes, torch.device("cpu"))

@@ -3,16 +3,21 @@
 A trial draws from its own generator (shuffling) and from the global ones: weight init, and
 every `nn.Dropout` (torch's global CPU or CUDA RNG), plus NumPy's and Python's for user code.
 A checkpoint holds all of them, so a resumed run draws what the uninterrupted one drew.
+
+torch is imported by the functions that use it: the driver derives seeds (derive_seed) and, for a
+search of a function trainable, has no other use for torch (about 1.5 s of its start).
 """
 
 from __future__ import annotations
 
 import os
 import random
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 
 def set_seed(seed: int, *, deterministic: bool = True, benchmark: bool = False,
@@ -22,6 +27,8 @@ def set_seed(seed: int, *, deterministic: bool = True, benchmark: bool = False,
     The returned generator drives shuffling; a model may still draw from the global RNGs
     (dropout), so checkpoints also save global_rng_states().
     """
+    import torch
+
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -55,6 +62,8 @@ def seed_worker(worker_id: int) -> None:
     torch seeds each worker from the loader's generator; libraries using `random` or
     NumPy inside a worker would otherwise repeat the same draws in every worker.
     """
+    import torch
+
     worker_seed = torch.initial_seed() % 2**32
     np.random.seed(worker_seed)
     random.seed(worker_seed)
@@ -63,6 +72,8 @@ def seed_worker(worker_id: int) -> None:
 def global_rng_states() -> dict[str, Any]:
     """torch's CPU (and, once initialised, CUDA) RNG, NumPy's and Python's: plain data and
     tensors only, so torch.load(weights_only=True) reads them back."""
+    import torch
+
     # legacy=True, the default, returns the tuple; numpy's stubs also allow the dict of legacy=False
     name, keys, position, has_gauss, cached = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())
     version, python_state, gauss = random.getstate()
@@ -79,6 +90,8 @@ def global_rng_states() -> dict[str, Any]:
 
 def set_global_rng_states(states: dict[str, Any]) -> str | None:
     """Restore what global_rng_states() saved; a note when part of it cannot be restored here."""
+    import torch
+
     torch.set_rng_state(states["torch"])
     numpy = states["numpy"]
     np.random.set_state((numpy["name"], numpy["keys"].numpy().astype(np.uint32), numpy["pos"],

@@ -34,7 +34,7 @@ def code_problems(raw: Mapping[str, Any], base: Path) -> list[str]:
     named = references(raw, base)
     if not named:
         return []  # a file that names no code fails in a second: torch is not imported
-    from trainable.factories import resolve
+    from trainable.references import resolve
 
     problems = []
     for key, reference in named:

@@ -30,21 +30,20 @@ import pickle
 import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import ray
-import torch
 
 from search.definition.schema import AUTO, Resources
 from search.definition.space import Space, example_config
 from search.execution.capacity import alive_nodes, fraction, has_autoscaler
 from search.store.run_folder import PROBE_FILE, RunFolder
 from trainable.config import TrialConfig, keyword_of
-from trainable.data import Data
-from trainable.device import get_default_device
 from trainable.errors import ConfigError, problem
-from trainable.factories import build_model
-from trainable.loop import build_run, train
+
+if TYPE_CHECKING:  # torch and the loop: imported where the probe measures, as only `gpus: auto` does (a
+    # driver that sizes no GPU, a search of a function trainable among them, has no use for them)
+    from trainable.data import Data
 
 MARGIN = 0.10  #: share of the GPU's memory left free (fragmentation, evaluation batches, a larger draw)
 MIN_GAIN = 0.10  #: a round must raise steps/s by this share over the one before to count
@@ -127,6 +126,10 @@ def rounds_to_try(max_copies: int) -> list[int]:
 
 def parameter_count(config: TrialConfig, input_shape: tuple[int, ...], num_classes: int) -> int:
     """Parameters of the model `config` builds, counted on the meta device (no memory, no compute)."""
+    import torch
+
+    from trainable.factories import build_model
+
     with torch.device("meta"):
         model = build_model(config, input_shape, num_classes)
     return sum(p.numel() for p in model.parameters())
@@ -168,6 +171,11 @@ def _forever(batches) -> Iterator:
 
 def _copy(flat: dict[str, Any], data_file: str, barrier, results, window_s: float) -> None:
     """One copy of the probe, in its own process: warm up, wait for all, train window_s, report."""
+    import torch
+
+    from trainable.device import get_default_device
+    from trainable.loop import build_run, train
+
     figures: dict[str, Any] = {}
     try:
         with open(data_file, "rb") as stream:

@@ -20,12 +20,10 @@ from typing import TYPE_CHECKING, Any, cast, overload
 
 import numpy as np
 import pandas as pd
-import torch
 import yaml
 
 from search.execution.capacity import CapacityError, trials_fit, workers_fit
 from search.execution.session import EarlyRay
-from search.outputs.export import read_checkpoint
 from search.outputs.finish import Outcome
 from search.outputs.phases import Phases
 from search.outputs.summary import Timing, status_counts
@@ -42,19 +40,17 @@ from search.store.snapshot import SNAPSHOT_FILE
 from search.store.snapshot import restore as restore_snapshot
 from search.store.storage import Storage, check_storage, is_uri
 from trainable.config import keyword_of, schedule_note
-from trainable.data import Data, load_data
 from trainable.errors import ConfigError, problem
-from trainable.factories import check_model, width_problems
 from trainable.function import resolve_function
 from trainable.kept_code import copies, relocated
 from trainable.kept_code import read_record as read_code_record
 from trainable.metrics import reports_accuracy
-from trainable.measures import check_measures
 from trainable.report import CheckpointError
 from trainable.yaml_file import dump_yaml
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch's modules: imported where the canonical loop is checked (see check_search)
     from trainable.config import TrialConfig
+    from trainable.data import Data
 
 # tracker -> (module it needs, the pip extra that installs it)
 TRACKER_PACKAGES = {"mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}
@@ -112,7 +108,12 @@ def check_search(space: Space) -> Data | None:
     if space.trainable:  # the function loads its own data: import it now, so a bad reference costs seconds
         resolve_function(space.trainable)
         return None
-    # no `trainable:`: the canonical loop's kind (search/definition/kind.py kind_of), whose configs are TrialConfigs
+    # no `trainable:`: the canonical loop's kind (search/definition/kind.py kind_of), whose configs are TrialConfigs.
+    # Its checks import torch here: a search of a function has no use for it in the driver (about 1.5 s of a start)
+    from trainable.data import load_data
+    from trainable.factories import check_model, width_problems
+    from trainable.measures import check_measures
+
     defaults = cast("TrialConfig", space.trial_defaults())
     data = load_data(defaults, space.data_root, key="data.dataset")
     searched_keys = tuple(key for d in space.searched if (key := keyword_of(d.name)) is not None)
@@ -291,18 +292,27 @@ def check_local_capacity(space: Space) -> None:
     resources = space.resources
     if resources.gpus == "auto":  # measured when the search starts (search/execution/gpu_probe.py)
         return
-    machine = {"CPU": float(len(os.sched_getaffinity(0))), "GPU": float(torch.cuda.device_count())}
+    gpus = local_gpus() if resources.gpus else None  # torch's import (seconds) only where trials ask for GPUs
+    machine = {"CPU": float(len(os.sched_getaffinity(0))), "GPU": gpus or 0.0}
+    holds = f"{machine['CPU']:g} CPU" + (f" and {gpus:g} GPU" if gpus is not None else "")
     if resources.workers > 1 and trials_fit(machine, resources) == 0:
         raise CapacityError(f"resources.workers: must be at most the workers of {resources.cpus:g} CPU and "
                             f"{resources.gpus:g} GPU each that this machine holds for a local Ray "
-                            f"({workers_fit(machine, resources)}: {machine['CPU']:g} CPU, {machine['GPU']:g} GPU), "
+                            f"({workers_fit(machine, resources)}: {holds}), "
                             f"got {resources.workers}. Lower resources.workers or resources.cpus, or run on a "
                             "cluster (--address).")
     if trials_fit(machine, resources) == 0:
         raise CapacityError(f"resources: each trial asks for {resources.cpus:g} CPU and {resources.gpus:g} GPU, "
-                            f"but this machine has {machine['CPU']:g} CPU and {machine['GPU']:g} GPU for a local "
+                            f"but this machine has {holds} for a local "
                             "Ray. Lower --gpus-per-trial / --cpus-per-trial, or run on a cluster with GPUs "
                             "(--address).")
+
+
+def local_gpus() -> float:
+    """The GPUs of this machine, as torch sees them (CUDA_VISIBLE_DEVICES included)."""
+    import torch
+
+    return float(torch.cuda.device_count())
 
 
 def check_space(space: Space, *, address: str | None = None) -> str:
@@ -365,6 +375,8 @@ def finished(space: Space, folder: RunFolder) -> tuple[pd.DataFrame, dict[str, A
         if best["result"].get("trials") != len(saved):  # written before the last trials ended: stale
             return None
         if best["result"]["checkpoint"] is not None:  # None: none was kept (a function that saves none)
+            from search.outputs.export import read_checkpoint  # torch: only a finished run's resume reads one
+
             read_checkpoint(folder, best["result"]["checkpoint"])
     except (OSError, ValueError, TypeError, KeyError, CheckpointError):  # derived files to derive again
         return None

@@ -13,7 +13,7 @@ import math
 import os
 import sys
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow.fs as pafs
 from ray import tune
@@ -42,9 +42,11 @@ from search.store.run_folder import RunFolder
 from search.store.snapshot import TuneStateCopy
 from search.store.storage import is_uri
 from trainable.adapter import DataHandle, run_trial
-from trainable.data import Data
 from trainable.function import METRIC_NAMES
 from trainable.report import GPU_MEMORY_COLUMNS, PACKED, PHASE_COLUMNS, PLACEMENT_COLUMNS
+
+if TYPE_CHECKING:  # torch with it: a search of a function trainable has no use for it in the driver
+    from trainable.data import Data
 
 MLFLOW_DB = "mlflow.db"
 
@@ -125,6 +127,10 @@ class EventFiles(TBXLoggerCallback):
     (docs/performance.md). TensorBoard reads the same curves from it. The bookkeeping stays in
     results.parquet."""
 
+    def __init__(self) -> None:
+        tensorboardx_without_torch()
+        super().__init__()
+
     def log_trial_start(self, trial) -> None:
         super().log_trial_start(trial)
         writers = event_writers(self)
@@ -132,6 +138,21 @@ class EventFiles(TBXLoggerCallback):
 
     def log_trial_result(self, iteration, trial, result) -> None:
         super().log_trial_result(iteration, trial, {k: v for k, v in result.items() if k not in BOOKKEEPING})
+
+
+def tensorboardx_without_torch() -> None:
+    """Import tensorboardX as it imports where torch is not installed, unless this process holds torch already.
+
+    tensorboardX imports torch (about 1.5 s) only to take its tensors as values, and Tune's logger gives it
+    numbers; the driver of a search of a function trainable has no other use for torch. A later `import torch`
+    is unaffected: only tensorboardX's own check saw it missing."""
+    if "torch" in sys.modules or "tensorboardX" in sys.modules:
+        return
+    sys.modules["torch"] = None  # type: ignore[assignment]  # Python's mark of a module that cannot be imported
+    try:
+        import tensorboardX  # noqa: F401
+    finally:
+        del sys.modules["torch"]
 
 
 class OneEventPerReport:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pandas as pd
 import pyarrow.fs as pafs
@@ -30,10 +30,12 @@ from search.store.results import (ERROR, INTERRUPTED, LOST, RECORD_FILE, config_
 from search.store.retention import on_storage
 from search.store.run_folder import RunFolder
 from search.store.storage import is_uri
-from trainable.data import Data
 from trainable.metrics import METRICS
 from trainable.report import CheckpointError
 from trainable.yaml_file import dump_yaml
+
+if TYPE_CHECKING:  # torch with it: a search of a function trainable has no use for it in the driver
+    from trainable.data import Data
 
 NO_SUCCESS_EXIT = 3  #: the CLI's exit code for a search that ran but where every trial failed or diverged
 
