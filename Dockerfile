@@ -9,7 +9,7 @@
 #   docker build -t REGISTRY/hpsearch:2.60.0-py311-gpu .
 #   docker push REGISTRY/hpsearch:2.60.0-py311-gpu
 #
-# The tag repeats the base image's Ray and Python; tests/test_docker_image.py checks that this
+# The tag repeats the base image's Ray and Python; tests/project/test_docker_image.py checks that this
 # FROM line, cluster.yaml, pyproject.toml's ray requirement and the venv's Ray agree. Rebuild
 # after changing pyproject.toml's dependencies; a code change alone needs no rebuild (below).
 FROM rayproject/ray:2.60.0-py311-gpu

@@ -21,7 +21,7 @@ and OrderedHalving (grace_period 1, reduction_factor 3, EPOCHS epochs: rungs 1, 
 as Tune drives them (a trial's results, the scheduler's CONTINUE or STOP, on_trial_complete
 with the last result), one trial after another. Both are reproducible: which configs are
 asked and which trials stop depend only on the seed, not on the order trials run in
-(tests/test_halving.py, tests/test_ordered.py), so this order gives the table a search through
+(tests/searches/test_halving.py, tests/units/searching/test_ordered.py), so this order gives the table a search through
 Tune would, without Ray's start-up per run. Compared, per scheduler (fifo, asha, hyperband):
 the ways of telling a stopped trial, search/searching/ordered.py MULTIFIDELITY:
 

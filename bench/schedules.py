@@ -12,7 +12,7 @@ searcher unless stopped; a paused trial frees its slot until the scheduler clear
 stops it (stop_trial); a held one keeps its slot until the scheduler starts its next epoch, pauses or stops it;
 a free slot asks the scheduler for a paused trial first, then the searcher for a new one.
 Because hpsearch's searcher and halving are reproducible, a Ray search of the same space runs the same trials
-with the same stops (tests/test_model_based.py holds them side by side), so a table costs seconds, not Ray runs.
+with the same stops (tests/searches/test_model_based.py holds them side by side), so a table costs seconds, not Ray runs.
 
 The suites (each search: max_concurrent 4, grace_period 1, reduction_factor 3 over 27 epochs: rungs 1, 3, 9):
 - multi-fidelity: FIFO + TPE (60 trials of 27 epochs: 1,620), ASHA + TPE, Hyperband + TPE and bohb, then

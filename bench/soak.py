@@ -1,7 +1,7 @@
 """A soak under chaos: a long search on a 3-node Ray cluster with a fault every few seconds, against the same
 search undisturbed. What the faults cost, and whether the run still equals the undisturbed one.
 
-The cluster, the toy function and the faults are tests/test_chaos.py's (a head without CPUs and two 1-CPU
+The cluster, the toy function and the faults are tests/searches/test_chaos.py's (a head without CPUs and two 1-CPU
 workers; a trial's values depend only on its config and epoch, and it checkpoints every epoch; a fault is a
 SIGKILL of a running trial's process or the loss of a worker node with every process on it, a new worker
 added back). The test runs a handful of faults in about a minute; this runs them on a clock, one every
@@ -51,7 +51,7 @@ def space_file(folder: Path, trials: int, epochs: int, pace: float, seed: int, s
                           "storage_path": str(folder / "runs")},
            "resources": {"cpus": 0.5},
            "training": {"epochs": epochs, "pace": pace, "chaos": str(folder / "chaos")},
-           "space": SMALL["space"]}  # the keys tests/test_chaos.py's table compares
+           "space": SMALL["space"]}  # the keys tests/searches/test_chaos.py's table compares
     path = folder / "space.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path

@@ -12,7 +12,7 @@ that record and one untimed suggestion (a restored searcher builds its study fro
 once), then REPS suggestions are timed, the cases interleaved (a shared machine is noisy);
 each timed suggestion's trial then finishes, so the next sees one more result. Cases:
 
-- old: the study rebuilt per suggestion (tests/test_ordered_scale.py keeps that code as the
+- old: the study rebuilt per suggestion (tests/units/searching/test_ordered_scale.py keeps that code as the
   oracle of the kept study); checked to suggest what the kept study suggests;
 - new: the kept study, with TPE_SETTINGS, then with one TPE setting changed at a time;
 - the kept study with TPE's search space worked out by each suggestion's own sampler, as before

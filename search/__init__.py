@@ -4,7 +4,7 @@
 `search.load_best(run_folder)` returns a run's best model, `search.restore(run_folder)` its `tune.Tuner`;
 importing this package loads neither Ray nor torch.
 
-The layers, each allowed to import only those listed before it (tests/test_layout.py checks it):
+The layers, each allowed to import only those listed before it (tests/project/test_layout.py checks it):
 
     definition/  the space file -> Space: schema, space, overrides, objectives, ranking ("best")
     store/       the run folder on a disk or an object store: spec.yaml, results.parquet's rows, checkpoints

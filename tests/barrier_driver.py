@@ -1,4 +1,4 @@
-"""A search driver for tests/test_cluster.py whose first trials wait for each other.
+"""A search driver for tests/searches/test_cluster.py whose first trials wait for each other.
 
     python tests/barrier_driver.py SPACE_FILE ADDRESS NAME STARTED_DIR N
 

@@ -59,7 +59,7 @@ LONGEST_FIRST = ["test_faults.py", "test_chaos.py", "test_object_store.py", "tes
                  "test_budgets.py", "test_quiet.py", "test_session.py", "test_exits.py", "test_reproducible.py",
                  "test_multi_objective.py", "test_per_report.py", "test_shared_cluster.py", "test_own_function.py",
                  "test_trial_timeout.py", "test_conditional.py", "test_warm_start.py", "test_end_to_end.py",
-                 "test_report.py", "test_schema.py", "test_pbt.py", "test_export.py"]
+                 "test_report.py", "test_schema_in_a_search.py", "test_pbt.py", "test_export.py"]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -4,7 +4,7 @@ Two kinds implement it: the canonical loop (search/definition/loop_kind.py) and 
 function, `trainable: FILE.py:FUNCTION` (search/definition/function_kind.py). Each owns its facts: how its
 keys parse and validate, its defaults and trial config, its columns and reserved names, the trainable
 Tune runs, and how its checkpoint loads and exports. `kind_of` is the one place that tells them apart;
-tests/test_layout.py counts the branches on the kind elsewhere.
+tests/project/test_layout.py counts the branches on the kind elsewhere.
 """
 
 from __future__ import annotations

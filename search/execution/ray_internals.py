@@ -1,6 +1,6 @@
 """Every use of Ray's and Tune's private parts, in one place, each with why and what pins it.
 
-Ray 2.60 has no public way to do these; each is pinned by a test (tests/test_ray_internals.py) that
+Ray 2.60 has no public way to do these; each is pinned by a test (tests/units/execution/test_ray_internals.py) that
 fails when Ray changes what it relies on, so an upgrade says where to look instead of misbehaving.
 
 - `quick_stop`: after a Ctrl-C or SIGTERM, Tune saves its state and then waits up to ~15 s for
@@ -29,7 +29,7 @@ fails when Ray changes what it relies on, so an upgrade says where to look inste
   next trial (reuse_actors, search/execution/tuner.py), and hands it over with a `reset` task while that
   trial is still PENDING. When the kept actor is dead (its node was lost, its process killed), the reset
   fails, and Tune's `_process_trial_failure` ends a PENDING trial ERROR without asking `should_recover()`:
-  a worker lost mid-search ended such a trial ERROR with its restarts unused (tests/test_chaos.py). An
+  a worker lost mid-search ended such a trial ERROR with its restarts unused (tests/searches/test_chaos.py). An
   actor that dies while it starts is Tune's own case of this (`_actor_failed`): it marks the trial
   RUNNING first, so the failure is counted and the trial restarts under max_failures. TuneController's
   `_trial_task_failure` now does the same for a failed reset (and ends the reset); the trial's staged

@@ -1,0 +1,268 @@
+"""What search/execution/ray_internals.py (and the quiet mode's logger filters) rely on in Ray, pinned:
+each test fails when a Ray upgrade moves it, naming what to look at. No Ray is started."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from search.execution import ray_internals
+from tests.conftest import REPO
+
+
+def test_tune_still_logs_the_stop_and_the_save_that_the_quick_stop_reads():
+    import ray.tune.tune as tune_module
+
+    source = inspect.getsource(tune_module)
+    assert ray_internals._QuickStop.STOP in source, "Tune's stop line moved: the quick stop would only wait"
+    assert ray_internals._QuickStop.SAVED in source, "Tune's save line moved: the quick stop would only wait"
+    assert tune_module.logger.name == "ray.tune.tune", "the quick stop's filter sits on this logger"
+
+
+def test_the_quick_stop_cuts_after_the_save_and_only_then():
+    with ray_internals.quick_stop() as cut:
+        logger = logging.getLogger("ray.tune.tune")
+        logger.info("Wrote the latest version of all result files and experiment state to x")  # no stop yet
+        assert not cut.cut
+        logger.info(ray_internals._QuickStop.STOP + " (e.g. via SIGINT/Ctrl+C), ending Ray Tune run.")
+        with pytest.raises(KeyboardInterrupt):
+            logger.info(ray_internals._QuickStop.SAVED + " to /tmp/x")
+        assert cut.cut and cut.stopping
+
+
+def test_the_autoscaler_records_are_still_where_ray_status_reads_them():
+    from ray._private import ray_constants
+    from ray.autoscaler.v2.sdk import get_cluster_status  # noqa: F401
+    from ray.experimental import internal_kv
+
+    assert isinstance(ray_constants.DEBUG_AUTOSCALING_STATUS, str)
+    assert callable(internal_kv._internal_kv_get)
+
+
+def test_autoscaler_records_that_do_not_read_are_no_evidence_of_none(ray_local, monkeypatch, capsys):
+    """A failure to read Ray's records (moved in an upgrade, no access) must not refuse a search that an
+    autoscaler could serve: has_autoscaler says it cannot tell, and assumes one may add nodes."""
+    from search.execution import capacity
+
+    monkeypatch.delenv(capacity.AUTOSCALER_SETTING, raising=False)
+    monkeypatch.setenv("HOME", "/nonexistent")  # no ~/ray_bootstrap_config.yaml
+    assert capacity.has_autoscaler() is False, "the local Ray's records read: none"
+    monkeypatch.setattr(capacity, "autoscaler_status", lambda: (None, None))  # what an unreadable record returns
+    assert capacity.has_autoscaler() is True
+    assert "cannot tell whether an autoscaler" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["ray._private.worker", "ray.tune.analysis.experiment_analysis", "ray.tune.logger.logger",
+                                  "ray.tune.utils.util", "ray.tune.execution.tune_controller",
+                                  "ray._private.authentication.authentication_token_setup"])
+def test_the_loggers_quiet_filters_are_still_ray_modules(name):
+    importlib.import_module(name)  # a renamed module would let its hint through again
+
+
+def test_tunes_loggers_still_keep_a_trials_file_and_writer_where_ours_reach_them():
+    """KeepingJsonLogger writes to the result.json Tune's JSON logger opened, EventFiles wraps the SummaryWriter
+    of Tune's TensorBoard logger (search/execution/tuner.py): both are reached by the attribute that holds them."""
+    from ray.tune.logger import JsonLoggerCallback, TBXLoggerCallback
+
+    assert ray_internals.record_file(JsonLoggerCallback(), object()) is None, "JsonLoggerCallback._trial_files moved"
+    assert ray_internals.event_writers(TBXLoggerCallback()) == {}, "TBXLoggerCallback._trial_writer moved"
+    source = inspect.getsource(TBXLoggerCallback.log_trial_result)
+    assert "self._trial_writer[trial].add_scalar(" in source and "self._trial_writer[trial].flush()" in source, \
+        "Tune's TensorBoard logger no longer adds scalars and then flushes: EventFiles' one event per report"
+
+
+def test_tune_still_asks_a_trials_max_failures_whether_to_restart_it(tmp_path):
+    """no_retry_of_contract_errors hands Tune an int whose comparison reads the pickled error Tune has just
+    written (tests/searches/test_function_trainable.py runs it end to end): it works only while should_recover compares
+    num_failures with max_failures, after handle_error wrote the pickle."""
+    import pickle
+
+    from ray.exceptions import RayTaskError
+    from ray.tune.experiment import Trial
+    from ray.tune.execution.tune_controller import TuneController
+
+    from trainable.function import ReportMisuse
+
+    assert "num_failures <= self.max_failures or self.max_failures < 0" in inspect.getsource(Trial.should_recover)
+    failure = inspect.getsource(TuneController._process_trial_failure)
+    assert failure.index("trial.handle_error(exception)") < failure.index("trial.should_recover()")
+    assert "pickled_error_file" in inspect.getsource(Trial.handle_error)
+
+    class Failed:  # what the int reads of a trial: its pickled error, and the limit Tune set
+        max_failures = 2
+        pickled_error_file = str(tmp_path / "error.pkl")
+
+    trial = Failed()
+    ray_internals.no_retry_of_contract_errors(trial)
+    assert 1 <= trial.max_failures and not trial.max_failures < 0, "no error written yet: Tune's own rule"
+    crash = RayTaskError("train", "Traceback ...", RuntimeError("out of memory"))
+    (tmp_path / "error.pkl").write_bytes(pickle.dumps(crash))
+    assert 2 <= trial.max_failures and not 3 <= trial.max_failures, "a crash restarts as before"
+    contract = RayTaskError("train", "Traceback ...", ReportMisuse("report(): got a positional float"))
+    (tmp_path / "error.pkl").write_bytes(pickle.dumps(contract))
+    assert not 1 <= trial.max_failures, "a contract error is not restarted"
+    assert pickle.loads(pickle.dumps(trial.max_failures)) == 2, "Tune's records keep the plain number"
+
+
+def test_the_quiet_mode_keeps_the_raylets_worker_died_line_off_the_terminal(capfd, monkeypatch):
+    # Ray's error thread prints what the raylet publishes with print_to_stdstream, past any logger
+    import ray._private.worker as worker
+
+    from search.execution.session import quiet
+
+    line = {"lines": ["A worker died or was killed while executing a task by an unexpected system error."],
+            "pid": "raylet", "is_err": False}
+    for name in ("RAY_AIR_NEW_OUTPUT", "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S",
+                 "TUNE_PRINT_ALL_TRIAL_ERRORS"):
+        monkeypatch.setenv(name, os.environ.get(name, ""))  # quiet() sets them: back as they were after
+    was = worker._worker_logs_enabled
+    worker._worker_logs_enabled = True  # as a new process has it: another test file may have run quiet() here
+    try:
+        worker.print_to_stdstream(dict(line), ignore_prefix=False)
+        assert "A worker died" in capfd.readouterr().out  # what a search printed before
+        quiet()
+        worker.print_to_stdstream(dict(line, lines=["A worker died again, elsewhere"]), ignore_prefix=False)
+        assert "A worker died" not in capfd.readouterr().out
+    finally:
+        worker._worker_logs_enabled = was
+
+
+def test_a_reused_actor_that_failed_its_reset_restarts_its_trial():
+    """Tune ends a PENDING trial ERROR on a task's failure without asking should_recover(); a reused actor's
+    reset fails while its trial is PENDING (ray_internals.restart_a_trial_whose_reused_actor_died)."""
+    from types import SimpleNamespace
+
+    from ray.tune.execution.tune_controller import TuneController
+    from ray.tune.experiment import Trial
+
+    failure = inspect.getsource(TuneController._process_trial_failure)
+    assert "trial.status == Trial.RUNNING and trial.should_recover()" in failure, "Tune's restart rule moved"
+    reset = inspect.getsource(TuneController._schedule_trial_reset)
+    assert "self._resetting_trials.add(trial)" in reset and "on_error=self._trial_task_failure" in reset
+    assert "self._set_trial_status(trial, Trial.RUNNING)" in inspect.getsource(TuneController._actor_failed)
+
+    ray_internals.restart_a_trial_whose_reused_actor_died()
+    ray_internals.restart_a_trial_whose_reused_actor_died()  # twice: patched once
+    seen = []
+    class Fake(SimpleNamespace):
+        __hash__ = object.__hash__  # a set holds it, as Tune's sets hold trials
+
+    resetting, pending, running = (Fake(status=s) for s in (Trial.PENDING, Trial.PENDING, Trial.RUNNING))
+    controller = SimpleNamespace(
+        RAISE=TuneController.RAISE, _fail_fast=False, _print_trial_errors=False, _resetting_trials={resetting},
+        _set_trial_status=lambda trial, status: setattr(trial, "status", status),
+        _process_trial_failure=lambda trial, exception: seen.append(trial.status))
+    for trial in (resetting, pending, running):
+        TuneController._trial_task_failure(controller, trial, RuntimeError("actor died"))
+    assert seen == [Trial.RUNNING, Trial.PENDING, Trial.RUNNING], "only the failed reset is marked RUNNING"
+    assert controller._resetting_trials == set(), "its reset ended"
+
+
+def test_idle_actors_of_a_search_are_all_kept_for_its_next_trials():
+    """Tune kept one idle actor: two slots free at once while the searcher had nothing yet (a trial paused at
+    a reproducible rung) lost the second, and the search went on one trial at a time (ray_internals.keep_idle_actors)."""
+    from ray.tune.execution import tune_controller
+    from ray.tune.execution.tune_controller import TuneController
+    from ray.tune.utils.object_cache import _ObjectCache
+
+    assert "self._actor_cache = _ObjectCache(may_keep_one=True)" in inspect.getsource(TuneController.__init__), \
+        "Tune makes its actor cache elsewhere now: keep_idle_actors replaces a name Tune no longer reads"
+    tunes = _ObjectCache(may_keep_one=True)
+    assert [tunes.cache_object("1 cpu", a) for a in ("a", "b")] == [True, False], "Tune's own rule: one idle actor"
+
+    ray_internals.keep_idle_actors()
+    ray_internals.keep_idle_actors()  # twice: patched once
+    assert tune_controller._ObjectCache.__mro__[1] is _ObjectCache
+    cache = tune_controller._ObjectCache(may_keep_one=True)  # as TuneController makes it
+    assert [cache.cache_object("1 cpu", a) for a in ("a", "b")] == [True, True], "both slots' actors kept"
+    assert list(cache.flush_cached_objects()) == [] and cache.num_cached_objects == 2, "kept between steps"
+    assert cache.pop_cached_object("1 cpu") == "a" and cache.num_cached_objects == 1
+
+    cache.increase_max("1 gpu")  # a trial of other resources is staged: Tune's rule frees what it may need
+    assert not cache.cache_object("1 cpu", "c"), "not kept while another shape waits for resources"
+    assert list(cache.flush_cached_objects()) == ["b"]
+    cache.decrease_max("1 gpu")
+    cache.cache_object("1 cpu", "d")
+    assert list(cache.flush_cached_objects(force_all=True)) == ["d"], "the search's end frees them all"
+
+
+def test_tune_still_leaves_a_trial_held_by_noop_alone_and_trains_it_as_continue_does():
+    """OrderedHalving holds a trial at a rung with NOOP and starts its next step with continue_held_trial."""
+    from ray.tune.execution.tune_controller import TrialRunnerWrapper, TuneController
+
+    action = inspect.getsource(TuneController._execute_action)
+    assert "decision == TrialScheduler.CONTINUE:\n            self._schedule_trial_train(trial)" in action
+    assert "elif decision == TrialScheduler.NOOP:\n            pass" in action, "NOOP no longer leaves the trial alone"
+    assert "self._tune_controller = tune_controller" in inspect.getsource(TrialRunnerWrapper.__init__)
+
+    trained = []
+    controller = type("Controller", (), {"_schedule_trial_train": lambda self, trial: trained.append(trial)})()
+    wrapper = TrialRunnerWrapper(controller, trial_executor=None)
+    ray_internals.continue_held_trial(wrapper, "trial")
+    ray_internals.continue_held_trial(controller, "other")  # the simulator's controller, unwrapped
+    assert trained == ["trial", "other"]
+
+
+def test_a_searchs_own_local_ray_starts_neither_monitor_and_the_sessions_keeps_the_autoscalers(ray_local):
+    """A search's local Ray (session.start_ray, in a process of its own) runs no log monitor and no autoscaler
+    monitor; the tests' session Ray (conftest.py) keeps the autoscaler monitor, whose records the capacity
+    check reads of a Ray the search did not start. Raylet and GCS named: the process kinds are Ray's keys."""
+    import ast
+
+    kept = set(ray_local._private.worker._global_node.all_processes)
+    assert {"raylet", "gcs_server", "monitor"} <= kept and "log_monitor" not in kept, kept
+    probe = ("import ray\n"
+             "from search.execution.session import start_ray\n"
+             "assert start_ray(None) == 'private'\n"
+             "print(sorted(ray._private.worker._global_node.all_processes))\n"
+             "ray.shutdown()\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=180,
+                          env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    started = set(ast.literal_eval(done.stdout.strip().splitlines()[-1]))
+    assert {"raylet", "gcs_server"} <= started and not started & {"log_monitor", "monitor"}, started
+
+
+def test_tunes_usage_census_of_the_callbacks_counts_as_ray_does_without_importing_mlflow():
+    """Tune's run calls the census through its module; ours gives Ray's counts, and a search's callbacks cost
+    it no import of mlflow where mlflow is installed, as in the test extra."""
+    import ray.tune.tune
+    from ray.air._internal import usage
+    from ray.air.integrations.mlflow import MLflowLoggerCallback
+    from ray.tune import Callback
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback, LoggerCallback
+
+    assert "air_usage.tag_callbacks(callbacks)" in inspect.getsource(ray.tune.tune.run)
+
+    class Own(Callback):
+        pass
+
+    class OwnLogger(LoggerCallback):
+        pass
+
+    class KeepingJson(JsonLoggerCallback):
+        pass
+
+    callbacks = [CSVLoggerCallback(), Own(), Own(), OwnLogger(), KeepingJson(), MLflowLoggerCallback(), "not one"]
+    before = usage.tag_callbacks
+    try:
+        ray_internals.light_callback_census()
+        assert usage.tag_callbacks.counts(callbacks) == dict(usage._count_callbacks(callbacks))
+    finally:
+        usage.tag_callbacks = before
+    probe = ("import sys\n"
+             "from search.execution.ray_internals import light_callback_census\n"
+             "from ray.air._internal import usage\n"
+             "from ray.tune.logger import CSVLoggerCallback\n"
+             "light_callback_census()\n"
+             "usage.tag_callbacks([CSVLoggerCallback()])\n"
+             "print('mlflow' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout.strip()) == (0, "False"), done.stderr
