@@ -315,3 +315,21 @@ def test_code_asks_the_kind_of_trial_instead_of_branching_on_it():
     # of either kind), trainable/function.py (a Tune config of either kind): the three there are today
     assert {f.split(":")[0] for f in found} <= {"search/execution/preflight.py", "trainable/__main__.py",
                                                  "trainable/function.py"}, found
+
+
+# What runs a whole search in a test: hpsearch's driver in-process, its Python API, a resume, the command
+# (as a subprocess, directly or through a file's helper), or a driver script a cluster test starts
+RUNS_A_SEARCH = re.compile(r"run_search\(|search\.run\(|resume_in_process\(|\"-m\", \"search\", \"--space\"|"
+                           r"search_cli\(\"--space\"|run_search_cli\(|barrier_driver|tune_run")
+
+
+def test_unit_tests_run_no_search_and_each_file_of_whole_searches_runs_one():
+    """tests/units/<package>/ holds one package's units, tests/searches/ the whole searches (docs/testing.md)."""
+    units = sorted((REPO / "tests" / "units").rglob("test_*.py"))
+    searches = sorted((REPO / "tests" / "searches").glob("test_*.py"))
+    assert len(units) > 20 and len(searches) > 20
+    packages = {p.parent.name for p in units}
+    assert packages <= {"definition", "searching", "store", "outputs", "execution", "trainable", "bench"}, packages
+    assert [str(p) for p in units if RUNS_A_SEARCH.search(p.read_text())] == []
+    assert [str(p) for p in searches if not RUNS_A_SEARCH.search(p.read_text())] == []
+    assert not list((REPO / "tests").glob("test_*.py")), "each test file in one of the three folders"

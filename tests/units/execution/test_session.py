@@ -12,7 +12,7 @@ import pytest
 
 from tests.heads import own_head
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 JOIN = "from search.execution.session import start_ray; import sys, ray; start_ray(sys.argv[1], 30); print('joined'); ray.shutdown()"
 CLI_LIKE = ("import sys\nfrom search.execution.session import start_ray\nfrom trainable.errors import ConfigError\n"
             "try:\n    start_ray(sys.argv[1], 30)\nexcept ConfigError as error:\n    print(error); sys.exit(2)\n")
