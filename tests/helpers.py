@@ -6,6 +6,8 @@ import copy
 import os
 import signal
 import subprocess
+import sys
+import textwrap
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,8 @@ from typing import Any
 import yaml
 
 from search.definition.space import Space, parse_space
+
+REPO = Path(__file__).resolve().parents[1]
 
 SMALL: dict[str, Any] = {
     # one trial at a time: a second slot costs each search a second trial process (about 6 CPU-seconds of
@@ -155,3 +159,54 @@ def stop_session(process: subprocess.Popen) -> None:
     """SIGKILL every process in `process`'s session (started with start_new_session=True): its Ray too."""
     with suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
+
+
+# A user's own model file and dataset function for the canonical loop, with no MNIST (tests/searches/test_user_code.py,
+# the tests of what the command says): three Gaussian blobs in 6 dimensions, a dataset no download can provide.
+BLOBS = """
+    import torch
+
+    def blobs(root, n=600, classes=3, with_test=True):
+        g = torch.Generator().manual_seed(0)
+        centers = torch.randn(classes, 6, generator=g) * 3
+        def part(count):
+            y = torch.randint(0, classes, (count,), generator=g)
+            return centers[y] + torch.randn(count, 6, generator=g), y
+        return part(n), None, (part(200) if with_test else None)
+"""
+MODEL = """
+    from torch import nn
+
+    def tiny(input_shape, num_classes, width=16):
+        return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0], width), nn.ReLU(),
+                             nn.Linear(width, num_classes))
+"""
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def blob_space(tmp_path: Path, **sections) -> dict:
+    """A canonical-loop space on BLOBS (a dataset function) and MODEL (a model file), both written in tmp_path."""
+    write(tmp_path / "data.py", BLOBS)
+    write(tmp_path / "net.py", MODEL)
+    raw = {
+        "experiment": {"name": "blobs", "num_samples": 3, "max_concurrent": 1, "seed": 1,
+                       "storage_path": str(tmp_path / "runs")},
+        "model": {"factory": "net.py:tiny"},
+        "data": {"dataset": "data.py:blobs", "args": {"n": 600}, "val_size": 150},
+        "training": {"epochs": 2, "optimizer": "adamw", "batch_size": 32},
+        "space": {"lr": {"distribution": "loguniform", "low": 0.01, "high": 0.1},
+                  "model.width": {"distribution": "choice", "values": [8, 32]}},
+    }
+    for section, values in sections.items():
+        raw.setdefault(section, {}).update(values)
+    return raw
+
+
+def run_search_cli(space: Path, *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "search", "--space", str(space), *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=600,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})

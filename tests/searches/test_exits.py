@@ -15,7 +15,7 @@ import yaml
 from search.execution.preflight import check_storage_outlives_ray
 from search.store.storage import Storage
 from tests.helpers import assert_outputs_agree
-from tests.searches.test_user_code import blob_space, run_search_cli, write
+from tests.helpers import blob_space, run_search_cli, write
 from trainable.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ import yaml
 from search.definition.space import parse_space
 from search.driver import run_search
 from tests.helpers import assert_outputs_agree
-from tests.searches.test_user_code import blob_space, write
+from tests.helpers import blob_space, write
 
 HANGING = """
     import os

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pandas as pd
@@ -18,56 +17,9 @@ from trainable.data import load_data
 from trainable.device import get_default_device
 from trainable.loop import build_run, train_and_evaluate
 
+from tests.helpers import blob_space, run_search_cli, write
+
 REPO = Path(__file__).resolve().parents[2]
-
-# Three Gaussian blobs in 6 dimensions, made here: a dataset no download can provide.
-BLOBS = """
-    import torch
-
-    def blobs(root, n=600, classes=3, with_test=True):
-        g = torch.Generator().manual_seed(0)
-        centers = torch.randn(classes, 6, generator=g) * 3
-        def part(count):
-            y = torch.randint(0, classes, (count,), generator=g)
-            return centers[y] + torch.randn(count, 6, generator=g), y
-        return part(n), None, (part(200) if with_test else None)
-"""
-MODEL = """
-    from torch import nn
-
-    def tiny(input_shape, num_classes, width=16):
-        return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0], width), nn.ReLU(),
-                             nn.Linear(width, num_classes))
-"""
-
-
-def write(path: Path, text: str) -> Path:
-    path.write_text(textwrap.dedent(text))
-    return path
-
-
-def blob_space(tmp_path: Path, **sections) -> dict:
-    write(tmp_path / "data.py", BLOBS)
-    write(tmp_path / "net.py", MODEL)
-    raw = {
-        "experiment": {"name": "blobs", "num_samples": 3, "max_concurrent": 1, "seed": 1,
-                       "storage_path": str(tmp_path / "runs")},
-        "model": {"factory": "net.py:tiny"},
-        "data": {"dataset": "data.py:blobs", "args": {"n": 600}, "val_size": 150},
-        "training": {"epochs": 2, "optimizer": "adamw", "batch_size": 32},
-        "space": {"lr": {"distribution": "loguniform", "low": 0.01, "high": 0.1},
-                  "model.width": {"distribution": "choice", "values": [8, 32]}},
-    }
-    for section, values in sections.items():
-        raw.setdefault(section, {}).update(values)
-    return raw
-
-
-def run_search_cli(space: Path, *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "search", "--space", str(space), *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=600,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
-
 
 @pytest.mark.slow
 def test_a_dataset_function_and_model_file_are_tuned_through_the_python_api(ray_local, tmp_path):

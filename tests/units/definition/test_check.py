@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from search.cli import main
-from tests.searches.test_user_code import blob_space, write
+from tests.helpers import blob_space, write
 
 MNIST_SPACE = "spaces/mnist.yaml"
 REPO = Path(__file__).resolve().parents[3]
