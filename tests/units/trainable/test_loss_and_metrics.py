@@ -26,7 +26,7 @@ from trainable.measures import build_metrics, check_measures
 from trainable.metrics import epoch_metrics, metric_column
 from trainable.report import Placement, epoch_report
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CPU = torch.device("cpu")
 REGRESSION = REPO / "examples" / "regression"
 
