@@ -148,7 +148,9 @@ def tensorboardx_without_torch() -> None:
     is unaffected: only tensorboardX's own check saw it missing."""
     if "torch" in sys.modules or "tensorboardX" in sys.modules:
         return
-    sys.modules["torch"] = None  # type: ignore[assignment]  # Python's mark of a module that cannot be imported
+    # Python's mark of a module that cannot be imported, for this import only: no thread of the driver imports
+    # torch meanwhile (Tune's callbacks are made before any trial starts)
+    sys.modules["torch"] = None  # type: ignore[assignment]
     try:
         import tensorboardX  # noqa: F401
     finally:
