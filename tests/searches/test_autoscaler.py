@@ -64,7 +64,7 @@ def autoscaling_config(cluster_yaml: Path, gcs_port: int, idle_minutes: float) -
         "max_workers": sum(t.get("max_workers", 0) for t in types.values()),
         "idle_timeout_minutes": idle_minutes,
         "upscaling_speed": cluster.get("upscaling_speed", 1.0),
-        "provider": {"type": "external", "module": "tests.test_autoscaler.DistinctNodeIds",
+        "provider": {"type": "external", "module": "tests.searches.test_autoscaler.DistinctNodeIds",
                      "gcs_address": f"127.0.0.1:{gcs_port}",
                      # the fake nodes are processes here: no SSH updater, no launch hash to compare;
                      # they share one IP, so the autoscaler tells them apart (idle or not) by node id
