@@ -1,5 +1,6 @@
 """experiment.time_budget and stop_when: the search ends early with exit 0, says why, and the trials
-that ran are the first trials of the same search without a budget."""
+that ran are the first trials of the same search without a budget (the rules, checks and notes on their own:
+tests/units/searching/test_budget_rules.py)."""
 
 from __future__ import annotations
 

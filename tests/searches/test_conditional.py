@@ -1,4 +1,5 @@
-"""Conditional keys (`when:`): checked before anything starts, drawn define-by-run, null in results where not drawn."""
+"""Conditional keys (`when:`) in a search: null in results where not drawn, and the replay (the checks and the
+drawing on their own: tests/units/definition/test_conditional_keys.py)."""
 
 from __future__ import annotations
 

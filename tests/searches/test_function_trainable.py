@@ -1,5 +1,7 @@
-"""Function trainables (`trainable: FILE.py:FUNCTION`): the space file's checks, the report and
-checkpoint contract without Ray, and one search of a toy function end to end."""
+"""Function trainables (`trainable: FILE.py:FUNCTION`) in searches of a toy function: a restart from its
+checkpoint, the same results again, contract errors ending a search, a finished run resumed without Ray; and
+the driver of a plain function without torch (the contract on its own, without Ray:
+tests/units/trainable/test_function_contract.py)."""
 
 from __future__ import annotations
 

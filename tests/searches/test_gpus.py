@@ -1,4 +1,5 @@
-"""GPUs: trials spread over every GPU, `resources.gpus: auto`, and the probe's choice.
+"""GPUs: trials spread over every GPU, `resources.gpus: auto`, and the probe's choice, in searches (the
+arithmetic, the knee and the probe's copies on their own: tests/units/execution/test_gpu_plan.py).
 
 The searches run on real Ray clusters on this machine (ray.cluster_utils.Cluster) whose
 nodes advertise fake GPUs: Ray hands trials GPU ids and sets CUDA_VISIBLE_DEVICES, torch

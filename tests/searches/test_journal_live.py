@@ -1,4 +1,5 @@
-"""optuna.journal as optuna-dashboard sees it while a search runs: one numbering, trials as they start.
+"""optuna.journal as optuna-dashboard sees it while a search runs: one numbering, trials as they start (the
+rows on their own, without a search: tests/units/outputs/test_journal_rows.py).
 
 Read through optuna-dashboard's own storage loader (`optuna_dashboard._storage_url.get_storage`,
 `optuna_dashboard._storage.get_trials`: what `optuna-dashboard FILE` calls), from the test extra.

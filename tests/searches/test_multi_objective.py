@@ -1,5 +1,5 @@
-"""Several objectives and constraints (docs/multi-objective.md): the space file's rules, a trial's
-point, the Pareto front, the searcher's study, and one search end to end."""
+"""Several objectives and constraints (docs/multi-objective.md): one search end to end (the rules, a trial's
+point, the front and the searcher's study on their own: tests/units/definition/test_objectives.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Population based training (scheduler: pbt): a trial that copies another's weights trains on with
-its own values, its rows record them, and best.yaml's schedule replays its weights' whole history."""
+its own values, its rows record them, and best.yaml's schedule replays its weights' whole history (the
+settings and the replay on their own: tests/units/searching/test_pbt_rules.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Warm start: experiment.enqueue runs given configs first; --warm-start tells the study an earlier run's trials."""
+"""Warm start in a search: experiment.enqueue runs given configs first; --warm-start tells the study an earlier
+run's trials (the configs and the earlier trials on their own: tests/units/searching/test_warm_start_configs.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A function trainable's contract on its own, without Ray: the space file's checks of a function search, its
 reserved names, the report and checkpoint contract (report(dict) as Tune's, divergence, contract errors), a
-checkpoint's round trip, best.yaml replayed, and that the driver of a plain function imports no torch (the
-searches of a toy function: tests/searches/test_function_trainable.py)."""
+checkpoint's round trip, best.yaml replayed (the searches of a toy function, and the driver of a plain
+function without torch: tests/searches/test_function_trainable.py)."""
 
 from __future__ import annotations
 
