@@ -130,6 +130,13 @@ def reachable(address: str, timeout_s: float) -> bool:
             time.sleep(0.5)  # a retry interval, not a wait for something we control
 
 
+def start_local_ray() -> None:
+    """A new local Ray of the search's own (address "local" never joins one another process started), without
+    the dashboard's web UI, workers' logs sent here, or Ray's two monitors (ray_internals.lean_local_ray)."""
+    with lean_local_ray():
+        ray.init(address="local", include_dashboard=False, log_to_driver=False)
+
+
 class EarlyRay:
     """A local Ray started on a thread while the driver imports torch and loads the data.
 
@@ -168,8 +175,7 @@ class EarlyRay:
             # Ray warns that it sets no SIGTERM handler off the main thread: the CLI sets its own
             logging.getLogger("ray._private.worker").addFilter(DropMessages("SIGTERM handler is not set"))
             try:
-                with lean_local_ray():
-                    ray.init(address="local", include_dashboard=False, log_to_driver=False)
+                start_local_ray()
             except BaseException as error:  # raised again in the thread that takes the instance over
                 self._error = error
                 self._done.set()
@@ -236,9 +242,7 @@ def start_ray(address: str | None, connect_timeout: float = 60.0, early: EarlyRa
     if ray.is_initialized():
         return None
     if address is None and "RAY_ADDRESS" not in os.environ:
-        # "local" always starts a new instance, never joins one some other process started
-        with lean_local_ray():
-            ray.init(address="local", include_dashboard=False, log_to_driver=False)
+        start_local_ray()
         return "private"
     target = address or os.environ["RAY_ADDRESS"]
     if not reachable(target, connect_timeout):
