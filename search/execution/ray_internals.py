@@ -66,6 +66,12 @@ fails when Ray changes what it relies on, so an upgrade says where to look inste
   of the local Ray it started). Two Python processes a start, each importing Ray, and the log monitor's polling
   for as long as Ray runs. `ray start` has flags for both (RayParams' include_log_monitor, no_monitor);
   `ray.init` passes neither, so the node it starts is given them.
+- `token_refusal`: a cluster made with `ray start --head` (Ray 2.60) turns away a client without its token,
+  and `ray.init` retries that refusal for about 20 s (its node's connection loop, `Node.get_gcs_client`, takes
+  any error for a GCS not up yet, InvalidAuthToken too) and then raises a ConnectionError that does not say
+  why. One `ray._raylet.GcsClient`, the client that loop makes, raises Ray's AuthenticationError in a fraction
+  of a second. No public API asks a cluster whether it admits this client. Pinned by
+  tests/units/execution/test_session.py (a `ray start --head` cluster refuses a client without the token).
 - The logger names the quiet mode filters (search/execution/session.py's `quiet`) are Ray's
   module paths, `ray._private.worker` among them: a renamed module only makes a hint visible again.
 """
@@ -81,6 +87,7 @@ from contextlib import contextmanager
 from typing import Any, TextIO
 
 import ray
+from ray.exceptions import AuthenticationError
 
 
 class _QuickStop(logging.Filter):
@@ -334,3 +341,30 @@ def autoscaler_status() -> tuple[set[str] | None, str | None]:
     except Exception:
         version = None
     return types, version
+
+
+def token_refusal(address: str, timeout_s: float = 5.0) -> str | None:
+    """Ray's reason where the GCS at `address` (host:port) refuses this client for its token, else None.
+
+    Anything else (the GCS admits the client, another error, no answer within `timeout_s`) is None and left to
+    ray.init, as before. The client is made on a daemon thread: at an address that accepts connections and
+    answers nothing it blocks for about 40 s in Ray's C++ (the GIL released), past the bound."""
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]  # a compiled module without stubs
+
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():  # "auto", "local": Ray's to resolve
+        return None
+    refused: list[str] = []
+
+    def probe() -> None:
+        try:
+            GcsClient(address=address)
+        except AuthenticationError as error:  # Ray's first sentence names it: "RPC error: InvalidAuthToken: ..."
+            refused.append(str(error).split(". ", 1)[0])
+        except Exception:  # noqa: BLE001  (any other failure is ray.init's to report)
+            pass
+
+    thread = threading.Thread(target=probe, name="hpsearch-token-probe", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return refused[0] if refused else None

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 import ray
 from ray.exceptions import AuthenticationError
 
-from search.execution.ray_internals import lean_local_ray, silent_raylet_errors
+from search.execution.ray_internals import lean_local_ray, silent_raylet_errors, token_refusal
 from trainable.errors import ConfigError, problem
 
 
@@ -253,6 +253,9 @@ def start_ray(address: str | None, connect_timeout: float = 60.0, early: EarlyRa
         raise ConfigError([problem("--address", "answers HTTP there (Ray's dashboard, or another web server), not "
                                                 "Ray's GCS: give the head's GCS address, host:6379 by default (`ray "
                                                 "status` on the head says it)", target)])
+    if "://" not in target and (refusal := token_refusal(target)) is not None:  # ray.init: 20 s, then no reason
+        raise ConfigError([problem("--address", f"cannot join a Ray cluster there: the head refused this client "
+                                                f"({refusal}){auth_hint(refused=True)}", target)])
     try:
         ray.init(address=address, log_to_driver=False)
     except (AuthenticationError, ConnectionError, RuntimeError, ValueError) as error:  # "auto" with none running
@@ -261,12 +264,13 @@ def start_ray(address: str | None, connect_timeout: float = 60.0, early: EarlyRa
     return "joined"
 
 
-def auth_hint() -> str:
+def auth_hint(refused: bool = False) -> str:
     """What to set when the cluster may want a token: Ray 2.60 turns token authentication on for
-    `ray start --head`, and a client without RAY_AUTH_MODE=token is refused (Ray logs InvalidAuthToken)."""
+    `ray start --head`, and a client without RAY_AUTH_MODE=token is refused (Ray logs InvalidAuthToken).
+    `refused`: the head said so (token_refusal), rather than only failing to answer ray.init."""
     if os.environ.get("RAY_AUTH_MODE") == "token":  # set, and still refused: perhaps another head's token
-        return ("; if Ray's log says InvalidAuthToken, the token this client sends (RAY_AUTH_TOKEN, "
-                "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) is not the head's")
+        return ("; " + ("" if refused else "if Ray's log says InvalidAuthToken, ") + "the token this client sends "
+                "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) is not the head's")
     return ("; a cluster made with `ray start --head` (Ray 2.60) admits only clients with RAY_AUTH_MODE=token "
             "set, the token in ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN")
 
