@@ -63,7 +63,11 @@ browser:
 # tests are printed at the end (docs/testing.md keeps them), so where the time goes shows in every run.
 # --no-loadscope-reorder: xdist 3 hands out the files with the most tests first, which put the longest
 # files (test_chaos.py: 2 tests, 5 minutes) last, on one worker alone; tests/conftest.py orders them.
+# compileall: the project's bytecode, written once. Where PYTHONDONTWRITEBYTECODE is set (these machines set it)
+# every process compiles the modules it imports from source: about 0.2 CPU-s of each `python -m search` the
+# tests run (docs/testing.md). A changed file is compiled again in memory, as without it.
 test: $(VENV)/.installed-test browser lint
+	$(PY) -m compileall -q search trainable tests > /dev/null
 	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=20
 
 # ruff's checks and mypy's ([tool.ruff], [tool.mypy] in pyproject.toml): about 2 minutes, mostly mypy
