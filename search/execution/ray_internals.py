@@ -65,7 +65,11 @@ fails when Ray changes what it relies on, so an upgrade says where to look inste
   reports that nothing scales it (search/execution/capacity.py asks it only of a cluster the search joined, not
   of the local Ray it started). Two Python processes a start, each importing Ray, and the log monitor's polling
   for as long as Ray runs. `ray start` has flags for both (RayParams' include_log_monitor, no_monitor);
-  `ray.init` passes neither, so the node it starts is given them.
+  `ray.init` passes neither, so the node it starts is given them. Nor does it prestart workers for its driver
+  (Ray's `prestart_worker_first_driver`, a system config): Ray starts one idle worker per CPU when the driver
+  registers, each importing Ray (about 0.4 CPU-s), and no trial can use one, since Tune gives every trial's
+  actor a runtime_env (`PL_DISABLE_FORK`, tune/execution/class_cache.py) that a prestarted worker lacks; a Ray
+  task the search runs (the GPU probe) starts its worker when it is asked for.
 - `token_refusal`: a cluster made with `ray start --head` (Ray 2.60) turns away a client without its token,
   and `ray.init` retries that refusal for about 20 s (its node's connection loop, `Node.get_gcs_client`, takes
   any error for a GCS not up yet, InvalidAuthToken too) and then raises a ConnectionError that does not say
@@ -284,6 +288,8 @@ def lean_local_ray(autoscaler_monitor: bool = False):
         if kwargs.get("head") and kwargs.get("ray_init_cluster"):  # ray.init's own node, not a joined one
             ray_params.include_log_monitor = False
             ray_params.no_monitor = not autoscaler_monitor
+            # the module docstring: workers prestarted for this driver that no trial can use
+            ray_params._system_config = {**(ray_params._system_config or {}), "prestart_worker_first_driver": False}
         start(self, ray_params, *args, **kwargs)
 
     node.Node.__init__ = lean  # type: ignore[method-assign]

@@ -211,15 +211,26 @@ def test_tune_still_leaves_a_trial_held_by_noop_alone_and_trains_it_as_continue_
 
 def test_a_searchs_own_local_ray_starts_neither_monitor_and_the_sessions_keeps_the_autoscalers(ray_local):
     """A search's local Ray (session.start_ray, in a process of its own) runs no log monitor and no autoscaler
-    monitor; the tests' session Ray (conftest.py) keeps the autoscaler monitor, whose records the capacity
-    check reads of a Ray the search did not start. Raylet and GCS named: the process kinds are Ray's keys."""
+    monitor, and prestarts no worker for its driver; the tests' session Ray (conftest.py) keeps the autoscaler
+    monitor, whose records the capacity check reads of a Ray the search did not start. Raylet and GCS named:
+    the process kinds are Ray's keys. The workers: once an actor made as Tune makes a trial's (with a
+    runtime_env, which a prestarted worker cannot take) runs, the raylet's processes are its two agents and that
+    actor's; Ray 2.60 by default has also prestarted one idle worker per CPU when the driver registered."""
     import ast
 
     kept = set(ray_local._private.worker._global_node.all_processes)
     assert {"raylet", "gcs_server", "monitor"} <= kept and "log_monitor" not in kept, kept
-    probe = ("import ray\n"
+    probe = ("import os, psutil, ray\n"
              "from search.execution.session import start_ray\n"
              "assert start_ray(None) == 'private'\n"
+             "@ray.remote(num_cpus=1, runtime_env={'env_vars': {'PL_DISABLE_FORK': '1'}})  # tune/execution/class_cache.py\n"
+             "class Trial:\n"
+             "    def pid(self):\n"
+             "        return os.getpid()\n"
+             "trial = ray.get(Trial.remote().pid.remote())\n"
+             "raylet = ray._private.worker._global_node.all_processes['raylet'][0].process.pid\n"
+             "print([' '.join(p.cmdline()) for p in psutil.Process(raylet).children(recursive=True)\n"
+             "       if p.pid != trial and 'Agent' not in ' '.join(p.cmdline())])\n"
              "print(sorted(ray._private.worker._global_node.all_processes))\n"
              "ray.shutdown()\n")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -228,6 +239,7 @@ def test_a_searchs_own_local_ray_starts_neither_monitor_and_the_sessions_keeps_t
     assert done.returncode == 0, done.stderr[-2000:]
     started = set(ast.literal_eval(done.stdout.strip().splitlines()[-1]))
     assert {"raylet", "gcs_server"} <= started and not started & {"log_monitor", "monitor"}, started
+    assert ast.literal_eval(done.stdout.strip().splitlines()[-2]) == [], "workers besides the trial's"
 
 
 def test_tunes_usage_census_of_the_callbacks_counts_as_ray_does_without_importing_mlflow():
