@@ -69,7 +69,11 @@ fails when Ray changes what it relies on, so an upgrade says where to look inste
   (Ray's `prestart_worker_first_driver`, a system config): Ray starts one idle worker per CPU when the driver
   registers, each importing Ray (about 0.4 CPU-s), and no trial can use one, since Tune gives every trial's
   actor a runtime_env (`PL_DISABLE_FORK`, tune/execution/class_cache.py) that a prestarted worker lacks; a Ray
-  task the search runs (the GPU probe) starts its worker when it is asked for.
+  task the search runs (the GPU probe) starts its worker when it is asked for. Nor an API server: with
+  include_dashboard=False `ray.init` still starts the dashboard's process in its minimal mode (Ray's job
+  submission and state API over HTTP, ~0.8 CPU-s and about a second before `ray.init` returns), which nothing
+  asks of a Ray that one search started for itself; `Node.start_api_server` is skipped for that node, which
+  Ray then leaves as it leaves a node whose API server failed to start (no web UI URL).
 - `token_refusal`: a cluster made with `ray start --head` (Ray 2.60) turns away a client without its token,
   and `ray.init` retries that refusal for about 20 s (its node's connection loop, `Node.get_gcs_client`, takes
   any error for a GCS not up yet, InvalidAuthToken too) and then raises a ConnectionError that does not say
@@ -282,7 +286,7 @@ def lean_local_ray(autoscaler_monitor: bool = False):
     unless `autoscaler_monitor` (a Ray that is not the search's own, whose capacity is read from it)."""
     import ray._private.node as node
 
-    start = node.Node.__init__
+    start, serve = node.Node.__init__, node.Node.start_api_server
 
     def lean(self, ray_params, *args, **kwargs):
         if kwargs.get("head") and kwargs.get("ray_init_cluster"):  # ray.init's own node, not a joined one
@@ -290,13 +294,22 @@ def lean_local_ray(autoscaler_monitor: bool = False):
             ray_params.no_monitor = not autoscaler_monitor
             # the module docstring: workers prestarted for this driver that no trial can use
             ray_params._system_config = {**(ray_params._system_config or {}), "prestart_worker_first_driver": False}
+            self._hpsearch_lean = True  # read by no_api_server, which the constructor calls
         start(self, ray_params, *args, **kwargs)
 
+    def no_api_server(self, *, include_dashboard, raise_on_failure):
+        if getattr(self, "_hpsearch_lean", False) and not include_dashboard:
+            self._webui_url = None  # as Ray leaves it where the API server fails to start
+            return
+        serve(self, include_dashboard=include_dashboard, raise_on_failure=raise_on_failure)
+
     node.Node.__init__ = lean  # type: ignore[method-assign]
+    node.Node.start_api_server = no_api_server  # type: ignore[method-assign]
     try:
         yield
     finally:
         node.Node.__init__ = start  # type: ignore[method-assign]
+        node.Node.start_api_server = serve  # type: ignore[method-assign]
 
 
 def silent_raylet_errors() -> None:

@@ -132,7 +132,8 @@ def reachable(address: str, timeout_s: float) -> bool:
 
 def start_local_ray() -> None:
     """A new local Ray of the search's own (address "local" never joins one another process started), without
-    the dashboard's web UI, workers' logs sent here, or Ray's two monitors (ray_internals.lean_local_ray)."""
+    the dashboard (its web UI and its API server), workers' logs sent here, Ray's two monitors or prestarted
+    workers (ray_internals.lean_local_ray)."""
     with lean_local_ray():
         ray.init(address="local", include_dashboard=False, log_to_driver=False)
 

@@ -210,8 +210,8 @@ def test_tune_still_leaves_a_trial_held_by_noop_alone_and_trains_it_as_continue_
 
 
 def test_a_searchs_own_local_ray_starts_neither_monitor_and_the_sessions_keeps_the_autoscalers(ray_local):
-    """A search's local Ray (session.start_ray, in a process of its own) runs no log monitor and no autoscaler
-    monitor, and prestarts no worker for its driver; the tests' session Ray (conftest.py) keeps the autoscaler
+    """A search's local Ray (session.start_ray, in a process of its own) runs no log monitor, no autoscaler
+    monitor and no dashboard (API server), and prestarts no worker for its driver; the tests' session Ray (conftest.py) keeps the autoscaler
     monitor, whose records the capacity check reads of a Ray the search did not start. Raylet and GCS named:
     the process kinds are Ray's keys. The workers: once an actor made as Tune makes a trial's (with a
     runtime_env, which a prestarted worker cannot take) runs, the raylet's processes are its two agents and that
@@ -238,7 +238,7 @@ def test_a_searchs_own_local_ray_starts_neither_monitor_and_the_sessions_keeps_t
                           env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     started = set(ast.literal_eval(done.stdout.strip().splitlines()[-1]))
-    assert {"raylet", "gcs_server"} <= started and not started & {"log_monitor", "monitor"}, started
+    assert {"raylet", "gcs_server"} <= started and not started & {"log_monitor", "monitor", "dashboard"}, started
     assert ast.literal_eval(done.stdout.strip().splitlines()[-2]) == [], "workers besides the trial's"
 
 
