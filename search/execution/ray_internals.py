@@ -282,8 +282,9 @@ def light_callback_census() -> None:
 
 @contextmanager
 def lean_local_ray(autoscaler_monitor: bool = False):
-    """A local Ray that `ray.init` starts within this block runs no log monitor, and no autoscaler monitor
-    unless `autoscaler_monitor` (a Ray that is not the search's own, whose capacity is read from it)."""
+    """A local Ray that `ray.init` starts within this block runs no log monitor, no API server and no autoscaler
+    monitor unless `autoscaler_monitor` (a Ray that is not the search's own, whose capacity is read from it), and
+    prestarts no worker for its driver (the module docstring says why each)."""
     import ray._private.node as node
 
     start, serve = node.Node.__init__, node.Node.start_api_server

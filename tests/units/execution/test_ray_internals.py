@@ -209,13 +209,13 @@ def test_tune_still_leaves_a_trial_held_by_noop_alone_and_trains_it_as_continue_
     assert trained == ["trial", "other"]
 
 
-def test_a_searchs_own_local_ray_starts_neither_monitor_and_the_sessions_keeps_the_autoscalers(ray_local):
+def test_a_searchs_own_local_ray_starts_only_what_a_search_uses_and_the_sessions_keeps_the_autoscalers(ray_local):
     """A search's local Ray (session.start_ray, in a process of its own) runs no log monitor, no autoscaler
-    monitor and no dashboard (API server), and prestarts no worker for its driver; the tests' session Ray (conftest.py) keeps the autoscaler
-    monitor, whose records the capacity check reads of a Ray the search did not start. Raylet and GCS named:
-    the process kinds are Ray's keys. The workers: once an actor made as Tune makes a trial's (with a
-    runtime_env, which a prestarted worker cannot take) runs, the raylet's processes are its two agents and that
-    actor's; Ray 2.60 by default has also prestarted one idle worker per CPU when the driver registered."""
+    monitor and no dashboard (its API server), and prestarts no worker for its driver; the tests' session Ray
+    (conftest.py) keeps the autoscaler monitor, whose records the capacity check reads of a Ray the search did
+    not start. Raylet and GCS named: the process kinds are Ray's keys. The workers: once an actor made as Tune
+    makes a trial's (with a runtime_env, which a prestarted worker cannot take) runs, the raylet's processes are
+    its two agents and that actor's; Ray 2.60 by default has also prestarted an idle worker per CPU by then."""
     import ast
 
     kept = set(ray_local._private.worker._global_node.all_processes)
