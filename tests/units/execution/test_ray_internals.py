@@ -220,7 +220,7 @@ def test_a_searchs_own_local_ray_starts_only_what_a_search_uses_and_the_sessions
 
     kept = set(ray_local._private.worker._global_node.all_processes)
     assert {"raylet", "gcs_server", "monitor"} <= kept and "log_monitor" not in kept, kept
-    probe = ("import os, psutil, ray\n"
+    probe = ("import os\nimport ray\nimport psutil  # Ray's own copy (ray/thirdparty_files), on the path once ray is imported\n"
              "from search.execution.session import start_ray\n"
              "assert start_ray(None) == 'private'\n"
              "@ray.remote(num_cpus=1, runtime_env={'env_vars': {'PL_DISABLE_FORK': '1'}})  # tune/execution/class_cache.py\n"
