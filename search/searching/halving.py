@@ -35,10 +35,9 @@ that rung (their value at it), whatever order they arrive in:
 
 No deadlock: the lowest-numbered trial that has not passed a rung never waits, a paused trial holds
 no slot, and a held one waits only for lower-numbered trials that hold theirs and are not paused (a
-chain of holds ends at a trial that runs); the waiting trials are judged again at every result and at
-every trial's end (a trial that ends short of the rung, its last event, releases those held for it);
-Tune resumes a paused trial only when choose_trial_to_run picks it, and it picks those cleared to go
-on, lowest number first.
+chain of holds ends at a trial that runs); the waiting trials are judged again at every result, at
+every trial's end and in choose_trial_to_run; Tune resumes a paused trial only when choose_trial_to_run
+picks it, and it picks those cleared to go on, lowest number first.
 
 What TPE learns from a trial stopped here is OrderedSearch's part (search/searching/ordered.py
 MULTIFIDELITY: PRUNED, with its curve), told in trial-number order like every result.
@@ -175,8 +174,9 @@ class OrderedHalving(FIFOScheduler):
 
     def on_trial_complete(self, tune_controller, trial: Trial, result: dict) -> None:
         self._end(trial)
-        # a held trial that waited for this one is judged now: its end may be the last event it can get, since a
-        # held trial has no task in flight (when every live trial is held, Tune's controller only spins)
+        # the trials waiting for this one are judged at its end, not only at the next result or choose_trial_to_run:
+        # Tune asks the latter at every step, but a caller that asks it only for a free slot (bench/schedules.py's
+        # simulator, where a held trial keeps its slot) would leave a trial held for this one held
         self._settle(tune_controller)
 
     def on_trial_remove(self, tune_controller, trial: Trial) -> None:

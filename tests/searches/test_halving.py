@@ -202,9 +202,9 @@ def test_a_trial_that_waits_for_running_trials_is_held_on_its_actor_not_paused()
 
 def test_a_trial_held_for_one_that_ends_short_of_the_rung_goes_on_when_that_one_ends():
     """A held trial waits for a lower-numbered running one; that one then ends before the rung (its function
-    returned, as a trial with fewer epochs does). Its end is the last event the held one can get: no trial has a
-    task in flight, so Tune's controller only spins. The end judges the held trial (a clean-clone CI run of the
-    MO-ASHA search in test_model_based.py sat ten minutes at 8 of 10 trials, the controller at 12 million steps)."""
+    returned, as a trial with fewer epochs does). Its end judges the held trial, whatever the caller does next:
+    Tune asks choose_trial_to_run (which judges them too) at every step, bench/schedules.py's simulator only for a
+    free slot, and a held trial keeps its slot there."""
     from types import SimpleNamespace
 
     from ray.tune.schedulers import TrialScheduler
