@@ -372,7 +372,7 @@ def token_refusal(address: str, timeout_s: float = 5.0) -> str | None:
     from ray._raylet import GcsClient  # type: ignore[attr-defined]  # a compiled module without stubs
 
     host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():  # "auto", "local": Ray's to resolve
+    if "://" in address or not host or not port.isdigit():  # ray://, "auto", "local": Ray's to resolve
         return None
     refused: list[str] = []
 

@@ -254,7 +254,7 @@ def start_ray(address: str | None, connect_timeout: float = 60.0, early: EarlyRa
         raise ConfigError([problem("--address", "answers HTTP there (Ray's dashboard, or another web server), not "
                                                 "Ray's GCS: give the head's GCS address, host:6379 by default (`ray "
                                                 "status` on the head says it)", target)])
-    if "://" not in target and (refusal := token_refusal(target)) is not None:  # ray.init: 20 s, then no reason
+    if (refusal := token_refusal(target)) is not None:  # ray.init: 20 s of retries, then no reason
         raise ConfigError([problem("--address", f"cannot join a Ray cluster there: the head refused this client "
                                                 f"({refusal}){auth_hint(refused=True)}", target)])
     try:
