@@ -48,7 +48,13 @@ fails when Ray changes what it relies on, so an upgrade says where to look inste
   the trial keeps its actor with no training task. Once they arrive it goes on: Tune's controller then
   schedules its next `train` task as it does for CONTINUE (`_schedule_trial_train`). The controller reaches
   a scheduler wrapped (TrialRunnerWrapper, its `_tune_controller`), whose public names pause and stop a
-  trial but never start its training again.
+  trial but never start its training again. A report that carries a checkpoint makes Tune save it (a `save`
+  task after the report) and keep the scheduler's answer until that save is in (`_cached_trial_decisions`);
+  a trial released while its NOOP is kept there gets CONTINUE in its place, which Tune executes after the
+  save. Started at once instead, its next report could come back before the save, and Tune keeps the first
+  answer it kept (NOOP) over a later CONTINUE: that report's CONTINUE was lost and the trial sat RUNNING
+  with no task while the controller spun (tests/searches/test_model_based.py's MO-ASHA search hung so; the
+  figures are in docs/testing.md).
 - `silent_raylet_errors`: Ray's error thread on the driver prints what the raylet publishes ("(raylet) A
   worker died or was killed ...") straight to the terminal with `print_worker_logs`, past any logger and
   whatever log_to_driver says; its one switch is the module flag `_worker_logs_enabled` (Ray's debugger
@@ -210,7 +216,14 @@ def restart_a_trial_whose_reused_actor_died() -> None:
 def continue_held_trial(scheduler_view: Any, trial: Any) -> None:
     """Start the next training step of `trial`, held by its scheduler's NOOP (see the module docstring).
     `scheduler_view`: what Tune hands a scheduler (its controller, wrapped), or a controller itself."""
+    from ray.tune.schedulers import TrialScheduler
+
     controller = getattr(scheduler_view, "_tune_controller", scheduler_view)
+    if trial.is_saving:  # its NOOP waits for the save of its last report: CONTINUE waits there instead
+        kept = controller._cached_trial_decisions
+        if kept.get(trial.trial_id) in (None, TrialScheduler.NOOP):
+            kept[trial.trial_id] = TrialScheduler.CONTINUE
+        return
     controller._schedule_trial_train(trial)
 
 

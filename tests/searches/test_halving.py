@@ -125,7 +125,7 @@ def test_rung_decisions_reach_halving_json_at_most_once_a_second_and_all_when_th
     monkeypatch.setattr(Storage, "write", lambda self, relative, data: writes.append(relative) or write(self, relative, data))
     scheduler = halving.OrderedHalving(metric="val_acc", mode="max", max_t=8, grace_period=1, reduction_factor=2,
                                        storage=Storage(str(tmp_path)), record="run/halving.json")
-    trials = [SimpleNamespace(config={"trial_number": n, "epochs": 8}, status="RUNNING") for n in range(6)]
+    trials = [SimpleNamespace(config={"trial_number": n, "epochs": 8}, status="RUNNING", is_saving=False) for n in range(6)]
     for trial in trials:
         scheduler.on_trial_add(None, trial)
     decisions = [scheduler.on_trial_result(None, trial, {"epoch": 1, "val_acc": 0.1 * (n % 3)})
@@ -174,7 +174,7 @@ def test_a_trial_that_waits_for_running_trials_is_held_on_its_actor_not_paused()
 
     def scheduler_with(hold):
         scheduler = OrderedHalving(metric="val_acc", mode="max", max_t=8, grace_period=1, reduction_factor=2, hold=hold)
-        trials = [SimpleNamespace(config={"trial_number": n, "epochs": 8}, status="RUNNING") for n in range(4)]
+        trials = [SimpleNamespace(config={"trial_number": n, "epochs": 8}, status="RUNNING", is_saving=False) for n in range(4)]
         for trial in trials:
             scheduler.on_trial_add(None, trial)
         return scheduler, trials, _Controller(scheduler)
@@ -214,7 +214,7 @@ def test_a_trial_held_for_one_that_ends_short_of_the_rung_goes_on_when_that_one_
 
     scheduler = OrderedHalving(metric="val_acc", mode="max", max_t=8, grace_period=1, reduction_factor=2,
                                hold=continue_held_trial)
-    t0, t1 = (SimpleNamespace(config={"trial_number": n, "epochs": 8}, status="RUNNING") for n in range(2))
+    t0, t1 = (SimpleNamespace(config={"trial_number": n, "epochs": 8}, status="RUNNING", is_saving=False) for n in range(2))
     for trial in (t0, t1):
         scheduler.on_trial_add(None, trial)
     tune = _Controller(scheduler)
@@ -242,7 +242,7 @@ def test_a_search_holds_a_waiting_trial_unless_something_else_times_the_wait(tmp
     space = small_space(tmp_path, data_root, **{**sections, "experiment": {"scheduler": "asha",
                                                                             **sections.get("experiment", {})}})
     scheduler = make_scheduler(space)
-    t0, t1 = (SimpleNamespace(config={"trial_number": n, "epochs": 2}, status="RUNNING") for n in range(2))
+    t0, t1 = (SimpleNamespace(config={"trial_number": n, "epochs": 2}, status="RUNNING", is_saving=False) for n in range(2))
     for trial in (t0, t1):
         scheduler.on_trial_add(None, trial)
     decision = scheduler.on_trial_result(_Controller(scheduler), t1, {"epoch": 1, "val_acc": 0.9})

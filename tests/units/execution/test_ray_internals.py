@@ -9,6 +9,7 @@ import os
 import logging
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -136,7 +137,6 @@ def test_the_quiet_mode_keeps_the_raylets_worker_died_line_off_the_terminal(capf
 def test_a_reused_actor_that_failed_its_reset_restarts_its_trial():
     """Tune ends a PENDING trial ERROR on a task's failure without asking should_recover(); a reused actor's
     reset fails while its trial is PENDING (ray_internals.restart_a_trial_whose_reused_actor_died)."""
-    from types import SimpleNamespace
 
     from ray.tune.execution.tune_controller import TuneController
     from ray.tune.experiment import Trial
@@ -204,9 +204,40 @@ def test_tune_still_leaves_a_trial_held_by_noop_alone_and_trains_it_as_continue_
     trained = []
     controller = type("Controller", (), {"_schedule_trial_train": lambda self, trial: trained.append(trial)})()
     wrapper = TrialRunnerWrapper(controller, trial_executor=None)
-    ray_internals.continue_held_trial(wrapper, "trial")
-    ray_internals.continue_held_trial(controller, "other")  # the simulator's controller, unwrapped
-    assert trained == ["trial", "other"]
+    idle = [SimpleNamespace(is_saving=False, name=name) for name in ("trial", "other")]
+    ray_internals.continue_held_trial(wrapper, idle[0])
+    ray_internals.continue_held_trial(controller, idle[1])  # the simulator's controller, unwrapped
+    assert trained == idle
+
+
+def test_a_trial_released_while_tune_saves_its_held_report_trains_once_the_save_is_in(tmp_path, monkeypatch):
+    """A report with a checkpoint makes Tune save it and keep the scheduler's NOOP until the save is in. Released
+    then, the trial must not start at once: its next report could come back before that save, and Tune keeps the
+    first answer it kept (the NOOP) over that report's CONTINUE, leaving the trial RUNNING with no task (the
+    MO-ASHA search of tests/searches/test_model_based.py hung so). It trains when Tune has the save."""
+    from ray.train._internal.session import _FutureTrainingResult, _TrainingResult
+    from ray.train._internal.storage import StorageContext
+    from ray.tune.execution.tune_controller import TuneController
+    from ray.tune.experiment import Trial
+    from ray.tune.schedulers import TrialScheduler
+
+    kept = inspect.getsource(TuneController._process_trial_result)
+    assert "if not self._cached_trial_decisions.get(trial.trial_id) or decision in {" in kept, \
+        "Tune no longer keeps the first answer given while a trial saves: is continue_held_trial's care still needed?"
+
+    monkeypatch.setenv("TUNE_MAX_PENDING_TRIALS_PG", "1")  # else the controller asks a running Ray for its CPUs
+    controller = TuneController(storage=StorageContext(storage_path=str(tmp_path), experiment_dir_name="held"))
+    trained = []
+    monkeypatch.setattr(controller, "_schedule_trial_train", trained.append)  # the actor call itself, recorded
+    trial = Trial("__fake", config={"trial_number": 3}, stub=True)
+    # where Tune left it: its report answered NOOP while a save of that report's checkpoint was in flight
+    trial.temporary_state.saving_to = _FutureTrainingResult(None)
+    controller._cached_trial_decisions[trial.trial_id] = TrialScheduler.NOOP
+
+    ray_internals.continue_held_trial(controller._wrapped(), trial)
+    assert trained == [], "no training task while its save is in flight"
+    controller._on_saving_result(trial, _TrainingResult(checkpoint=None, metrics={}))  # Tune has the save
+    assert trained == [trial] and not trial.is_saving
 
 
 def test_a_searchs_own_local_ray_starts_only_what_a_search_uses_and_the_sessions_keeps_the_autoscalers(ray_local):
