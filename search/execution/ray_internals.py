@@ -65,6 +65,15 @@ fails when Ray changes what it relies on, so an upgrade says where to look inste
   user's environment) that is mlflow, imported at every search's start for a tag. The census made here
   records the same tag from the class names alone; Tune calls it through the module, so replacing the
   function is enough. No knob skips the imports.
+- `remembered_trainables`: Tune looks a trial's trainable up in its registry, Ray's GCS key-value store, about
+  three times a trial (`validate_trainable` in `Trial.__init__`; `get_trainable_cls`, a `contains` and a `get`,
+  for its resources and its actor), each a round trip to the GCS: 64 reads, 53 ms, in a search of 20 short
+  trials, most of them in the ~23 ms in which a slot sits empty between two trials (bench/short_trials.py,
+  issue 49; docs/performance.md). The
+  registry of this process now keeps what it read of the trainable category and forgets it whenever this
+  process registers, flushes or unregisters a value (Tune registers a search's trainable as the search
+  starts): a key is the job's own (its prefix is the job id), so only this process writes it. No knob
+  caches the lookups.
 - `lean_local_ray`: `ray.init` of a local instance starts a log monitor, which reads every worker's log files
   ten times a second to send them to a driver that subscribes (log_to_driver; hpsearch does not, nor does its
   quiet mode want them), and an autoscaler monitor, which for a cluster without an autoscaling config only
@@ -254,6 +263,50 @@ def keep_idle_actors() -> None:
                 yield from super().flush_cached_objects(force_all=force_all)
 
     tune_controller._ObjectCache = _KeepIdle  # type: ignore[misc]
+
+
+def remembered_trainables() -> None:
+    """Make Tune's registry keep the trainables it read from the GCS until this process writes the registry
+    again (idempotent; see the module docstring)."""
+    from ray.tune import registry
+
+    if getattr(registry._Registry, "remembers", False):
+        return
+    read: dict[tuple[str, str, str], bytes | None] = {}
+
+    def _get(self, category: str, key: str) -> bytes | None:
+        """The stored value of a trainable (None: not registered), read from the GCS once."""
+        where = (self.prefix, category, key)
+        if where not in read:
+            read[where] = registry._internal_kv_get(registry._make_key(self.prefix, category, key))
+        return read[where]
+
+    contains, get = registry._Registry.contains, registry._Registry.get
+
+    def remembered_contains(self, category, key):
+        if category != registry.TRAINABLE_CLASS or not registry._internal_kv_initialized():
+            return contains(self, category, key)
+        return _get(self, category, key) is not None
+
+    def remembered_get(self, category, key):
+        if category != registry.TRAINABLE_CLASS or not registry._internal_kv_initialized():
+            return get(self, category, key)
+        value = _get(self, category, key)
+        if value is None:
+            return get(self, category, key)  # Tune's own error
+        return registry.pickle.loads(value)
+
+    def forgetting(write):
+        def written(self, *args, **kwargs):
+            read.clear()
+            return write(self, *args, **kwargs)
+        return written
+
+    registry._Registry.contains = remembered_contains  # type: ignore[method-assign]
+    registry._Registry.get = remembered_get  # type: ignore[method-assign]
+    for name in ("register", "flush_values", "unregister"):
+        setattr(registry._Registry, name, forgetting(getattr(registry._Registry, name)))
+    registry._Registry.remembers = True  # type: ignore[attr-defined]
 
 
 def light_callback_census() -> None:

@@ -25,7 +25,8 @@ from search.execution.capacity import trial_resources
 from search.execution.disk_guard import DiskGuard
 from search.execution.progress import Progress, flush_all
 from search.execution.ray_internals import (continue_held_trial, event_writers, keep_idle_actors, light_callback_census,
-                                           quick_stop, record_file, restart_a_trial_whose_reused_actor_died)
+                                           quick_stop, record_file, remembered_trainables,
+                                           restart_a_trial_whose_reused_actor_died)
 from search.execution.session import sigterm_as_sigint
 from search.outputs.phases import first_trial_started
 from search.searching.budget import budgeted, forget_ending
@@ -386,6 +387,7 @@ def fit(tuner: tune.Tuner, folder: RunFolder, resume_hint: str):
     restart_a_trial_whose_reused_actor_died()  # a lost node's kept actors: their next trials restart
     keep_idle_actors()  # two slots free at once: both actors kept for the next trials, not one
     light_callback_census()  # Ray's usage census of our callbacks, without importing mlflow
+    remembered_trainables()  # one GCS read of the trainable, not three per trial made
     with sigterm_as_sigint(), quick_stop() as stop:
         try:
             grid = tuner.fit()

@@ -240,6 +240,43 @@ def test_a_trial_released_while_tune_saves_its_held_report_trains_once_the_save_
     assert trained == [trial] and not trial.is_saving
 
 
+def test_tunes_registry_reads_a_trainable_from_the_gcs_once_until_this_process_registers_again(ray_local,
+                                                                                                 monkeypatch):
+    """Tune read a trial's trainable from the GCS three times per trial it made; now once, and again after this
+    process registers anything (ray_internals.remembered_trainables)."""
+    from ray import tune
+    from ray.tune import registry
+    from ray.tune.error import TuneError
+    from ray.tune.experiment import Trial
+
+    for method in (registry._Registry.contains, registry._Registry.get):
+        assert "_internal_kv_get(_make_key(self.prefix, category, key))" in inspect.getsource(method), \
+            "Tune reads its registry otherwise now: remembered_trainables reads it as it did"
+    ray_internals.remembered_trainables()
+    ray_internals.remembered_trainables()  # twice: patched once
+    reads = []
+    kv_get = registry._internal_kv_get
+    monkeypatch.setattr(registry, "_internal_kv_get", lambda key, *a, **k: reads.append(key) or kv_get(key, *a, **k))
+
+    def first(config):
+        pass
+
+    class Second(tune.Trainable):  # a class is kept as it is; a function is wrapped in Tune's ImplicitFunc
+        pass
+
+    tune.register_trainable("hpsearch_registry_probe", first)
+    trials = [Trial("hpsearch_registry_probe", config={"n": n}) for n in range(3)]  # each asks three times
+    assert len(reads) == 1, "one read of the trainable for three trials"
+    assert trials[2].get_trainable_cls() is not None and len(reads) == 1
+    tune.register_trainable("hpsearch_registry_probe", Second)  # a later search of this process, same name
+    assert registry.get_trainable_cls("hpsearch_registry_probe").__name__ == "Second", "not the first one"
+    assert len(reads) == 2, "read again after the registry changed"
+    with pytest.raises(TuneError, match="Unknown trainable"):
+        Trial("hpsearch_registry_probe_never_registered")
+    registry._global_registry.unregister(registry.TRAINABLE_CLASS, "hpsearch_registry_probe")
+    assert not registry._has_trainable("hpsearch_registry_probe"), "an unregistered trainable is gone"
+
+
 def test_a_searchs_own_local_ray_starts_only_what_a_search_uses_and_the_sessions_keeps_the_autoscalers(ray_local):
     """A search's local Ray (session.start_ray, in a process of its own) runs no log monitor, no autoscaler
     monitor and no dashboard (its API server), and prestarts no worker for its driver; the tests' session Ray
