@@ -161,6 +161,21 @@ def stop_session(process: subprocess.Popen) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
+def shut_down(cluster) -> None:
+    """`cluster.shutdown()` (ray.cluster_utils), then this process's client of its own Ray's key-value store back.
+
+    Ray's Cluster.shutdown resets the process's key-value client (it expects the process to be that cluster's
+    driver) even where the process is connected to another Ray, conftest's `ray_local`: Tune's registry then
+    kept every trainable in the process alone, and a later test of this worker that reads the registry
+    (tests/units/execution/test_ray_internals.py) saw no store behind it."""
+    import ray
+    from ray.experimental import internal_kv
+
+    cluster.shutdown()
+    if ray.is_initialized() and not internal_kv._internal_kv_initialized():
+        internal_kv._initialize_internal_kv(ray._private.worker.global_worker.gcs_client)
+
+
 # A user's own model file and dataset function for the canonical loop, with no MNIST (tests/searches/test_user_code.py,
 # the tests of what the command says): three Gaussian blobs in 6 dimensions, a dataset no download can provide.
 BLOBS = """

@@ -69,11 +69,10 @@ fails when Ray changes what it relies on, so an upgrade says where to look inste
   three times a trial (`validate_trainable` in `Trial.__init__`; `get_trainable_cls`, a `contains` and a `get`,
   for its resources and its actor), each a round trip to the GCS: 64 reads, 53 ms, in a search of 20 short
   trials, most of them in the ~23 ms in which a slot sits empty between two trials (bench/short_trials.py,
-  issue 49; docs/performance.md). The
-  registry of this process now keeps what it read of the trainable category and forgets it whenever this
-  process registers, flushes or unregisters a value (Tune registers a search's trainable as the search
-  starts): a key is the job's own (its prefix is the job id), so only this process writes it. No knob
-  caches the lookups.
+  issue 49; docs/performance.md). The registry of this process now keeps what it read of the trainable
+  category and forgets it whenever this process registers, flushes or unregisters a value (Tune registers a
+  search's trainable as the search starts): a key is the job's own (its prefix is the job id), so only this
+  process writes it. No knob caches the lookups.
 - `lean_local_ray`: `ray.init` of a local instance starts a log monitor, which reads every worker's log files
   ten times a second to send them to a driver that subscribes (log_to_driver; hpsearch does not, nor does its
   quiet mode want them), and an autoscaler monitor, which for a cluster without an autoscaling config only

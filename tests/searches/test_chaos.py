@@ -36,7 +36,7 @@ from ray.cluster_utils import Cluster
 
 from search.store.results import COMPLETED
 from tests.heads import free_port
-from tests.helpers import SMALL, assert_outputs_agree
+from tests.helpers import SMALL, assert_outputs_agree, shut_down
 from tests.searches.test_object_store import ENV, download_run, make_bucket, moto_server, uri
 
 pytestmark = pytest.mark.slow
@@ -84,7 +84,7 @@ def cluster():
         cluster.add_node(num_cpus=1, num_gpus=0)
     cluster.wait_for_nodes()
     yield cluster
-    cluster.shutdown()
+    shut_down(cluster)
     for name, value in before.items():
         if value is None:
             os.environ.pop(name, None)

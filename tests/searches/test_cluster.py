@@ -26,7 +26,7 @@ from ray.cluster_utils import Cluster
 
 from search.store.results import COMPLETED
 from tests.heads import RAY, free_port
-from tests.helpers import SMALL
+from tests.helpers import SMALL, shut_down
 from tests.searches.test_resume import wait_for
 from trainable.report import unpacked
 
@@ -55,7 +55,7 @@ def cluster():
     (Path(temp) / "ray_current_cluster").write_text(cluster.address)
     cluster.workers = workers
     yield cluster
-    cluster.shutdown()
+    shut_down(cluster)
     shutil.rmtree(temp, ignore_errors=True)
 
 

@@ -25,7 +25,7 @@ from ray.cluster_utils import Cluster
 
 from search.driver import run_search
 from search.store.results import COMPLETED
-from tests.helpers import SMALL, small_space
+from tests.helpers import SMALL, shut_down, small_space
 from tests.conftest import REPO
 
 
@@ -80,7 +80,7 @@ def head(ray_local):
     made = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1, "include_dashboard": False})
     made.wait_for_nodes()
     yield made
-    made.shutdown()
+    shut_down(made)
 
 
 @pytest.fixture

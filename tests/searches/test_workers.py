@@ -26,7 +26,7 @@ from search.definition.space import parse_space
 from search.driver import run_search
 from search.execution.capacity import trial_resources, trials_fit, workers_fit
 from search.store.results import COMPLETED
-from tests.helpers import SMALL, assert_outputs_agree, toy_space_file
+from tests.helpers import SMALL, assert_outputs_agree, shut_down, toy_space_file
 from trainable.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -191,7 +191,7 @@ def four_cpus():
     """A Ray cluster of 4 CPUs on this machine: two 2-worker trials at once."""
     cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 4, "include_dashboard": False})
     yield cluster
-    cluster.shutdown()
+    shut_down(cluster)
 
 
 def search_on(cluster: Cluster, tmp_path: Path, data_root: Path, name: str, max_concurrent: int,

@@ -252,6 +252,7 @@ def test_tunes_registry_reads_a_trainable_from_the_gcs_once_until_this_process_r
     for method in (registry._Registry.contains, registry._Registry.get):
         assert "_internal_kv_get(_make_key(self.prefix, category, key))" in inspect.getsource(method), \
             "Tune reads its registry otherwise now: remembered_trainables reads it as it did"
+    assert registry._internal_kv_initialized(), "this process's Ray has no key-value client (tests/helpers.py shut_down)"
     ray_internals.remembered_trainables()
     ray_internals.remembered_trainables()  # twice: patched once
     reads = []
