@@ -281,6 +281,9 @@ def test_a_search_under_chaos_equals_the_undisturbed_run(cluster, request, tmp_p
         assert (calm_frame.groupby("trial_number")["epoch"].max() == 4).all()
     else:
         assert (calm_frame.groupby("trial_number")["epoch"].max() < 4).any(), "ASHA stopped some trials early"
+    ends = [{int(n): (int(rows["epoch"].max()), rows["status"].iloc[-1]) for n, rows in frame.groupby("trial_number")}
+            for frame in (stormy_frame, calm_frame)]
+    assert ends[0] == ends[1], f"each trial's last epoch and status, stormy then calm: {ends}"
     pd.testing.assert_frame_equal(table(stormy_frame), table(calm_frame))
     assert best(stormy) == best(calm)
     assert journal(stormy) == journal(calm)
