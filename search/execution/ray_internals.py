@@ -306,6 +306,8 @@ def remembered_trainables() -> None:
 
     registry._Registry.contains = remembered_contains  # type: ignore[method-assign]
     registry._Registry.get = remembered_get  # type: ignore[method-assign]
+    # register too, not only the writes: without a Ray it only keeps the value, and ray.init's hook then writes it
+    # with Tune's own flush_values (bound before this patch), which would not forget a value read from an earlier Ray
     for name in ("register", "flush_values", "unregister"):
         setattr(registry._Registry, name, forgetting(getattr(registry._Registry, name)))
     registry._Registry.remembers = True  # type: ignore[attr-defined]

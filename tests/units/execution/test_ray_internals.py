@@ -266,9 +266,9 @@ def test_tunes_registry_reads_a_trainable_from_the_gcs_once_until_this_process_r
         pass
 
     tune.register_trainable("hpsearch_registry_probe", first)
-    trials = [Trial("hpsearch_registry_probe", config={"n": n}) for n in range(3)]  # each asks three times
+    trials = [Trial("hpsearch_registry_probe", config={"n": n}) for n in range(3)]  # each asks once as it is made
     assert len(reads) == 1, "one read of the trainable for three trials"
-    assert trials[2].get_trainable_cls() is not None and len(reads) == 1
+    assert trials[2].get_trainable_cls() is not None and len(reads) == 1, "and twice for its class: no read"
     tune.register_trainable("hpsearch_registry_probe", Second)  # a later search of this process, same name
     assert registry.get_trainable_cls("hpsearch_registry_probe").__name__ == "Second", "not the first one"
     assert len(reads) == 2, "read again after the registry changed"
