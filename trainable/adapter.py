@@ -89,6 +89,21 @@ def process_started_at() -> float:
     return psutil.Process().create_time()
 
 
+def reset_and_start(trainable: Any, config: dict, storage: Any = None) -> bool:
+    """Tune's reset of a reused actor for its next trial, then that trial's function started at once, as Tune's
+    first `train` call would start it: search/execution/ray_internals.py quick_hand_over sends this to the actor
+    in place of Tune's reset, so the trial trains while Tune's driver learns of the reset. False: Tune's reset
+    failed (the last trial's thread did not end), and nothing started."""
+    from ray.train._internal.session import get_session
+
+    if not trainable.reset(config, storage=storage):
+        return False
+    session = get_session()
+    if session is not None and not session.training_started:
+        session.start()
+    return True
+
+
 def run_trial(config: dict[str, Any], *, data: DataHandle, trial_function: Callable[..., None],
               checkpoint_every: int = 1, trial_timeout: float | None = None,
               code: Mapping[str, str] | None = None) -> None:

@@ -35,6 +35,17 @@ fails when Ray changes what it relies on, so an upgrade says where to look inste
   `_trial_task_failure` now does the same for a failed reset (and ends the reset); the trial's staged
   resources are left as they are, for its next actor's start to take. No public API reaches
   Tune's handling of a task's failure; a callback hears of the ERROR only after it is decided.
+- `quick_hand_over`: Tune hands an idle actor (reuse_actors) its next trial in three actor calls, each
+  waiting for the one before: in `_maybe_reuse_cached_actor` it asks the actor for the *last* trial's
+  metrics (`Trial.set_ray_actor` sends `get_auto_filled_metrics`, and asks again once the reset is in, so
+  the first answer is never used), then sends `reset`, and only when the reset's answer is back and the
+  trial's start callbacks have run, a `train` call, which starts the trial's function (a function
+  trainable's thread starts at its first `train`). On a short-trial ASHA search that chain was most of the
+  ~20 ms in which a slot sat empty between two trials (bench/short_trials.py, issue 49; docs/performance.md).
+  Now a trial that Tune will not restore from a checkpoint gets one `execute` task that resets the actor and
+  starts the function (trainable/adapter.py `reset_and_start`: what the first `train` call would do), and the
+  metrics are asked once, after the reset; Tune's `train` call then takes the first report as before. A trial
+  with a checkpoint keeps Tune's reset, restore, train. No public API reaches a reused actor's hand-over.
 - `keep_idle_actors`: Tune keeps at most one idle actor (reuse_actors) unless a staged trial waits for one:
   its TuneController makes its actor cache as `_ObjectCache(may_keep_one=True)`, a module global there, and
   no knob sets it. When two slots come free while the searcher has nothing to run yet (a trial paused at a
@@ -234,6 +245,48 @@ def continue_held_trial(scheduler_view: Any, trial: Any) -> None:
             kept[trial.trial_id] = TrialScheduler.CONTINUE
         return
     controller._schedule_trial_train(trial)
+
+
+def quick_hand_over() -> None:
+    """Make Tune hand a reused actor its next trial in one task that also starts the trial's function, without
+    asking the actor first for the last trial's metrics (idempotent; see the module docstring)."""
+    from ray.tune.execution.tune_controller import TuneController
+    from ray.tune.experiment import Trial
+
+    schedule, reuse, set_actor = (TuneController._schedule_trial_task, TuneController._maybe_reuse_cached_actor,
+                                  Trial.set_ray_actor)
+    if getattr(schedule, "hands_over_quickly", False):
+        return
+    from trainable.adapter import reset_and_start
+
+    @functools.wraps(schedule)
+    def _schedule_trial_task(self, trial, method_name, args=None, kwargs=None, *rest, **options):
+        if method_name == "reset" and not trial.latest_checkpoint_result:
+            config, = args
+            method_name, args, kwargs = "execute", (functools.partial(reset_and_start, config=config, **(kwargs or {})),), {}
+        return schedule(self, trial, method_name, args, kwargs, *rest, **options)
+
+    handing_over = threading.local()
+
+    @functools.wraps(reuse)
+    def _maybe_reuse_cached_actor(self, trial):
+        handing_over.now = True
+        try:
+            return reuse(self, trial)
+        finally:
+            handing_over.now = False
+
+    @functools.wraps(set_actor)
+    def set_ray_actor(self, ray_actor):
+        if ray_actor is not None and getattr(handing_over, "now", False):
+            self.temporary_state.ray_actor = ray_actor  # its metrics are asked once the reset is in
+            return
+        set_actor(self, ray_actor)
+
+    _schedule_trial_task.hands_over_quickly = True  # type: ignore[attr-defined]
+    TuneController._schedule_trial_task = _schedule_trial_task  # type: ignore[method-assign]
+    TuneController._maybe_reuse_cached_actor = _maybe_reuse_cached_actor  # type: ignore[method-assign]
+    Trial.set_ray_actor = set_ray_actor  # type: ignore[method-assign]
 
 
 def keep_idle_actors() -> None:

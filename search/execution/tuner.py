@@ -24,7 +24,7 @@ from ray.tune.utils.util import SafeFallbackEncoder
 from search.execution.capacity import trial_resources
 from search.execution.disk_guard import DiskGuard
 from search.execution.progress import Progress, flush_all
-from search.execution.ray_internals import (continue_held_trial, event_writers, keep_idle_actors, light_callback_census,
+from search.execution.ray_internals import (continue_held_trial, event_writers, keep_idle_actors, light_callback_census, quick_hand_over,
                                            quick_stop, record_file, remembered_trainables,
                                            restart_a_trial_whose_reused_actor_died)
 from search.execution.session import sigterm_as_sigint
@@ -331,14 +331,17 @@ def build_tuner(space: Space, folder: RunFolder, data: Data | None, trial_functi
                 resume: bool) -> tune.Tuner:
     """The search's Tuner; the data goes into the object store once, and every trial reads it there."""
     experiment = space.experiment
-    trainable = tune.with_resources(
-        tune.with_parameters(run_trial, data=DataHandle.put(None if data is None else data.for_trials()),
-                             trial_function=trial_function,
-                             checkpoint_every=experiment.checkpoint_every, trial_timeout=experiment.trial_timeout,
-                             # a trial restored from Tune's record names its files as the run began: where one
-                             # is gone, the run folder's copy (trainable/kept_code.py)
-                             code={} if is_uri(folder.path) else copies(folder.path)),
-        trial_resources(space.resources, gpus))
+    # bound to run_trial here, not passed with tune.with_parameters, which fetches each one from the object store
+    # at every trial's start: five round trips in the hand-over of an actor to its next trial (docs/performance.md).
+    # The data goes into the object store once as before; its handle is a reference that a trial fetches once per actor.
+    bound = functools.partial(run_trial, data=DataHandle.put(None if data is None else data.for_trials()),
+                              trial_function=trial_function,
+                              checkpoint_every=experiment.checkpoint_every, trial_timeout=experiment.trial_timeout,
+                              # a trial restored from Tune's record names its files as the run began: where one
+                              # is gone, the run folder's copy (trainable/kept_code.py)
+                              code={} if is_uri(folder.path) else copies(folder.path))
+    bound.__name__ = bound.__qualname__ = run_trial.__name__  # type: ignore[attr-defined]  # Tune names trials' actors by it
+    trainable = tune.with_resources(bound, trial_resources(space.resources, gpus))
     if resume:  # the searcher and the stopper come back from Tune's record (search/searching/budget.py)
         return tune.Tuner.restore(folder.path, trainable=trainable, resume_unfinished=True, resume_errored=True)
     pbt = experiment.scheduler == "pbt"  # Ray's PBT takes no searcher: the population is drawn up front (search/searching/pbt.py)
@@ -388,6 +391,7 @@ def fit(tuner: tune.Tuner, folder: RunFolder, resume_hint: str):
     keep_idle_actors()  # two slots free at once: both actors kept for the next trials, not one
     light_callback_census()  # Ray's usage census of our callbacks, without importing mlflow
     remembered_trainables()  # one GCS read of the trainable, not three per trial made
+    quick_hand_over()  # a reused actor's next trial starts in the reset's task
     with sigterm_as_sigint(), quick_stop() as stop:
         try:
             grid = tuner.fit()

@@ -347,3 +347,92 @@ def test_tunes_usage_census_of_the_callbacks_counts_as_ray_does_without_importin
              "print('mlflow' in sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stdout.strip()) == (0, "False"), done.stderr
+
+
+def test_a_reused_actor_gets_its_next_trial_in_one_task_that_starts_it_and_is_asked_nothing_before(tmp_path,
+                                                                                                    monkeypatch):
+    """Tune handed a reused actor its next trial with a `reset`, then, once that came back, a `train` that started
+    the trial's function, and asked the actor for the last trial's metrics before the reset: three actor calls in
+    turn while the slot sat empty (ray_internals.quick_hand_over). Now one `execute` resets and starts; a trial
+    that Tune restores from a checkpoint still gets Tune's reset, its restore, then its train."""
+    from ray.train._internal.storage import StorageContext
+    from ray.tune.execution.tune_controller import TuneController
+    from ray.tune.experiment import Trial
+
+    assert "trial.set_ray_actor(ray_actor)\n\n        self._schedule_trial_reset(" in inspect.getsource(
+        TuneController._maybe_reuse_cached_actor), "Tune hands a cached actor over otherwise now"
+    assert "ray_actor.get_auto_filled_metrics.remote(" in inspect.getsource(Trial.set_ray_actor)
+    assert "if not self._schedule_trial_restore(trial):\n            self._schedule_trial_train(trial)" in \
+        inspect.getsource(TuneController._actor_started), "Tune starts a trial otherwise now"
+    ray_internals.quick_hand_over()
+    ray_internals.quick_hand_over()  # twice: patched once
+    from trainable.adapter import reset_and_start
+
+    monkeypatch.setenv("TUNE_MAX_PENDING_TRIALS_PG", "1")  # else the controller asks a running Ray for its CPUs
+    experiment = StorageContext(storage_path=str(tmp_path), experiment_dir_name="handover")
+    controller = TuneController(storage=experiment)
+    tasks, asked = [], []
+    monkeypatch.setattr(controller._actor_manager, "schedule_actor_task",
+                        lambda tracked_actor, method_name, args, kwargs, **_: tasks.append((method_name, args, kwargs)))
+    ray_actor = SimpleNamespace(get_auto_filled_metrics=SimpleNamespace(remote=lambda **kw: asked.append(kw)))
+    fresh, restored = (Trial("__fake", config={"trial_number": n}, stub=True, storage=experiment) for n in (4, 5))
+    for n, trial in enumerate((fresh, restored)):
+        kept = f"actor {n}"
+        controller._actor_cache.cache_object(trial.placement_group_factory, kept)
+        controller._actor_manager._live_actors_to_ray_actors_resources[kept] = (ray_actor, None)
+        if trial is restored:  # Tune restores it from this checkpoint after the reset
+            monkeypatch.setattr(Trial, "latest_checkpoint_result", property(lambda self: self is restored))
+        assert controller._maybe_reuse_cached_actor(trial)
+
+    assert asked == [], "no actor call ahead of the hand-over: its answer was the last trial's"
+    (method, (call,), kwargs), (tunes, (config,), storage) = tasks
+    assert method == "execute" and call.func is reset_and_start and kwargs == {}
+    assert call.keywords["config"]["trial_number"] == 4 and call.keywords["storage"] is fresh.storage
+    assert tunes == "reset" and config["trial_number"] == 5 and storage == {"storage": restored.storage}
+    assert fresh.temporary_state.ray_actor is ray_actor, "the trial knows its actor"
+
+
+def test_a_trainables_next_trial_starts_in_the_reset_task_and_its_train_call_takes_the_first_report(ray_local,
+                                                                                                      tmp_path):
+    """The actor's half of quick_hand_over: trainable/adapter.py reset_and_start resets a reused actor for its
+    next trial and starts the trial's function there, so its first epoch runs while Tune's driver learns of the
+    reset; Tune's next `train` call takes that epoch's report."""
+    import functools
+
+    import ray
+    from ray import tune
+    from ray.train._internal.storage import StorageContext
+    from ray.tune.trainable.function_trainable import wrap_function
+
+    from trainable.adapter import reset_and_start
+
+    def probe(config):
+        (tmp_path / f"started-{config['n']}").touch()
+        tune.report({"n": config["n"]})
+
+    def first_report_waiting(trainable) -> bool:
+        """On the actor: whether its trial's function has put a report in Tune's session queue (waits up to 30 s)."""
+        from ray.train._internal.session import get_session
+
+        session = get_session()
+        if not session.training_started:
+            return False
+        waited = session.result_queue.get(timeout=30)  # the queue holds one: put it back for the train call
+        session.result_queue.put(waited)
+        return True
+
+    def storage(n):
+        return StorageContext(storage_path=str(tmp_path), experiment_dir_name="e", trial_dir_name=f"t{n}")
+
+    actor = ray.remote(num_cpus=0)(wrap_function(probe)).remote(config={"n": 1}, storage=storage(1))
+    try:
+        assert ray.get(actor.train.remote(), timeout=60)["n"] == 1
+        assert ray.get(actor.execute.remote(functools.partial(reset_and_start, config={"n": 2}, storage=storage(2))),
+                       timeout=60) is True
+        assert ray.get(actor.execute.remote(first_report_waiting), timeout=60), \
+            "the next trial's function ran to its first report before any train call"
+        assert (tmp_path / "started-2").exists()
+        assert ray.get(actor.train.remote(), timeout=60)["n"] == 2, "Tune's train call takes that report"
+    finally:
+        ray.kill(actor)
+
