@@ -24,8 +24,8 @@ from ray.tune.utils.util import SafeFallbackEncoder
 from search.execution.capacity import trial_resources
 from search.execution.disk_guard import DiskGuard
 from search.execution.progress import Progress, flush_all
-from search.execution.ray_internals import (continue_held_trial, event_writers, keep_idle_actors, light_callback_census, quick_hand_over,
-                                           quick_stop, record_file, remembered_trainables,
+from search.execution.ray_internals import (continue_held_trial, event_writers, keep_idle_actors, light_callback_census,
+                                           quick_hand_over, quick_stop, record_file, remembered_trainables,
                                            restart_a_trial_whose_reused_actor_died)
 from search.execution.session import sigterm_as_sigint
 from search.outputs.phases import first_trial_started
@@ -340,7 +340,7 @@ def build_tuner(space: Space, folder: RunFolder, data: Data | None, trial_functi
                               # a trial restored from Tune's record names its files as the run began: where one
                               # is gone, the run folder's copy (trainable/kept_code.py)
                               code={} if is_uri(folder.path) else copies(folder.path))
-    bound.__name__ = bound.__qualname__ = run_trial.__name__  # type: ignore[attr-defined]  # Tune names trials' actors by it
+    bound.__name__ = bound.__qualname__ = run_trial.__name__  # type: ignore[attr-defined]  # Tune's name for the trainable (its actors; what a resume matches)
     trainable = tune.with_resources(bound, trial_resources(space.resources, gpus))
     if resume:  # the searcher and the stopper come back from Tune's record (search/searching/budget.py)
         return tune.Tuner.restore(folder.path, trainable=trainable, resume_unfinished=True, resume_errored=True)
