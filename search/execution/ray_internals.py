@@ -45,7 +45,8 @@ fails when Ray changes what it relies on, so an upgrade says where to look inste
   Now a trial that Tune will not restore from a checkpoint gets one `execute` task that resets the actor and
   starts the function (trainable/adapter.py `reset_and_start`: what the first `train` call would do), and the
   metrics are asked once, after the reset; Tune's `train` call then takes the first report as before. A trial
-  with a checkpoint keeps Tune's reset, restore, train. No public API reaches a reused actor's hand-over.
+  with a checkpoint keeps Tune's reset, restore, train, and so does a class trainable (it has no `execute`, and
+  its `train` starts nothing). No public API reaches a reused actor's hand-over.
 - `keep_idle_actors`: Tune keeps at most one idle actor (reuse_actors) unless a staged trial waits for one:
   its TuneController makes its actor cache as `_ObjectCache(may_keep_one=True)`, a module global there, and
   no knob sets it. When two slots come free while the searcher has nothing to run yet (a trial paused at a
@@ -261,7 +262,8 @@ def quick_hand_over() -> None:
 
     @functools.wraps(schedule)
     def _schedule_trial_task(self, trial, method_name, args=None, kwargs=None, *rest, **options):
-        if method_name == "reset" and not trial.latest_checkpoint_result:
+        if method_name == "reset" and not trial.latest_checkpoint_result and \
+                hasattr(trial.temporary_state.ray_actor, "execute"):  # a function trainable's (a class has none)
             config, = args
             method_name, args, kwargs = "execute", (functools.partial(reset_and_start, config=config, **(kwargs or {})),), {}
         return schedule(self, trial, method_name, args, kwargs, *rest, **options)

@@ -354,7 +354,7 @@ def test_a_reused_actor_gets_its_next_trial_in_one_task_that_starts_it_and_is_as
     """Tune handed a reused actor its next trial with a `reset`, then, once that came back, a `train` that started
     the trial's function, and asked the actor for the last trial's metrics before the reset: three actor calls in
     turn while the slot sat empty (ray_internals.quick_hand_over). Now one `execute` resets and starts; a trial
-    that Tune restores from a checkpoint still gets Tune's reset, its restore, then its train."""
+    that Tune restores from a checkpoint, or a class trainable's, still gets Tune's reset."""
     from ray.train._internal.storage import StorageContext
     from ray.tune.execution.tune_controller import TuneController
     from ray.tune.experiment import Trial
@@ -374,9 +374,13 @@ def test_a_reused_actor_gets_its_next_trial_in_one_task_that_starts_it_and_is_as
     tasks, asked = [], []
     monkeypatch.setattr(controller._actor_manager, "schedule_actor_task",
                         lambda tracked_actor, method_name, args, kwargs, **_: tasks.append((method_name, args, kwargs)))
-    ray_actor = SimpleNamespace(get_auto_filled_metrics=SimpleNamespace(remote=lambda **kw: asked.append(kw)))
-    fresh, restored = (Trial("__fake", config={"trial_number": n}, stub=True, storage=experiment) for n in (4, 5))
-    for n, trial in enumerate((fresh, restored)):
+    metrics = SimpleNamespace(remote=lambda **kw: asked.append(kw))
+    function_actor = SimpleNamespace(get_auto_filled_metrics=metrics, execute="a method")  # as Ray's handles are
+    class_actor = SimpleNamespace(get_auto_filled_metrics=metrics)  # a class trainable's: no execute
+    fresh, restored, of_class = (Trial("__fake", config={"trial_number": n}, stub=True, storage=experiment)
+                                 for n in (4, 5, 6))
+    for n, (trial, ray_actor) in enumerate(((fresh, function_actor), (restored, function_actor),
+                                            (of_class, class_actor))):
         kept = f"actor {n}"
         controller._actor_cache.cache_object(trial.placement_group_factory, kept)
         controller._actor_manager._live_actors_to_ray_actors_resources[kept] = (ray_actor, None)
@@ -385,11 +389,12 @@ def test_a_reused_actor_gets_its_next_trial_in_one_task_that_starts_it_and_is_as
         assert controller._maybe_reuse_cached_actor(trial)
 
     assert asked == [], "no actor call ahead of the hand-over: its answer was the last trial's"
-    (method, (call,), kwargs), (tunes, (config,), storage) = tasks
+    (method, (call,), kwargs), (tunes, (config,), storage), (class_tunes, (class_config,), _) = tasks
     assert method == "execute" and call.func is reset_and_start and kwargs == {}
     assert call.keywords["config"]["trial_number"] == 4 and call.keywords["storage"] is fresh.storage
     assert tunes == "reset" and config["trial_number"] == 5 and storage == {"storage": restored.storage}
-    assert fresh.temporary_state.ray_actor is ray_actor, "the trial knows its actor"
+    assert class_tunes == "reset" and class_config["trial_number"] == 6, "a class trainable keeps Tune's reset"
+    assert fresh.temporary_state.ray_actor is function_actor, "the trial knows its actor"
 
 
 def test_a_trainables_next_trial_starts_in_the_reset_task_and_its_train_call_takes_the_first_report(ray_local,
@@ -426,6 +431,7 @@ def test_a_trainables_next_trial_starts_in_the_reset_task_and_its_train_call_tak
 
     actor = ray.remote(num_cpus=0)(wrap_function(probe)).remote(config={"n": 1}, storage=storage(1))
     try:
+        assert hasattr(actor, "execute"), "quick_hand_over tells a function trainable's actor by its execute method"
         assert ray.get(actor.train.remote(), timeout=60)["n"] == 1
         assert ray.get(actor.execute.remote(functools.partial(reset_and_start, config={"n": 2}, storage=storage(2))),
                        timeout=60) is True
