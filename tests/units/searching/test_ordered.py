@@ -258,3 +258,21 @@ def test_a_suggestion_seen_up_to_a_horizon_leaves_no_stale_kept_study_behind():
     kept = drive(fresh_study_each_time=False)
     assert [c["trial_number"] for c in kept] == list(range(6))
     assert kept == drive(fresh_study_each_time=True)
+
+
+def test_a_built_study_holds_plain_trials_that_share_no_dict_with_the_record():
+    """A study built for a suggestion is handed trials without Optuna's deep copy (ordered.py _Made): it must hold
+    plain FrozenTrials equal to the record's, and the record changed in place afterwards must leave them as they were."""
+    from optuna.trial import FrozenTrial
+
+    s = searcher("tpe", lag=1)
+    run(s, order_seed=0, total=6)
+    trials = s._built(6).study.get_trials(deepcopy=False)
+    assert [type(t) for t in trials] == [FrozenTrial] * 6, "Optuna's own type in the study, as a deep copy gives"
+    for trial, (params, distributions, system_attrs) in zip(trials, s.asked):
+        assert trial.params == params and trial.distributions == distributions
+        assert trial.params is not params and trial.distributions is not distributions \
+            and trial.system_attrs is not system_attrs
+    learning_rate = trials[0].params["lr"]
+    s.asked[0][0]["lr"] = -1.0  # the record changed in place
+    assert trials[0].params["lr"] == learning_rate
