@@ -258,6 +258,20 @@ def test_tunes_registry_reads_a_trainable_from_the_gcs_once_until_this_process_r
     reads = []
     kv_get = registry._internal_kv_get
     monkeypatch.setattr(registry, "_internal_kv_get", lambda key, *a, **k: reads.append(key) or kv_get(key, *a, **k))
+    unpickled = []
+    cloudpickle = registry.pickle
+
+    class Counting:
+        """The registry's own name for cloudpickle, counting what it unpickles (no other module's calls)."""
+
+        def __getattr__(self, name):
+            return getattr(cloudpickle, name)
+
+        def loads(self, value, *args, **kwargs):
+            unpickled.append(value)
+            return cloudpickle.loads(value, *args, **kwargs)
+
+    monkeypatch.setattr(registry, "pickle", Counting())
 
     def first(config):
         pass
@@ -269,9 +283,10 @@ def test_tunes_registry_reads_a_trainable_from_the_gcs_once_until_this_process_r
     trials = [Trial("hpsearch_registry_probe", config={"n": n}) for n in range(3)]  # each asks once as it is made
     assert len(reads) == 1, "one read of the trainable for three trials"
     assert trials[2].get_trainable_cls() is not None and len(reads) == 1, "and twice for its class: no read"
+    assert len(unpickled) == 1, "and unpickled once"
     tune.register_trainable("hpsearch_registry_probe", Second)  # a later search of this process, same name
     assert registry.get_trainable_cls("hpsearch_registry_probe").__name__ == "Second", "not the first one"
-    assert len(reads) == 2, "read again after the registry changed"
+    assert len(reads) == 2 and len(unpickled) == 2, "read and unpickled again after the registry changed"
     with pytest.raises(TuneError, match="Unknown trainable"):
         Trial("hpsearch_registry_probe_never_registered")
     registry._global_registry.unregister(registry.TRAINABLE_CLASS, "hpsearch_registry_probe")
