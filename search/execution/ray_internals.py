@@ -353,7 +353,7 @@ def remembered_trainables() -> None:
         if value is None:
             return get(self, category, key)  # Tune's own error
         where = (self.prefix, category, key)
-        if where not in loaded:  # unpickled once too: 0.4 ms of each trial made
+        if where not in loaded:  # unpickled once too, not for each trial made (docs/performance.md)
             loaded[where] = registry.pickle.loads(value)
         return loaded[where]
 

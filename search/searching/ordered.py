@@ -106,7 +106,7 @@ CACHES = ("_kept", "_told", "_settled", "_fidelity", "_space", "_longest")  # de
 class _Made(FrozenTrial):
     """A trial that a build makes for its study alone. Optuna's storage deep-copies a trial it is given, in case the
     caller changes it later; a build keeps nothing of it (its dicts are copies of the record's, and Optuna's storage
-    replaces a dict it changes), so a shallow copy is the same trial. The deep copies were about a quarter of a
+    replaces a dict it changes), so a shallow copy is the same trial, and the deep copies were a large part of a
     suggestion under reproducible halving (docs/performance.md). The study holds a plain FrozenTrial."""
 
     __slots__ = ()
