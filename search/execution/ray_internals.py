@@ -47,6 +47,14 @@ fails when Ray changes what it relies on, so an upgrade says where to look inste
   metrics are asked once, after the reset; Tune's `train` call then takes the first report as before. A trial
   with a checkpoint keeps Tune's reset, restore, train, and so does a class trainable (it has no `execute`, and
   its `train` starts nothing). No public API reaches a reused actor's hand-over.
+- `park_requeued_trial`: Tune starts every PENDING trial it has resources for, whatever the scheduler's
+  `choose_trial_to_run` says; only a PAUSED trial waits to be chosen. A reproducible halving scheduler
+  (search/searching/halving.py) must keep a trial that Tune requeued after an error (or a resume brought back)
+  while it was held or paused at a rung from running on before the rung is decided: restored from the rung's
+  checkpoint, its next report is past the rung. Tune calls the scheduler's `on_trial_add` last in
+  `_requeue_trial`, the trial PENDING without an actor; the scheduler then sets it PAUSED with the controller's
+  `_set_trial_status` (which keeps Tune's sets of trials by status), as a trial paused at the rung is. A public
+  `pause_trial` ignores a trial without an actor.
 - `keep_idle_actors`: Tune keeps at most one idle actor (reuse_actors) unless a staged trial waits for one:
   its TuneController makes its actor cache as `_ObjectCache(may_keep_one=True)`, a module global there, and
   no knob sets it. When two slots come free while the searcher has nothing to run yet (a trial paused at a
@@ -289,6 +297,15 @@ def quick_hand_over() -> None:
     TuneController._schedule_trial_task = _schedule_trial_task  # type: ignore[method-assign]
     TuneController._maybe_reuse_cached_actor = _maybe_reuse_cached_actor  # type: ignore[method-assign]
     Trial.set_ray_actor = set_ray_actor  # type: ignore[method-assign]
+
+
+def park_requeued_trial(scheduler_view: Any, trial: Any) -> None:
+    """Make a trial that Tune has just requeued (PENDING, no actor) PAUSED, so that it starts only when its
+    scheduler chooses it (see the module docstring). `scheduler_view`: what Tune hands a scheduler."""
+    from ray.tune.experiment import Trial
+
+    controller = getattr(scheduler_view, "_tune_controller", scheduler_view)
+    controller._set_trial_status(trial, Trial.PAUSED)
 
 
 def keep_idle_actors() -> None:

@@ -25,7 +25,8 @@ from search.execution.capacity import trial_resources
 from search.execution.disk_guard import DiskGuard
 from search.execution.progress import Progress, flush_all
 from search.execution.ray_internals import (continue_held_trial, event_writers, keep_idle_actors, light_callback_census,
-                                           quick_hand_over, quick_stop, record_file, remembered_trainables,
+                                           park_requeued_trial, quick_hand_over, quick_stop, record_file,
+                                           remembered_trainables,
                                            restart_a_trial_whose_reused_actor_died)
 from search.execution.session import sigterm_as_sigint
 from search.outputs.phases import first_trial_started
@@ -73,7 +74,7 @@ def make_scheduler(space: Space, folder: RunFolder | None = None) -> TrialSchedu
                               brackets=brackets, storage=None if folder is None else folder.storage,
                               record=f"{folder.name if folder else ''}/{HALVING_RECORD}",
                               objectives=objectives_of(experiment),
-                              hold=continue_held_trial if holds else None)
+                              hold=continue_held_trial if holds else None, park=park_requeued_trial)
     return ASHAScheduler(time_attr="training_iteration", metric=first(experiment.metric), mode=first(experiment.mode),
                          max_t=max_t, grace_period=experiment.grace_period,
                          reduction_factor=experiment.reduction_factor, brackets=brackets)

@@ -112,11 +112,14 @@ class OrderedHalving(FIFOScheduler):
 
     def __init__(self, *, metric: str, mode: str, max_t: int, grace_period: int, reduction_factor: int,
                  brackets: int = 1, storage: Storage | None = None, record: str = RECORD_FILE,
-                 objectives: Objectives | None = None, hold: Callable[[Any, Trial], None] | None = None):
+                 objectives: Objectives | None = None, hold: Callable[[Any, Trial], None] | None = None,
+                 park: Callable[[Any, Trial], None] | None = None):
         super().__init__()
         # how a trial held at a rung goes on (search/execution/ray_internals.py continue_held_trial: Tune has no
         # public way); None: a waiting trial is always paused (module docstring)
         self.hold = hold
+        # how a trial Tune requeues with a rung undecided waits PAUSED for it (ray_internals.park_requeued_trial)
+        self.park = park
         self._metric, self.mode, self.reduction_factor = first(metric), first(mode), reduction_factor
         # several objectives: a rung is ranked by non-dominated sorting (MO-ASHA), constraints counted
         self.objectives = objectives if objectives is not None and objectives.several else None
@@ -138,14 +141,23 @@ class OrderedHalving(FIFOScheduler):
         self._written_at = 0.0  # when halving.json was last written (wall clock: a resumed pickle compares)
 
     def __setstate__(self, state: dict[str, Any]) -> None:  # a scheduler pickled by an earlier release
-        self.__dict__.update({"hold": None, "_held": {}, "_written_at": 0.0, **state})
+        self.__dict__.update({"hold": None, "park": None, "_held": {}, "_written_at": 0.0, **state})
 
     # ---- what Tune calls ---------------------------------------------------------------
 
     def on_trial_add(self, tune_controller, trial: Trial) -> None:
         self._load()
-        self._trials[self.number(trial)] = trial
-        self._ended.discard(self.number(trial))  # a trial restarted after an error is live again
+        n = self.number(trial)
+        self._trials[n] = trial
+        self._ended.discard(n)  # a trial restarted after an error is live again
+        rung = self._undecided_rung(trial)
+        if rung is not None and trial.status == Trial.PENDING and self.park is not None:
+            # requeued (its process died) or resumed while held or paused at this rung: restored from the rung's
+            # checkpoint, its next report would be past the rung, and nothing would judge it there (a trial killed
+            # while held ran on to the next rung where the undisturbed run stopped it: tests/searches/test_chaos.py).
+            # It waits PAUSED for the rung's decision, as a trial paused there does (_settle).
+            self._waiting[n] = (rung, time.monotonic())
+            self.park(tune_controller, trial)
 
     def on_trial_result(self, tune_controller, trial: Trial, result: dict) -> str:
         n, epoch = self.number(trial), result.get("epoch")
@@ -206,6 +218,13 @@ class OrderedHalving(FIFOScheduler):
             elif trial.status == Trial.PENDING:
                 return trial
         return None
+
+    def _undecided_rung(self, trial: Trial) -> int | None:
+        """The rung at which trial's value is recorded and no decision was made (None: none): a rung it left undecided."""
+        n = self.number(trial)
+        decided, last = self.decided.get(n, {}), int(trial.config.get("epochs", 0) or 0)
+        open_rungs = [r for r in self.values.get(n, {}) if r not in decided and (not last or r < last)]
+        return max(open_rungs, default=None)
 
     def _stopped_already(self, trial: Trial) -> bool:
         n = self.number(trial)

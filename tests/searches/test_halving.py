@@ -145,8 +145,14 @@ def test_rung_decisions_reach_halving_json_at_most_once_a_second_and_all_when_th
 class _Controller:
     """What OrderedHalving asks of Tune's controller wrapper: stop, pause, and (through continue_held_trial) train."""
 
-    def __init__(self, scheduler):
-        self.scheduler, self.log = scheduler, []
+    def __init__(self, scheduler, trials=()):
+        self.scheduler, self.log, self.trials = scheduler, [], list(trials)
+
+    def get_trials(self):
+        return self.trials
+
+    def _set_trial_status(self, trial, status):  # what ray_internals.park_requeued_trial calls
+        trial.status = status
 
     def stop_trial(self, trial):
         self.log.append(("stop", trial.config["trial_number"]))
@@ -223,6 +229,42 @@ def test_a_trial_held_for_one_that_ends_short_of_the_rung_goes_on_when_that_one_
     scheduler.on_trial_complete(tune, t0, {})
     assert tune.log == [("train", 1)], "t1 goes on: nothing it is judged against reached the rung"
     assert scheduler._held == {} and scheduler.decided == {1: {1: "CONTINUE"}}
+
+
+def test_a_trial_that_fails_while_held_at_a_rung_is_judged_there_before_it_runs_again():
+    """tests/searches/test_chaos.py's ASHA case once ended with a trial two epochs long that the undisturbed run
+    stopped at the first rung: the trial was killed while held there, and Tune requeued it to restart from that
+    rung's checkpoint, so its next report was past the rung and nothing judged it there. Now a trial requeued with a
+    rung undecided waits PAUSED (Tune starts any PENDING trial it has room for) until the rung is decided: then it
+    is stopped there, or chosen to run on."""
+    from types import SimpleNamespace
+
+    from ray.tune.schedulers import TrialScheduler
+
+    from search.execution.ray_internals import continue_held_trial, park_requeued_trial
+    from search.searching.halving import OrderedHalving
+
+    for t0_value, expected in ((0.95, TrialScheduler.STOP), (0.5, TrialScheduler.CONTINUE)):
+        scheduler = OrderedHalving(metric="val_acc", mode="max", max_t=8, grace_period=1, reduction_factor=2,
+                                   hold=continue_held_trial, park=park_requeued_trial)
+        t0, t1 = (SimpleNamespace(config={"trial_number": n, "epochs": 8}, status="RUNNING", is_saving=False,
+                                  last_result={}) for n in range(2))
+        for trial in (t0, t1):
+            scheduler.on_trial_add(None, trial)
+        tune = _Controller(scheduler, trials=[t0, t1])
+        assert scheduler.on_trial_result(tune, t1, {"epoch": 1, "val_acc": 0.9}) == TrialScheduler.NOOP, "t0 runs"
+        scheduler.on_trial_error(tune, t1)  # its process killed while held: Tune requeues it
+        t1.status = "PENDING"
+        scheduler.on_trial_add(tune, t1)
+        assert t1.status == "PAUSED", "it waits to be chosen, as a trial paused at the rung does"
+        assert scheduler.choose_trial_to_run(tune) is None, "not run while t0 is short of the rung"
+        assert scheduler.on_trial_result(tune, t0, {"epoch": 1, "val_acc": t0_value}) == TrialScheduler.CONTINUE
+        chosen = scheduler.choose_trial_to_run(tune)
+        assert scheduler.decided[1] == {1: expected}, "judged at the rung it left undecided"
+        if expected == TrialScheduler.STOP:
+            assert chosen is None and tune.log == [("stop", 1)] and scheduler.stopped == {1: 1}
+        else:
+            assert chosen is t1 and tune.log == []
 
 
 @pytest.mark.parametrize("sections, held", [

@@ -457,3 +457,28 @@ def test_a_trainables_next_trial_starts_in_the_reset_task_and_its_train_call_tak
     finally:
         ray.kill(actor)
 
+
+
+def test_a_requeued_trial_parked_by_its_scheduler_waits_paused_in_tunes_own_books(tmp_path, monkeypatch):
+    """Tune starts every PENDING trial it has room for; a reproducible halving scheduler parks a trial requeued with
+    a rung undecided as PAUSED (ray_internals.park_requeued_trial), from its on_trial_add, the last call of Tune's
+    requeue, so that Tune starts it only when the scheduler chooses it."""
+    from ray.train._internal.storage import StorageContext
+    from ray.tune.execution.tune_controller import TuneController
+    from ray.tune.experiment import Trial
+
+    requeue = inspect.getsource(TuneController._requeue_trial)
+    assert "self._set_trial_status(trial, status=Trial.PENDING)" in requeue
+    assert requeue.rstrip().endswith("self._scheduler_alg.on_trial_add(self._wrapped(), trial)"), \
+        "Tune tells the scheduler of a requeued trial otherwise now: is it still PENDING without an actor then?"
+    assert "self._pending_trials_list = _maybe_add_actors(self._pending_trials_list)" in inspect.getsource(
+        TuneController._maybe_add_actors), "Tune no longer starts every pending trial: is parking still needed?"
+
+    monkeypatch.setenv("TUNE_MAX_PENDING_TRIALS_PG", "1")  # else the controller asks a running Ray for its CPUs
+    experiment = StorageContext(storage_path=str(tmp_path), experiment_dir_name="parked")
+    controller = TuneController(storage=experiment)
+    trial = Trial("__fake", config={"trial_number": 1}, stub=True, storage=experiment)
+    controller.add_trial(trial)
+    assert trial.status == Trial.PENDING and trial in controller._pending_trials
+    ray_internals.park_requeued_trial(controller._wrapped(), trial)
+    assert trial.status == Trial.PAUSED and trial in controller._paused_trials and trial not in controller._pending_trials
