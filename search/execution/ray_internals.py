@@ -247,7 +247,7 @@ def continue_held_trial(scheduler_view: Any, trial: Any) -> None:
     `scheduler_view`: what Tune hands a scheduler (its controller, wrapped), or a controller itself."""
     from ray.tune.schedulers import TrialScheduler
 
-    controller = getattr(scheduler_view, "_tune_controller", scheduler_view)
+    controller = _controller(scheduler_view)
     if trial.is_saving:  # its NOOP waits for the save of its last report: CONTINUE waits there instead
         kept = controller._cached_trial_decisions
         if kept.get(trial.trial_id) in (None, TrialScheduler.NOOP):
@@ -304,8 +304,12 @@ def park_requeued_trial(scheduler_view: Any, trial: Any) -> None:
     scheduler chooses it (see the module docstring). `scheduler_view`: what Tune hands a scheduler."""
     from ray.tune.experiment import Trial
 
-    controller = getattr(scheduler_view, "_tune_controller", scheduler_view)
-    controller._set_trial_status(trial, Trial.PAUSED)
+    _controller(scheduler_view)._set_trial_status(trial, Trial.PAUSED)
+
+
+def _controller(scheduler_view: Any) -> Any:
+    """Tune's controller behind what it hands a scheduler (TrialRunnerWrapper), or a controller itself."""
+    return getattr(scheduler_view, "_tune_controller", scheduler_view)
 
 
 def keep_idle_actors() -> None:
