@@ -18,8 +18,10 @@ Each side is a subprocess timed from outside (its imports included); the sides a
 runs first, round by round. Printed per side: the whole command's wall, the trials' span (the
 first epoch's start to the last report) and the share of that span during which two trials
 were running (from each trial's first epoch start and last report: results.parquet's
-finished_at and epoch_seconds for the service, the same times kept by the other sides), then
-each side's ratio to plain Optuna. The canonical loop is not a side: it trains a model.factory model
+finished_at and epoch_seconds for the service, the same times kept by the other sides), that share
+split at the last trial's start (before it a trial always waited for a slot, so an idle slot was a
+hand-over; after it none was left to start, so an idle slot is the search's end, its last trials
+running alone), then each side's ratio to plain Optuna. The canonical loop is not a side: it trains a model.factory model
 on a data.dataset, not this function (bench/default_search.py compares it with plain Optuna on MNIST).
 
 The service runs in three shapes by default (issue 49 item 3: an ASHA search of this size ran one trial
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import statistics
 import subprocess
@@ -49,6 +52,18 @@ sys.path.insert(0, str(REPO))  # run as a script from anywhere: the project's pa
 from search.outputs.summary import busy_share, trial_spans  # noqa: E402  (the summary's own Slots: figure)
 
 SLOTS = 2
+
+
+def before_and_after_last_start(spans: list[tuple[float, float]], slots: int) -> tuple[float, float]:
+    """The share of the span before the last trial's start during which `slots` trials ran (a trial was always
+    waiting for a slot then: an idle slot is the service's hand-over), and the share of the whole span after it
+    with a slot idle (no trial was left to start: the search's own end, as when its last trial runs alone)."""
+    first, last_start = min(s for s, _ in spans), max(s for s, _ in spans)
+    clipped = [(s, min(e, last_start)) for s, e in spans if s < last_start]
+    before = math.prod(busy_share(clipped, slots)) if clipped else 0.0  # seconds with `slots` running
+    whole, share = busy_share(spans, slots)
+    idle_after = whole * (1 - share) - ((last_start - first) - before)
+    return before / (last_start - first) if last_start > first else 1.0, idle_after / whole if whole > 0 else 0.0
 MLP = '''
 import torch
 
@@ -231,8 +246,11 @@ def main() -> int:
                 run = runs[side][-1]
                 span, share = busy_share(run["spans"], SLOTS)
                 trial = statistics.mean(e - s for s, e in run["spans"])
+                waiting, end = before_and_after_last_start(run["spans"], SLOTS)
                 print(f"round {r + 1} {side}: wall {run['wall']:.1f} s, trials' span {span:.1f} s, two running "
-                      f"{100 * share:.0f}% of it, mean trial {trial:.2f} s, best val_loss {run['best']:.4f}", flush=True)
+                      f"{100 * share:.0f}% of it ({100 * waiting:.0f}% before the last trial's start; after it "
+                      f"{100 * end:.0f}% of the span with a slot idle), mean trial {trial:.2f} s, best val_loss "
+                      f"{run['best']:.4f}", flush=True)
                 for line in run["lines"]:
                     print(f"      {line.strip()}")
     finally:
@@ -242,15 +260,20 @@ def main() -> int:
             shutil.rmtree(root, ignore_errors=True)
     walls = {side: statistics.median(r["wall"] for r in runs[side]) for side in runs}
     shares = {side: statistics.median(busy_share(r["spans"], SLOTS)[1] for r in runs[side]) for side in runs}
+    waits = {side: statistics.median(before_and_after_last_start(r["spans"], SLOTS)[0] for r in runs[side])
+             for side in runs}
+    ends = {side: statistics.median(before_and_after_last_start(r["spans"], SLOTS)[1] for r in runs[side])
+            for side in runs}
     print(f"\n{args.trials} trials x {args.epochs} epochs, {SLOTS} at a time, medians of {args.rounds} round(s):")
-    print("| | whole command | / plain Optuna | two trials running (share of the trials' span) |\n|---|---:|---:|---:|")
+    print("| | whole command | / plain Optuna | two trials running (share of the trials' span) | two running before "
+          "the last trial's start | the end: a slot idle, no trial left to start |\n|---|---:|---:|---:|---:|---:|")
     for side in runs:
         shape = side.split(" ", 1)[1] if side.startswith("service ") else None
         name = f"{SIDES['service']}, {shape}" if shape else SIDES[side]
         goal = " (goal <= 2x)" if shape else ""
         share_goal = " (goal >= 85%)" if shape else ""
         print(f"| {name} | {walls[side]:.1f} s | {walls[side] / walls['optuna']:.2f}x{goal} | "
-              f"{100 * shares[side]:.0f}%{share_goal} |")
+              f"{100 * shares[side]:.0f}%{share_goal} | {100 * waits[side]:.0f}% | {100 * ends[side]:.0f}% of the span |")
     return 0
 
 
