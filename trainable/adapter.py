@@ -308,7 +308,7 @@ class Workers:
         self.running: list[ray.ObjectRef] = []
 
     def __enter__(self):
-        from trainable.distributed import SINGLE, World, free_port, join
+        from trainable.distributed import LOOPBACK, SINGLE, World, join, rendezvous_socket
 
         if self.workers == 1:
             return SINGLE
@@ -319,19 +319,26 @@ class Workers:
                                "run it through the search (python -m search), which reserves one per worker")
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        address, port = ray.util.get_node_ip_address(), free_port()
+        # every worker on this node (a laptop's search): the group's sockets on the loopback address only
+        local = set(ray.util.placement_group_table(group)["bundles_to_node_id"].values()) == {
+            ray.get_runtime_context().get_node_id()}
+        listener = rendezvous_socket(local)  # bound now: the workers may connect before rank 0 joins
+        address, port = LOOPBACK if local else ray.util.get_node_ip_address(), listener.getsockname()[1]
         timeout = self.start.trial_timeout or 1800.0
-        state = ray.put(self.state)
-        for rank in range(1, self.workers):
-            bundle = group.bundle_specs[rank]
-            actor = RankWorker.options(
-                num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0), max_restarts=0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
-            ).remote()
-            self.actors.append(actor)
-            self.running.append(actor.run.remote(self.run, self.config, self.start.data, state, address, port, rank,
-                                                 timeout))
-        join(World(0, self.workers), address, port, self.device, timeout)
+        try:
+            state = ray.put(self.state)
+            for rank in range(1, self.workers):
+                bundle = group.bundle_specs[rank]
+                actor = RankWorker.options(
+                    num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0), max_restarts=0,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
+                ).remote()
+                self.actors.append(actor)
+                self.running.append(actor.run.remote(self.run, self.config, self.start.data, state, address, port,
+                                                     rank, timeout))
+            join(World(0, self.workers), address, port, self.device, timeout, listener)
+        finally:
+            listener.close()  # the group's store took it over (join detached it); if join was not reached, closed
         return World(0, self.workers)
 
     def __exit__(self, kind, error, trace) -> None:

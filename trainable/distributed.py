@@ -23,7 +23,10 @@ Backends: gloo on CPU, nccl on CUDA (one GPU per worker).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import ipaddress
+import os
 import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, cast
@@ -60,23 +63,92 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
+LOOPBACK = "127.0.0.1"  #: where a run whose workers all run on this host meets
+
+
 def free_port() -> int:
-    """A TCP port free on this host now, for rank 0's rendezvous."""
+    """A TCP port free on this host's loopback address now, for the rendezvous of a run on local processes."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
+        s.bind((LOOPBACK, 0))
         return s.getsockname()[1]
 
 
-def join(world: World, address: str, port: int, device: torch.device, timeout_s: float = 1800.0) -> None:
-    """Join the run's process group (rank 0 hosts it at address:port); returns once all have joined.
+def rendezvous_socket(local: bool, port: int = 0) -> socket.socket:
+    """Rank 0's rendezvous socket, bound and listening (port 0: any free one, then read it from the socket).
+
+    local (every worker on this host): on the loopback address only. torch's store has no authentication, and
+    torch binds it to every interface whatever address the workers are given; bound here, nothing outside this
+    host can reach it. Else on every interface: the other hosts' workers connect to this host's address."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's own store sets it
+        listener.bind((LOOPBACK if local else "", port))
+        listener.listen(128)
+    except BaseException:
+        listener.close()
+        raise
+    return listener
+
+
+def join(world: World, address: str, port: int, device: torch.device, timeout_s: float = 1800.0,
+         listener: socket.socket | None = None) -> None:
+    """Join the run's process group (rank 0 hosts its store at address:port, on `listener` if given, which the
+    store then owns); returns once all have joined. A loopback `address` keeps the group on this host: the
+    store and gloo's connections listen on the loopback address only.
 
     The timeout also bounds every collective: a worker that died leaves the others an error, not a hang
     (gloo sees a closed connection at once; a silent peer costs the timeout).
     """
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend_for(device), init_method=f"tcp://{address}:{port}", rank=world.rank,
-                            world_size=world.size, timeout=datetime.timedelta(seconds=timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    local = is_loopback(address)
+    if world.rank == 0:
+        listener = listener or rendezvous_socket(local, port)
+        store = dist.TCPStore(address, port, world.size, True, timeout=timeout, master_listen_fd=listener.detach())
+    else:
+        store = dist.TCPStore(address, port, world.size, False, timeout=timeout)
+    with gloo_interface(loopback_interface() if local and device.type != "cuda" else None):
+        dist.init_process_group(backend_for(device), store=store, rank=world.rank, world_size=world.size,
+                                timeout=timeout)
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:  # a host name: the network's
+        return False
+
+
+def loopback_interface() -> str | None:
+    """The name of this host's interface that holds the loopback address (lo on Linux, lo0 on macOS)."""
+    import psutil  # a dependency of Ray
+
+    return next((name for name, addresses in psutil.net_if_addrs().items()
+                 if any(a.family == socket.AF_INET and a.address == LOOPBACK for a in addresses)), None)
+
+
+@contextlib.contextmanager
+def gloo_interface(name: str | None) -> Iterator[None]:
+    """gloo's connections on interface `name` while a group is made (gloo reads GLOO_SOCKET_IFNAME then; by
+    default it listens on the address this host's name resolves to, which may face the network). It replaces
+    the user's own GLOO_SOCKET_IFNAME for that moment: a choice among the network's interfaces, for workers on
+    several hosts, which a group on one host does not need."""
+    if name is None:
+        yield
+        return
+    before = os.environ.get(GLOO_INTERFACE)
+    os.environ[GLOO_INTERFACE] = name
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[GLOO_INTERFACE]
+        else:
+            os.environ[GLOO_INTERFACE] = before
+
+
+GLOO_INTERFACE = "GLOO_SOCKET_IFNAME"
 
 
 def leave() -> None:
