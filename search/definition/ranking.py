@@ -28,7 +28,8 @@ from search.definition.objectives import Objectives, feasible_only
 from search.definition.status import ERROR, UNFINISHED
 from trainable.metrics import score
 
-__all__ = ["score", "signed", "best_value", "is_better", "Rank", "rank", "ranked", "best_candidates", "points"]
+__all__ = ["score", "signed", "best_value", "is_better", "Rank", "rank", "ranked", "best_first", "best_candidates",
+           "points"]
 
 
 def signed(value: Any, mode: str) -> float | None:
@@ -81,6 +82,13 @@ def ranked(frame: pd.DataFrame, metric: str, mode: str, *, feasible: bool = Fals
             keys.append(column)
             ascending.append(up)
     return scored.sort_values(keys, ascending=ascending, kind="stable")
+
+
+def best_first(frame: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame:
+    """Every row of `frame`: those whose `metric` scores in `ranked`'s order, then the others in the frame's
+    (a table of trials, whose first row is then the one best.yaml names)."""
+    scored = ranked(frame, metric, mode)
+    return pd.concat([scored, frame.drop(scored.index)]) if len(scored) < len(frame) else scored
 
 
 def best_candidates(frame: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame:

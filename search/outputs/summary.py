@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 
 from search.definition.objectives import FEASIBLE, Objectives
-from search.definition.ranking import points
+from search.definition.ranking import best_first, points
 from search.outputs.journal import local_journal_path
 from search.searching.study import JOURNAL_FILE
 from search.store.storage import is_uri
@@ -168,7 +168,7 @@ def format_table(frame: pd.DataFrame, metric: str, mode: str, searched: list[str
     table = points(frame.sort_values(["trial_id"], kind="stable"), objectives)
     if table.empty:
         return "(no trials)"
-    table = table.sort_values(metric, ascending=(mode == "min"), na_position="last")
+    table = best_first(table, metric, mode)  # ties as best.yaml breaks them: its trial is the first row
     # a trial that breaks experiment.constraints is never best: listed after the feasible ones, and marked
     infeasible = FEASIBLE in table and table[FEASIBLE].eq(False).any()  # null: not judged
     if infeasible:

@@ -120,3 +120,17 @@ def test_fronts_sort_by_domination_with_constraints_and_unscored_points():
         points = [None if rng.random() < 0.1 else tuple(rng.integers(0, 4, width).astype(float)) for _ in range(n)]
         violations = [float(rng.choice([0, 0, 0, 0.5, 1.5])) for _ in range(n)]
         assert fronts(points, violations) == pairwise_fronts(points, violations), case
+
+
+def test_the_summarys_table_lists_tied_trials_in_the_rule_s_order_so_its_first_row_is_the_best():
+    """A tie (common: 1/300 steps of an accuracy) listed the trials in the order of their ids, so the table's
+    first row and the Best line named different trials."""
+    from search.outputs.summary import format_table
+
+    ids = ["f3", "a1", "c9", "0b", "e4"]  # random hex, as Tune's: their order is not the trials'
+    tied = pd.DataFrame({"trial_id": ids, "trial_number": [4, 1, 0, 3, 2], "status": ["COMPLETED"] * 5,
+                         "epoch": [1] * 5, "score": [3.0, 3.0, 1.5, 3.0, math.nan], "x": [1, 2, 3, 4, 5]})
+    lines = format_table(tied, "score", "max", ["x"]).splitlines()
+    assert [line.split()[0] for line in lines[1:]] == ["#1", "#3", "#4", "#0", "#2"], \
+        "equal scores by trial number, then the lower score, then what does not score"
+    assert lines[1].split()[1] == best_candidates(tied, "score", "max").iloc[0]["trial_id"] == "a1"
