@@ -183,10 +183,21 @@ def choose(folder: RunFolder, space: Space, trial: int | None) -> Chosen:
         why = f"{space.kind.no_checkpoint_why}, or experiment.num_to_keep removed it"
         said = (f"has no readable checkpoint ({'; '.join(problems)})" if problems else f"has no checkpoint kept: {why}")
         raise ConfigError([problem("RUN", f"best.yaml's best, trial #{number} ({trial_id}) at epoch {epoch}{value}, "
-                                          f"{said}; --trial {number} exports that trial's best epoch that kept one",
-                                   folder.path)])
+                                          f"{said}; {other_epochs(folder, space, number)}", folder.path)])
     said = f"has no readable checkpoint ({'; '.join(problems)})" if problems else "kept no checkpoint"
     raise ConfigError([problem("--trial", f"trial #{number} ({trial_id}) {said}", trial)])
+
+
+def other_epochs(folder: RunFolder, space: Space, number: int | None) -> str:
+    """What the error of a best epoch without a checkpoint says of the trial's other epochs: --trial N where
+    one of them kept a checkpoint that reads, else that none did (a function that never passes checkpoint=)."""
+    if number is None:  # an older best.yaml without the trial's number
+        return "--trial N exports trial N's best epoch that kept one"
+    try:
+        choose(folder, space, number)
+    except ConfigError:
+        return f"no other epoch of trial #{number} kept one that reads either, so --trial {number} cannot export it"
+    return f"--trial {number} exports that trial's best epoch that kept one"
 
 
 def chosen_of(folder: RunFolder, space: Space, relative: str, saved, number: int | None, trial_id: str,

@@ -199,7 +199,8 @@ def train(config, report, checkpoint=None):
 
 
 @pytest.mark.slow
-def test_a_finished_search_of_a_function_that_keeps_no_checkpoint_resumes_without_starting_ray(ray_local, tmp_path):
+def test_a_finished_search_of_a_function_that_keeps_no_checkpoint_resumes_without_starting_ray(ray_local, tmp_path,
+                                                                                           capsys):
     """best.yaml's checkpoint is null where the function saved none: --resume of the finished run says so from
     the run folder (it started Ray and ran Tune's restore again: 37 s at 1,000 no-op trials)."""
     from search.driver import run_search
@@ -212,6 +213,13 @@ def test_a_finished_search_of_a_function_that_keeps_no_checkpoint_resumes_withou
     assert best["checkpoint"] is None
     assert best["note"] == (f"epoch {best['epoch']} of trial #{best['trial_number']}: it kept no checkpoint (its function's "
                             "report(checkpoint=...), num_to_keep); its config replays without one")
+    # export says so, and sends nobody to --trial N, which has no checkpoint to export either
+    from search.cli import main
+
+    capsys.readouterr()
+    assert main(["export", outcome.path, "-o", str(tmp_path / "best.pt")]) == 2
+    assert (f"no other epoch of trial #{best['trial_number']} kept one that reads either, so --trial "
+            f"{best['trial_number']} cannot export it") in capsys.readouterr().err
     # where each trial ran and where its slot time went reach results.parquet, and Tune keeps no running
     # statistics of them (trainable/report.py PACKED: 1.5 KB of the driver's memory per number per trial)
     [state] = Path(outcome.path).glob("experiment_state-*.json")
