@@ -322,8 +322,9 @@ class Workers:
         # every worker on this node (a laptop's search): the group's sockets on the loopback address only
         local = set(ray.util.placement_group_table(group)["bundles_to_node_id"].values()) == {
             ray.get_runtime_context().get_node_id()}
-        listener = rendezvous_socket(local)  # bound now: the workers may connect before rank 0 joins
-        address, port = LOOPBACK if local else ray.util.get_node_ip_address(), listener.getsockname()[1]
+        address = LOOPBACK if local else ray.util.get_node_ip_address()
+        listener = rendezvous_socket(address)  # bound now: the workers may connect before rank 0 joins
+        port = listener.getsockname()[1]
         timeout = self.start.trial_timeout or 1800.0
         try:
             state = ray.put(self.state)

@@ -73,16 +73,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rendezvous_socket(local: bool, port: int = 0) -> socket.socket:
-    """Rank 0's rendezvous socket, bound and listening (port 0: any free one, then read it from the socket).
-
-    local (every worker on this host): on the loopback address only. torch's store has no authentication, and
-    torch binds it to every interface whatever address the workers are given; bound here, nothing outside this
-    host can reach it. Else on every interface: the other hosts' workers connect to this host's address."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+def rendezvous_socket(address: str, port: int = 0) -> socket.socket:
+    """Rank 0's rendezvous socket, bound to `address` alone and listening (port 0: any free one, then read it
+    from the socket): the address its workers are given, the loopback address when all of them run on this
+    host. torch's store has no authentication, and torch binds it to every interface whatever address it is
+    given; bound here, it is reached at that address only (from this host alone, for the loopback address)."""
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
+    except ValueError:  # a host name: every interface, as torch binds it
+        family, address = socket.AF_INET, ""
+    listener = socket.socket(family, socket.SOCK_STREAM)
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's own store sets it
-        listener.bind((LOOPBACK if local else "", port))
+        listener.bind((address, port))
         listener.listen(128)
     except BaseException:
         listener.close()
@@ -104,7 +107,7 @@ def join(world: World, address: str, port: int, device: torch.device, timeout_s:
     timeout = datetime.timedelta(seconds=timeout_s)
     local = is_loopback(address)
     if world.rank == 0:
-        listener = listener or rendezvous_socket(local, port)
+        listener = listener or rendezvous_socket(address, port)
         store = dist.TCPStore(address, port, world.size, True, timeout=timeout, master_listen_fd=listener.detach())
     else:
         store = dist.TCPStore(address, port, world.size, False, timeout=timeout)
