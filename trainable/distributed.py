@@ -124,11 +124,12 @@ def is_loopback(address: str) -> bool:
 
 
 def loopback_interface() -> str | None:
-    """The name of this host's interface that holds the loopback address (lo on Linux, lo0 on macOS)."""
-    import psutil  # a dependency of Ray
+    """The name of this host's loopback interface: lo on Linux, lo0 on macOS; None where it has neither.
 
-    return next((name for name, addresses in psutil.net_if_addrs().items()
-                 if any(a.family == socket.AF_INET and a.address == LOOPBACK for a in addresses)), None)
+    By name, from the standard library: what lists an interface's addresses (psutil) is Ray's vendored copy in a
+    Ray process, and absent from a replay's local processes."""
+    names = {name for _, name in socket.if_nameindex()}
+    return next((name for name in ("lo", "lo0") if name in names), None)
 
 
 @contextlib.contextmanager
