@@ -67,10 +67,10 @@ LOOPBACK = "127.0.0.1"  #: where a run whose workers all run on this host meets
 
 
 def free_port() -> int:
-    """A TCP port free on this host's loopback address now, for the rendezvous of a run on local processes."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
+    """A TCP port free on this host's loopback address now, for the rendezvous of a run on local processes
+    (spawned: rank 0 binds it again in its own process)."""
+    with rendezvous_socket(LOOPBACK) as probe:
+        return probe.getsockname()[1]
 
 
 def rendezvous_socket(address: str, port: int = 0) -> socket.socket:
