@@ -666,6 +666,19 @@ def test_both_sources_pass_user_inputs_through(source):
     assert torch.equal(torch.cat([X for X, _ in batches]), torch.from_numpy(arrays.inputs))
 
 
+def test_a_later_trial_on_the_same_arrays_takes_the_prepared_split_and_no_batch_changes_it(indexed_1000):
+    first = InMemoryBatches(indexed_1000, 100, CPU, standardize=MNIST, shuffle=False)
+    X, _ = next(iter(first))
+    X.zero_()  # a model that writes to its input in place
+    again = InMemoryBatches(indexed_1000, 64, CPU, standardize=MNIST, shuffle=False)
+    assert again.inputs is first.inputs  # prepared once: a reused actor's next trial does not prepare it again
+    torch.testing.assert_close(next(iter(again))[0], expected_inputs(indexed_1000.inputs[:64], MNIST))
+    other = Standardize((0.5,), (0.25,))
+    assert InMemoryBatches(indexed_1000, 64, CPU, standardize=other, shuffle=False).inputs is not first.inputs
+    copy = Arrays(indexed_1000.inputs.copy(), indexed_1000.labels)  # equal arrays, another object: prepared anew
+    assert InMemoryBatches(copy, 64, CPU, standardize=MNIST, shuffle=False).inputs is not first.inputs
+
+
 def test_in_memory_shuffle_is_driven_by_the_generator(indexed_1000):
     def order(seed):
         return torch.cat([y for _, y in batches_of("memory", indexed_1000, 100, shuffle=True, drop_last=False,
