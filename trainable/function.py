@@ -231,7 +231,12 @@ class Reporter:
         self.reserved = frozenset(reserved) | {*FUNCTION_REPORT_COLUMNS, METRIC_NAMES, TRAINABLE_KEY,
                                                *DRIVER_KEYS} | self.config
         self.diverged = False
-        self.last = time.time()
+        self.last = self.began = time.time()
+
+    def begin(self) -> None:
+        """The function is called now: its first epoch starts here (what came before, such as a trial's other
+        workers starting, is the trial's set-up, as the canonical loop counts it)."""
+        self.last = self.began = time.time()
 
     def __call__(self, metrics: Mapping[str, Any] | None = None, /, checkpoint: Mapping[str, Any] | None = None,
                  **named: Any) -> None:
@@ -338,7 +343,8 @@ def tune_function(config: dict[str, Any], *, data: Any = None, metrics: Sequence
     def send(row: dict[str, Any], epoch: int, checkpoint: Mapping[str, Any] | None) -> None:
         phases = Phases(ready_at=start.ready_at if first[0] else None,
                         started_at=start.started_at if first[0] else None, fetch_seconds=0.0,
-                        setup_seconds=0.0, report_seconds=0.0, checkpoint_seconds=0.0)
+                        setup_seconds=max(0.0, reporter.began - start.started_at) if first[0] else 0.0,
+                        report_seconds=0.0, checkpoint_seconds=0.0)
         first[0] = False
         cuda = device.type == "cuda"
         row = {**row, **vars(placement), **{c: getattr(phases, c) for c in PHASE_COLUMNS},
@@ -361,6 +367,7 @@ def tune_function(config: dict[str, Any], *, data: Any = None, metrics: Sequence
     with adapter.Workers(trial.workers, config, (epoch, state), device, start,
                          functools.partial(run_rank, metrics=metrics, objectives=objectives)):
         try:
+            reporter.begin()
             function(given, reporter, checkpoint=state)
         except _Diverged:
             return  # the last row says diverged: the trial ends DIVERGED, as the canonical loop's does

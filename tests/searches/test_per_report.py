@@ -102,3 +102,8 @@ def test_the_slots_share_is_the_time_that_many_trials_overlap_over_their_span():
     assert sorted(spans) == [(0.0, 10.0), (2.0, 8.0), (9.0, 12.0)]
     assert busy_share(spans, 2) == (12.0, pytest.approx(7 / 12))  # two at once over 2-8 and 9-10
     assert busy_share(spans, 3) == (12.0, 0.0)
+    # a run's first epoch starts after its set-up, whatever came between that epoch's end and its report (the
+    # canonical loop's latency measure and checkpoint: b's first report at 8.0 after 5.0 s of training)
+    frame = frame.assign(started_at=[0.0, None, 1.0, 8.5], fetch_seconds=[0.0, None, 0.25, 0.0],
+                         setup_seconds=[0.0, None, 0.75, 0.5], epoch_seconds=[4.0, 6.0, 5.0, 3.0])
+    assert sorted(trial_spans(frame)) == [(0.0, 10.0), (2.0, 8.0), (9.0, 12.0)]
