@@ -133,6 +133,10 @@ class Run:
     lineage: dict[str, Any] = field(default_factory=dict)
     world: World = SINGLE  #: this process's rank among the run's workers (distributed.py)
     train_model: nn.Module | None = None  #: the model wrapped for data-parallel training; None: `model` itself
+    #: forward_latency_ms after this run's first epoch, given to every later epoch's record: the model and its
+    #: batch size stay as they are while it trains, and measuring again cost 7 forward passes an epoch (the
+    #: built-in CNN on a CPU: 0.24 s at batch_size 64, 1.2 s at 256; docs/performance.md)
+    latency_ms: float | None = None
 
     def state_dict(self) -> dict[str, Any]:
         # plain tensors and numbers only, so torch.load(weights_only=True) can read it
@@ -279,9 +283,11 @@ def train_and_evaluate(run: Run, schedule: Mapping[int, Mapping[str, Any]] | Non
         run.lineage["epochs"].append({"epoch": run.epoch, "trial_number": run.config.trial_number,
                                       **{name: getattr(run.config, name) for name in MUTABLE}})
         end = time.perf_counter()
+        if run.latency_ms is None:
+            run.latency_ms = forward_latency_ms(run.model, run.config.batch_size, run.input_shape, run.device)
         record = EpochRecord(run.epoch, train_loss, train_values.get(ACCURACY), val_loss, val_values.get(ACCURACY),
                              epoch_lr, end - start, trained - start, end - trained, parameter_count(run.model),
-                             forward_latency_ms(run.model, run.config.batch_size, run.input_shape, run.device),
+                             run.latency_ms,
                              extra={f"{part}_{name}": value for part, values in (("train", train_values),
                                                                                  ("val", val_values))
                                     for name, value in values.items() if name != ACCURACY})
@@ -298,9 +304,9 @@ def forward_latency_ms(model: nn.Module, batch_size: int, input_shape: tuple[int
                        warmup: int = 2, repeats: int = 5) -> float:
     """Median milliseconds of one forward pass on a batch of `batch_size`, in eval mode, after `warmup` passes.
 
-    Measured after every epoch (outside epoch_seconds), so each results row has its own figure. The
+    Measured after a run's first epoch (outside epoch_seconds), and given to every row of the run. The
     batch is zeros: drawing it would move the seeded RNGs, and a forward's time does not depend on the
-    values. A few passes of a small batch: about a millisecond per epoch for the MNIST MLP on a CPU.
+    values. A few passes of one batch: about a millisecond for the MNIST MLP on a CPU.
     On an accelerator the work is queued, so each pass is timed to a synchronize.
     """
     model.eval()  # train() turns training mode back on; eval keeps batch norm's running stats unchanged

@@ -45,7 +45,7 @@ class EpochRecord:
     train_seconds: float  #: of which training
     evaluate_seconds: float  #: of which validation
     params: int | None = None  #: the model's parameter count
-    latency_ms: float | None = None  #: median forward pass of one batch_size batch, after this epoch (forward_latency_ms)
+    latency_ms: float | None = None  #: median forward pass of one batch_size batch, after the run's first epoch (forward_latency_ms)
     extra: Mapping[str, float] = field(default_factory=dict)  #: training.metrics: column -> value
 
     @property
