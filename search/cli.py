@@ -53,7 +53,7 @@ COMMANDS = """commands:
   python -m search check --space FILE       check a space without running it; prints the resolved spec
   python -m search report RUN               write report.html of a run folder again
   python -m search export RUN               write the best (or --trial N's) model: state_dict, torchscript, pt2, onnx
-  python -m search runs [--storage-path P]  list the runs in a storage: state, trials, best value, when
+  python -m search runs [STORAGE]           list the runs in a storage: state, trials, best value, when
   python -m search compare RUN_A RUN_B      two runs' spec differences and best trials side by side
 each takes --help"""
 
@@ -249,21 +249,29 @@ def runs_main(argv: Sequence[str]) -> int:
                                      description="List the runs in a storage: name, state (running, finished, "
                                                  "interrupted, ended by budget, target reached, failed), trials done/total, best "
                                                  "value, when its last trial ended (docs/runs.md).")
-    parser.add_argument("--storage-path", default="./runs", help="the storage (default: ./runs)")
+    # the storage as a positional too: `runs runs/` as `ls runs/` (argparse called it an unrecognized argument)
+    parser.add_argument("storage", nargs="?", metavar="STORAGE", help="the storage, as --storage-path says it")
+    parser.add_argument("--storage-path", help="the storage (default: ./runs)")
     args = parser.parse_args(argv)
+    if args.storage and args.storage_path and args.storage != args.storage_path:
+        print(f"error: {problem('--storage-path', f'names the storage once: the positional says {args.storage}', args.storage_path)}",
+              file=sys.stderr)
+        return 2
+    key = "STORAGE" if args.storage else "--storage-path"  # what the messages below name: what the user wrote
+    args.storage_path = args.storage or args.storage_path or "./runs"
     # torch, Ray and pyarrow: only for `runs`
     from search.outputs.runs import format_runs, list_runs
     from search.store.storage import Storage, is_uri
 
     storage = Storage.at(args.storage_path)
     if not is_uri(storage.uri) and os.path.exists(storage.uri) and not os.path.isdir(storage.uri):
-        print(f"error: {problem('--storage-path', 'must be a folder of runs, and this is a file', args.storage_path)}",
+        print(f"error: {problem(key, 'must be a folder of runs, and this is a file', args.storage_path)}",
               file=sys.stderr)
         return 2
     try:
         runs = list_runs(storage)
     except OSError as error:  # a URI that names a file, an unreachable bucket
-        print(f"error: {problem('--storage-path', f'must be a folder of runs ({error})', args.storage_path)}",
+        print(f"error: {problem(key, f'must be a folder of runs ({error})', args.storage_path)}",
               file=sys.stderr)
         return 2
     print(format_runs(runs, args.storage_path))

@@ -45,6 +45,10 @@ def test_runs_says_each_runs_state(tmp_path, data_root, capsys):
     assert main(["runs", "--storage-path", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     assert "ended by budget" in printed and "budget" in printed and "2/4" in printed
+    assert main(["runs", str(tmp_path)]) == 0  # the storage as a positional, as `ls` takes a folder
+    assert capsys.readouterr().out == printed
+    assert main(["runs", str(tmp_path), "--storage-path", str(tmp_path / "done")]) == 2
+    assert f"--storage-path: names the storage once: the positional says {tmp_path}, got" in capsys.readouterr().err
     assert main(["compare", ended.path, str(tmp_path / "done")]) == 0
     assert "(none: the same search)" in capsys.readouterr().out
 
@@ -66,6 +70,8 @@ def test_runs_and_compare_refuse_what_is_not_a_run_folder_with_exit_2(tmp_path, 
     (tmp_path / "a-file").write_text("")
     assert main(["runs", "--storage-path", str(tmp_path / "a-file")]) == 2
     assert "--storage-path: must be a folder of runs, and this is a file, got" in capsys.readouterr().err
+    assert main(["runs", str(tmp_path / "a-file")]) == 2
+    assert "STORAGE: must be a folder of runs, and this is a file, got" in capsys.readouterr().err
     assert main(["runs", "--storage-path", f"file://{tmp_path / 'a-file'}"]) == 2
     assert "--storage-path: must be a folder of runs (" in capsys.readouterr().err
 
