@@ -169,7 +169,8 @@ def test_a_trials_event_file_is_closed_off_the_controllers_thread_and_whole_once
 
     class Slow(SummaryWriter):
         def close(self):
-            release.wait()  # a slow disk: held until the test lets it go
+            # a slow disk, held until the test lets it go (a close on the caller's thread: 60 s, then a failure)
+            release.wait(timeout=60)
             closed_on.append(threading.current_thread().name)
             super().close()
 
