@@ -153,6 +153,11 @@ class EventFiles(TBXLoggerCallback):
         super().on_experiment_end(trials, **info)
         self._disk.wait()
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # a resumed Tuner brings back the callbacks pickled with the run: one made before BackgroundWrites has none
+        self.__dict__.update(state)
+        self.__dict__.setdefault("_disk", BackgroundWrites())
+
 
 class BackgroundWrites:
     """Calls run in order on one thread of their own: the flushes and closes of the trials' event files.

@@ -188,6 +188,20 @@ def test_a_trials_event_file_is_closed_off_the_controllers_thread_and_whole_once
     assert [e.step for e in read_events(events) if e.summary.value] == [1, 2]
 
 
+def test_event_files_pickled_by_the_release_before_background_writes_resume_with_them():
+    """A resumed Tuner unpickles the callbacks of the run's start: EventFiles of 8444678 had no BackgroundWrites, and a
+    resume of such a run failed at its first trial's start (AttributeError), as issue 49 item 8's Progress did."""
+    import pickle
+
+    from search.execution.tuner import BackgroundWrites, EventFiles
+
+    before = EventFiles()
+    del before.__dict__["_disk"]  # what that release pickled
+    resumed = pickle.loads(pickle.dumps(before))
+    assert isinstance(resumed._disk, BackgroundWrites)
+    assert resumed.get_state() is None  # Tune's snapshot waits for the writes, none here
+
+
 def read_events(path: Path) -> list:
     """The events of a TensorBoard event file: TFRecords (length, its CRC, an Event, the Event's CRC)."""
     import struct
