@@ -34,7 +34,6 @@ import contextlib
 import functools
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -48,6 +47,7 @@ from search.definition.ranking import best_value, is_better, score
 from search.definition.space import Space
 from search.definition.status import ERROR
 from search.execution.ray_internals import last_failure_is_contract_error, no_retry_of_contract_errors
+from search.execution.writer_thread import WriterThread
 from search.outputs.journal import Journal
 from search.searching.budget import end_search
 from search.searching.failing import FAILING_AFTER, FirstFailures, last_line
@@ -146,7 +146,7 @@ class Progress(Callback):
         # (trial, error, trials ended by then) that ended in this step, written at its end
         self._ending: list[tuple[Any, bool, int]] = []
         self._schema = None  # results_schema(space), made once: it takes ms, and this runs per trial
-        self._writer: ThreadPoolExecutor | None = None  # parts and journal, off Tune's controller thread
+        self._writer = WriterThread("hpsearch-results", "writing a results part or the journal")  # off Tune's thread
         self._epochs: dict[str, float] = {}  # running trial -> share of its epochs done (the ETA's)
         self._ended_before = len(self.ended)  # trials that ended before this process: not in its ETA
         self._paced_from: float | None = None  # when this process's first trial started: the ETA's pace
@@ -352,18 +352,14 @@ class Progress(Callback):
             journal.report(number, epoch, value)
 
     def _submit(self, work, *args, **kwargs) -> None:
-        if self._writer is None:
-            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpsearch-results")
-            _unflushed.add(self)
+        _unflushed.add(self)
         self._writer.submit(work, *args, **kwargs)
 
     def flush(self) -> None:
         """Wait until every ended trial's part and journal entry is written."""
         self._hand_on(None, force=True)  # the last batch goes now, not after its second
-        if self._writer is not None:
-            self._writer.shutdown(wait=True)
-            _unflushed.discard(self)
-            self._writer = None
+        self._writer.wait()
+        _unflushed.discard(self)
 
     def _ended(self, trial, *, error: bool) -> None:
         self.ended.add(trial.trial_id)

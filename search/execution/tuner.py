@@ -7,7 +7,6 @@ run with the same trainable. `fit` runs it with SIGTERM handled as Ctrl-C.
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import json
 import math
@@ -30,6 +29,7 @@ from search.execution.ray_internals import (continue_held_trial, event_writers, 
                                            remembered_trainables,
                                            restart_a_trial_whose_reused_actor_died)
 from search.execution.session import sigterm_as_sigint
+from search.execution.writer_thread import WriterThread
 from search.outputs.phases import first_trial_started
 from search.searching.budget import budgeted, forget_ending
 from trainable.kept_code import copies
@@ -133,7 +133,7 @@ class EventFiles(TBXLoggerCallback):
     def __init__(self) -> None:
         tensorboardx_without_torch()
         super().__init__()
-        self._disk = BackgroundWrites()
+        self._disk = event_files_thread()
 
     def log_trial_start(self, trial) -> None:
         super().log_trial_start(trial)
@@ -154,36 +154,17 @@ class EventFiles(TBXLoggerCallback):
         self._disk.wait()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        # a resumed Tuner brings back the callbacks pickled with the run: one made before BackgroundWrites has none
+        # a resumed Tuner brings back the callbacks pickled with the run: one made before its writer thread (8444678) has none
         self.__dict__.update(state)
-        self.__dict__.setdefault("_disk", BackgroundWrites())
+        self.__dict__.setdefault("_disk", event_files_thread())
 
 
-class BackgroundWrites:
-    """Calls run in order on one thread of their own: the flushes and closes of the trials' event files.
-
-    Each syncs its file to disk (os.fsync): on the controller's thread a trial's close took 1.1-3 ms of the
-    ~15 ms between a short trial's last report and the next trial's start, and a flush ~3 ms of a report's
-    turn (docs/performance.md). `wait` returns once every call made so far has run; an error is said, not
-    raised: a lost event file does not end the search (results.parquet holds the same values)."""
-
-    def __init__(self) -> None:
-        self._thread: concurrent.futures.ThreadPoolExecutor | None = None  # made at the first call
-        self._pending: list[concurrent.futures.Future] = []
-
-    def submit(self, call: Callable[[], Any]) -> None:
-        if self._thread is None:
-            self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hpsearch-event-files")
-        self._pending = [f for f in self._pending if not f.done()] + [self._thread.submit(call)]
-
-    def wait(self) -> None:
-        pending, self._pending = self._pending, []
-        for future in pending:
-            if (error := future.exception()) is not None:
-                print(f"hpsearch: writing a TensorBoard event file failed: {error}", file=sys.stderr, flush=True)
-
-    def __getstate__(self) -> dict[str, Any]:  # Tune pickles its callbacks before the first trial: nothing runs
-        return {"_thread": None, "_pending": []}
+def event_files_thread() -> WriterThread:
+    """Where the trials' event files are flushed and closed: each is an os.fsync, and on the controller's thread a
+    trial's close took 1.1-3 ms of the ~15 ms between a short trial's last report and the next trial's start, a
+    flush ~3 ms of a report's turn (docs/performance.md). A lost event file does not end the search: results.parquet
+    holds the same values."""
+    return WriterThread("hpsearch-event-files", "writing a TensorBoard event file")
 
 
 def tensorboardx_without_torch() -> None:
@@ -216,7 +197,7 @@ class OneEventPerReport:
     FLUSH_EVERY_S = 1.0
 
     def __init__(self, writer, later: Callable[[Callable[[], Any]], None] = lambda call: call()) -> None:
-        """`later`: how the writer's flushes and close are run (EventFiles: BackgroundWrites.submit); at once by default."""
+        """`later`: how the writer's flushes and close are run (EventFiles: its WriterThread's submit); at once by default."""
         self._writer, self._step, self._later = writer, None, later
         self._values: list[Any] = []  # tensorboardX's Summary.Value
         self._flushed_at = 0.0  # time.monotonic() of the writer's last flush

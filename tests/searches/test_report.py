@@ -158,12 +158,12 @@ def test_a_trials_event_file_is_synced_at_most_once_a_second_and_holds_every_rep
 
 def test_a_trials_event_file_is_closed_off_the_controllers_thread_and_whole_once_the_writes_are_waited_for(tmp_path):
     """A close (a flush and an os.fsync) took 1.1-3 ms of the controller's turn between two short trials: EventFiles
-    runs it on a thread of its own (BackgroundWrites), and Tune's snapshot waits for it (EventFiles.get_state)."""
+    runs it on a thread of its own (its WriterThread), and Tune's snapshot waits for it (EventFiles.get_state)."""
     import threading
 
     from tensorboardX import SummaryWriter
 
-    from search.execution.tuner import BackgroundWrites, OneEventPerReport
+    from search.execution.tuner import OneEventPerReport, event_files_thread
 
     release, closed_on = threading.Event(), []
 
@@ -174,7 +174,7 @@ def test_a_trials_event_file_is_closed_off_the_controllers_thread_and_whole_once
             closed_on.append(threading.current_thread().name)
             super().close()
 
-    disk = BackgroundWrites()
+    disk = event_files_thread()
     writer = OneEventPerReport(Slow(logdir=str(tmp_path)), later=disk.submit)
     for step in (1, 2):
         writer.add_scalar("ray/tune/val_acc", step / 2, global_step=step)
@@ -189,16 +189,17 @@ def test_a_trials_event_file_is_closed_off_the_controllers_thread_and_whole_once
 
 
 def test_event_files_pickled_by_the_release_before_background_writes_resume_with_them():
-    """A resumed Tuner unpickles the callbacks of the run's start: EventFiles of 8444678 had no BackgroundWrites, and a
+    """A resumed Tuner unpickles the callbacks of the run's start: EventFiles of 8444678 had no writer thread, and a
     resume of such a run failed at its first trial's start (AttributeError), as issue 49 item 8's Progress did."""
     import pickle
 
-    from search.execution.tuner import BackgroundWrites, EventFiles
+    from search.execution.tuner import EventFiles
+    from search.execution.writer_thread import WriterThread
 
     before = EventFiles()
     del before.__dict__["_disk"]  # what that release pickled
     resumed = pickle.loads(pickle.dumps(before))
-    assert isinstance(resumed._disk, BackgroundWrites)
+    assert isinstance(resumed._disk, WriterThread)
     assert resumed.get_state() is None  # Tune's snapshot waits for the writes, none here
 
 
