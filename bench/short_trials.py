@@ -8,7 +8,10 @@ temporary folder, runs on every side:
 - service: `python -m search --space space.yaml --quiet` (`trainable: mlp.py:train`, the
   reproducible searcher, max_concurrent 2; `--shapes` picks fifo, asha, asha-free);
 - optuna: a plain script, `study.optimize(objective, n_trials=20, n_jobs=2)` with a seeded TPE,
-  the objective calling the same function with a `report` that keeps the values;
+  the objective calling the same function with a `report` that keeps the values; `optuna-sha`: the same
+  with Optuna's SuccessiveHalvingPruner (min_resource 1, reduction_factor 2: hpsearch's asha defaults),
+  the `report` calling trial.report and raising TrialPruned where it says so: the asha shapes' peer
+  among thread-based searches, whose hand-over between two trials costs next to nothing;
 - tune: a plain Ray Tune script, a Tuner over the same function (a `report` that is tune.report)
   with OptunaSearch (the same seeded TPE) behind a ConcurrencyLimiter of 2, reuse_actors, 1 CPU a
   trial, Tune's default loggers, as the Ray docs show it; `tune-asha`: the same with Tune's
@@ -30,7 +33,7 @@ ASHA and OptunaSearch); the other sides run once a round, and plain Optuna (no p
 writes a plain loop gets) is every shape's reference.
 
     .venv/bin/python bench/short_trials.py [--rounds 2] [--trials 20] [--epochs 40]
-        [--shapes fifo asha asha-free] [--lag 2] [--sides service optuna tune tune-asha] [--keep]
+        [--shapes fifo asha asha-free] [--lag 2] [--sides service optuna optuna-sha tune tune-asha] [--keep]
 """
 
 from __future__ import annotations
@@ -99,14 +102,25 @@ def objective(trial):
     config = {"lr": trial.suggest_float("lr", 1e-3, 0.3, log=True), "hidden": trial.suggest_categorical("hidden", [16, 32, 64]),
               "epochs": int(sys.argv[3]), "seed": trial.number}
     values, started = [], time.time()
-    train(config, lambda **m: values.append(m["val_loss"]))
-    spans.append((started, time.time()))
+
+    def report(val_loss):
+        values.append(val_loss)
+        trial.report(val_loss, len(values))
+        if trial.should_prune():
+            raise optuna.TrialPruned()
+
+    try:
+        train(config, report)
+    finally:
+        spans.append((started, time.time()))
     return min(values)
 
 
-study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=0))
+# sha: Optuna's asynchronous successive halving with hpsearch's asha defaults (min_resource 1, reduction_factor 2)
+pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=2) if sys.argv[5] == "sha" else None
+study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=0), pruner=pruner)
 study.optimize(objective, n_trials=int(sys.argv[2]), n_jobs=2)
-json.dump({"spans": spans, "best": study.best_value}, open(sys.argv[4], "w"))
+json.dump({"spans": spans, "best": min(min(t.intermediate_values.values()) for t in study.trials)}, open(sys.argv[4], "w"))
 '''
 
 TUNE = '''
@@ -179,12 +193,12 @@ def service(folder: Path, trials: int, epochs: int, scheduler: str, experiment: 
     return {"wall": wall, "spans": spans, "best": float(frame["val_loss"].min()), "lines": summary}
 
 
-def optuna_side(folder: Path, trials: int, epochs: int) -> dict:
+def optuna_side(folder: Path, trials: int, epochs: int, pruner: str = "none") -> dict:
     (folder / "objective.py").write_text(OPTUNA)
     out = folder / "optuna.json"
     started = time.perf_counter()
-    subprocess.run([sys.executable, str(folder / "objective.py"), str(folder), str(trials), str(epochs), str(out)],
-                   cwd=folder, check=True)
+    subprocess.run([sys.executable, str(folder / "objective.py"), str(folder), str(trials), str(epochs), str(out),
+                    pruner], cwd=folder, check=True)
     wall = time.perf_counter() - started
     measured = json.loads(out.read_text())
     return {"wall": wall, "spans": measured["spans"], "best": measured["best"], "lines": []}
@@ -205,6 +219,7 @@ def tune_side(folder: Path, trials: int, epochs: int, scheduler: str = "fifo") -
 #: the service's shapes: (experiment.scheduler, experiment.reproducible)
 SHAPES = {"fifo": ("fifo", True), "asha": ("asha", True), "asha-free": ("asha", False)}
 SIDES = {"service": "hpsearch (`python -m search`)", "optuna": "plain Optuna n_jobs=2",
+         "optuna-sha": "plain Optuna n_jobs=2 + SuccessiveHalvingPruner",
          "tune": "plain Ray Tune + OptunaSearch", "tune-asha": "plain Ray Tune + OptunaSearch + ASHAScheduler"}
 
 
@@ -217,7 +232,8 @@ def main() -> int:
                         help="the service's scheduler and reproducibility, each a row")
     parser.add_argument("--lag", type=int, help="the service's experiment.lag (default: max_concurrent - 1)")
     parser.add_argument("--sides", nargs="+", choices=tuple(SIDES), default=["service", "optuna"],
-                        help="which sides run (tune, tune-asha: plain Tune without and with its ASHAScheduler)")
+                        help="which sides run (tune, tune-asha: plain Tune without and with its ASHAScheduler; "
+                             "optuna-sha: plain Optuna with its SuccessiveHalvingPruner)")
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()
     if "optuna" not in args.sides:
@@ -239,8 +255,9 @@ def main() -> int:
                     runs[side].append(service(folder, args.trials, args.epochs, scheduler, experiment,
                                               name=side.replace(" ", "-")))
                 else:
-                    runs[side].append(optuna_side(folder, args.trials, args.epochs) if side == "optuna"
-                                      else tune_side(folder, args.trials, args.epochs,
+                    runs[side].append(optuna_side(folder, args.trials, args.epochs,
+                                                  "sha" if side == "optuna-sha" else "none")
+                                      if side.startswith("optuna") else tune_side(folder, args.trials, args.epochs,
                                                      "asha" if side == "tune-asha" else "fifo"))
             for side in runs:
                 run = runs[side][-1]
