@@ -25,6 +25,7 @@ from typing import Any, Sequence
 from search.definition.overrides import set_keys
 from search.definition.schema import run_name_problem
 from search.definition.space import Space, with_overrides
+from search.execution.collector import start_up
 from search.outputs.phases import command_start
 from trainable.errors import ConfigError, DataError, DiskFull, problem
 from trainable.yaml_file import flag_value, parse_value, read_yaml_mapping
@@ -303,6 +304,12 @@ def main(argv: Sequence[str] | None = None, started: float | None = None) -> int
                 "compare": compare_main}
     if argv[:1] and argv[0] in commands:
         return commands[argv[0]](argv[1:])
+    with start_up():  # Python's cyclic collector off until the trials begin (search/execution/collector.py)
+        return search_main(argv, started)
+
+
+def search_main(argv: list[str], started: float | None) -> int:
+    """`python -m search --space FILE ...`: the search, its summary printed; the exit code."""
     args = parse_args(argv)
     try:
         space = load_space(args.space, resume_assignments(args))

@@ -22,6 +22,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 from ray.tune.utils.util import SafeFallbackEncoder
 
 from search.execution.capacity import trial_resources
+from search.execution.collector import trials_begin
 from search.execution.disk_guard import DiskGuard
 from search.execution.progress import Progress, flush_all
 from search.execution.ray_internals import (continue_held_trial, event_writers, keep_idle_actors, light_callback_census,
@@ -419,6 +420,7 @@ def fit(tuner: tune.Tuner, folder: RunFolder, resume_hint: str):
     light_callback_census()  # Ray's usage census of our callbacks, without importing mlflow
     remembered_trainables()  # one GCS read of the trainable, not three per trial made
     quick_hand_over()  # a reused actor's next trial starts in the reset's task
+    trials_begin()  # the start's objects frozen, the collector on again (search/execution/collector.py)
     with sigterm_as_sigint(), quick_stop() as stop:
         try:
             grid = tuner.fit()

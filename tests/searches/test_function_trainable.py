@@ -17,6 +17,7 @@ import yaml
 
 from search.definition.space import parse_space
 from tests.conftest import REPO
+from tests.helpers import toy_space_file
 from search.store.run_folder import RunFolder
 from search.store.tune_record import STATUSES_FILE, _saved_trials
 from search.store.storage import Storage
@@ -77,6 +78,34 @@ def test_the_driver_of_a_search_of_a_plain_function_imports_no_torch(tmp_path):
     assert after == "EventFiles 2.0", "tensorboardX imported without torch, and torch imports after it"
     [written] = (tmp_path / "events").glob("events.out.tfevents.*")
     assert b"score" in written.read_bytes()
+
+
+# The command's own entry (search/__main__.py calls run()), with Python's collections counted from its call: how
+# many ran before the trials' start had frozen the start's objects (gc.get_freeze_count() still 0), and the collector's
+# state at the exit handlers
+COUNTED_COMMAND = """
+import atexit, gc, sys
+sys.argv = ["search", "--space", sys.argv[1], "--quiet"]
+from search.cli import run
+before_trials = []
+gc.callbacks.append(lambda phase, info: phase == "start" and gc.get_freeze_count() == 0
+                    and before_trials.append(info["generation"]))
+atexit.register(lambda: print("collections", before_trials, gc.isenabled(), gc.get_freeze_count()))
+run()
+"""
+
+
+@pytest.mark.slow
+def test_a_search_starts_without_the_cyclic_collector_and_runs_its_trials_with_it(tmp_path):
+    """The start imports Ray, Tune, Optuna, pandas and the user's module: with the collector on, six full
+    collections (0.5 s of the driver) scanned what those imports made; off until the trials start, then one
+    collection and the start's objects frozen (search/execution/collector.py)."""
+    space = toy_space_file(tmp_path, experiment={"num_samples": 2, "max_concurrent": 2}, training={"epochs": 1})
+    done = subprocess.run([sys.executable, "-c", COUNTED_COMMAND, str(space)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("collections"))
+    assert line == "collections [2] True 0", "one full collection before the trials, the collector on at the end"
 
 
 @pytest.mark.slow
