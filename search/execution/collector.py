@@ -7,13 +7,14 @@ start, up to 0.17 s each (docs/performance.md). So `start_up` turns the collecto
 search's start, and `trials_begin`, where Tune's loop starts, collects once (the start's cyclic
 garbage, ~9,000 objects, and whatever large arrays such a cycle holds, are freed, not kept) and
 moves every object still alive into the permanent generation (gc.freeze), then turns it back on:
-a collection during the trials scans only what the trials made, not the start's objects again,
-on the thread that hands slots over.
+a full collection during the trials, on the thread that hands slots over, then scans only what the
+trials made (none ran during the trials of the searches measured, 1,000 trials the longest; a longer
+search's would not scan the start's objects again).
 
-`start_up` restores what it found when it ends (the collector on or off, nothing frozen), so
-that a search run in a process that goes on (a test, a notebook) leaves its collector as it was.
-Nothing else calls gc.freeze: a search in a process that did is not paused (`trials_begin` with
-no `start_up` around it does nothing).
+`start_up` restores what it found when it ends (the collector on, nothing frozen), so that a search
+run in a process that goes on (a test, a notebook) leaves its collector as it was. It does nothing in
+a process whose collector is off or that froze objects of its own (gc.unfreeze takes back all or
+nothing), and `trials_begin` does nothing outside a `start_up` (a Tuner fitted by a test).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def start_up() -> Iterator[None]:
     """The collector off until `trials_begin`, or until this ends; as it was again on exit."""
     global _paused
     was_on = gc.isenabled()
-    if not was_on or _paused:  # off already (the caller's choice), or inside another start_up: nothing to do
+    # off already (the caller's choice), objects frozen by the caller, or inside another start_up: nothing to do
+    if not was_on or gc.get_freeze_count() or _paused:
         yield
         return
     gc.disable()

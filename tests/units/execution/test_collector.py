@@ -64,3 +64,12 @@ def test_a_collector_the_caller_turned_off_stays_off_and_nothing_is_frozen(colle
 def test_trials_outside_a_start_up_leave_the_collector_alone(collector_on):
     trials_begin()  # a Tuner fitted by a test or a notebook: no start_up around it
     assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_a_process_that_froze_objects_of_its_own_keeps_them_frozen(collector_on):
+    gc.freeze()  # a server that forks, say: its frozen objects are its own
+    frozen = gc.get_freeze_count()
+    with start_up():
+        assert gc.isenabled()  # not paused: unfreezing at the end would take back the caller's too
+        trials_begin()
+    assert gc.get_freeze_count() >= frozen > 0
