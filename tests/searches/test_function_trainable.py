@@ -1,7 +1,7 @@
 """Function trainables (`trainable: FILE.py:FUNCTION`) in searches of a toy function: a restart from its
 checkpoint, the same results again, contract errors ending a search, a finished run resumed without Ray; and
-the driver of a plain function without torch (the contract on its own, without Ray:
-tests/units/trainable/test_function_contract.py)."""
+the driver of a plain function without torch, and a search's start without Python's cyclic collector (the
+contract on its own, without Ray: tests/units/trainable/test_function_contract.py)."""
 
 from __future__ import annotations
 
