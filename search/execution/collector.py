@@ -30,9 +30,8 @@ _paused = False  # inside start_up, before trials_begin
 def start_up() -> Iterator[None]:
     """The collector off until `trials_begin`, or until this ends; as it was again on exit."""
     global _paused
-    was_on = gc.isenabled()
     # off already (the caller's choice), objects frozen by the caller, or inside another start_up: nothing to do
-    if not was_on or gc.get_freeze_count() or _paused:
+    if not gc.isenabled() or gc.get_freeze_count() or _paused:
         yield
         return
     gc.disable()
