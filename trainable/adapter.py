@@ -104,6 +104,53 @@ def reset_and_start(trainable: Any, config: dict, storage: Any = None) -> bool:
     return True
 
 
+_KEPT = "_hpsearch_kept"  # on the trainable: (its trial's thread, a report or an error) for its next train_batch
+
+
+def train_batch(trainable: Any, seconds: float, most: int) -> list[dict]:
+    """The trial's reports of the next `seconds` (at least one, at most `most`) in one actor call, as Tune's
+    `Trainable.train_buffered` collects them: search/execution/ray_internals.py batched_results sends this in
+    place of Tune's `train` under a FIFO scheduler, so a trial's function goes on to its next epoch without
+    waiting for the driver's answer to each report (docs/performance.md).
+
+    A report that carries a checkpoint is a batch of its own: Tune asks the actor to save it after it, and
+    having handled a batch, Tune goes on with the answer of its first report, so a checkpoint later in a
+    batch had its save raced by the next training call (a trial's last checkpoint went unrecorded). It is
+    kept for the next call, which returns it at once. The batch also ends at the trial's end.
+
+    Unlike train_buffered, an error raised after some reports loses none of them: they are returned, and
+    the error is raised by the trial's next call, once the driver has recorded them."""
+    from ray.train._internal.session import get_session
+    from ray.tune.result import DONE, RESULT_DUPLICATE, SHOULD_CHECKPOINT
+
+    thread = get_session().training_thread  # a new one for each trial a reused actor runs
+    kept = getattr(trainable, _KEPT, None)
+    if kept is not None:
+        setattr(trainable, _KEPT, None)
+        kept_by, report_or_error = kept
+        if kept_by is thread:  # not a reused actor's earlier trial's, which Tune stopped instead
+            if isinstance(report_or_error, BaseException):
+                raise report_or_error
+            return [report_or_error]
+    results: list[dict] = []
+    until = time.monotonic() + seconds
+    while True:
+        try:
+            result = trainable.train()
+        except Exception as error:
+            if not results:
+                raise
+            setattr(trainable, _KEPT, (thread, error))
+            return results
+        if result.get(SHOULD_CHECKPOINT) and results:
+            setattr(trainable, _KEPT, (thread, result))
+            return results
+        results.append(result)
+        if (result.get(DONE) or result.get(SHOULD_CHECKPOINT) or result.get(RESULT_DUPLICATE)
+                or len(results) >= most or time.monotonic() >= until):
+            return results
+
+
 def run_trial(config: dict[str, Any], *, data: DataHandle, trial_function: Callable[..., None],
               checkpoint_every: int = 1, trial_timeout: float | None = None,
               code: Mapping[str, str] | None = None) -> None:

@@ -47,6 +47,19 @@ fails when Ray changes what it relies on, so an upgrade says where to look inste
   metrics are asked once, after the reset; Tune's `train` call then takes the first report as before. A trial
   with a checkpoint keeps Tune's reset, restore, train, and so does a class trainable (it has no `execute`, and
   its `train` starts nothing). No public API reaches a reused actor's hand-over.
+- `batched_results`: Tune asks a trial's actor for one report a call (`train`), and a function trainable's
+  thread waits in its `report` until the next call: about 5 ms an epoch on two busy cores (issue 49's fifo
+  shape; docs/performance.md). Tune's own batching, `TUNE_RESULT_BUFFER_LENGTH` (`Trainable.train_buffered`,
+  which its controller's `_on_training_result` takes as a list), does nothing in Ray 2.60: the controller
+  passes its arguments in the wrong order (`(buffer_length, buffer_time_s)` to `train_buffered(buffer_time_s,
+  max_buffer_length)`, so a batch is full at its first report), an error raised after some reports of a
+  batch loses them all, and a checkpoint after the first report of a batch has its save raced by the next
+  `train` (having handled a batch, Tune goes on with its first report's answer; tests/searches/test_scale.py
+  lost a trial's last checkpoint so). A trial whose scheduler carries `result_batch` (search/searching/fifo.py, `(seconds,
+  most)`) now gets an `execute` task of trainable/adapter.py `train_batch` in place of each `train`: the
+  reports of the next `seconds`, in order, a report with a checkpoint alone, returned before a later call
+  raises the trial's error. Environment
+  variables would also reach Tune's other schedulers and every search of the process; no public API batches.
 - `park_requeued_trial`: Tune starts every PENDING trial it has resources for, whatever the scheduler's
   `choose_trial_to_run` says; only a PAUSED trial waits to be chosen. A reproducible halving scheduler
   (search/searching/halving.py) must keep a trial that Tune requeued after an error (or a resume brought back)
@@ -297,6 +310,30 @@ def quick_hand_over() -> None:
     TuneController._schedule_trial_task = _schedule_trial_task  # type: ignore[method-assign]
     TuneController._maybe_reuse_cached_actor = _maybe_reuse_cached_actor  # type: ignore[method-assign]
     Trial.set_ray_actor = set_ray_actor  # type: ignore[method-assign]
+
+
+def batched_results() -> None:
+    """Make Tune ask a trial for its reports in batches where its scheduler says so (idempotent; see the module
+    docstring)."""
+    from ray.tune.execution.tune_controller import TuneController
+
+    schedule = TuneController._schedule_trial_train
+    if getattr(schedule, "batches", False):
+        return
+    from trainable.adapter import train_batch
+
+    @functools.wraps(schedule)
+    def _schedule_trial_train(self, trial):
+        batch = getattr(self._scheduler_alg, "result_batch", None)
+        if batch is None or not hasattr(trial.temporary_state.ray_actor, "execute"):  # a class trainable's: none
+            return schedule(self, trial)
+        seconds, most = batch
+        self._schedule_trial_task(trial=trial, method_name="execute",
+                                  args=(functools.partial(train_batch, seconds=seconds, most=most),),
+                                  on_result=self._on_training_result, on_error=self._trial_task_failure)
+
+    _schedule_trial_train.batches = True  # type: ignore[attr-defined]
+    TuneController._schedule_trial_train = _schedule_trial_train  # type: ignore[method-assign]
 
 
 def park_requeued_trial(scheduler_view: Any, trial: Any) -> None:

@@ -18,14 +18,15 @@ from typing import TYPE_CHECKING, Any, Callable
 import pyarrow.fs as pafs
 from ray import tune
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback, TBXLoggerCallback
-from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
+from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 from ray.tune.utils.util import SafeFallbackEncoder
 
 from search.execution.capacity import trial_resources
 from search.execution.collector import trials_begin
 from search.execution.disk_guard import DiskGuard
 from search.execution.progress import Progress, flush_all
-from search.execution.ray_internals import (continue_held_trial, event_writers, keep_idle_actors, light_callback_census,
+from search.execution.ray_internals import (batched_results, continue_held_trial, event_writers, keep_idle_actors,
+                                           light_callback_census,
                                            park_requeued_trial, quick_hand_over, quick_stop, record_file,
                                            remembered_trainables,
                                            restart_a_trial_whose_reused_actor_died)
@@ -34,6 +35,7 @@ from search.execution.writer_thread import WriterThread
 from search.outputs.phases import first_trial_started
 from search.searching.budget import budgeted, forget_ending
 from trainable.kept_code import copies
+from search.searching.fifo import fifo_scheduler
 from search.searching.halving import RECORD_FILE as HALVING_RECORD
 from search.searching.halving import OrderedHalving, bracket_count, flush_records
 from search.searching.pbt import make_pbt, population_space
@@ -61,7 +63,7 @@ def make_scheduler(space: Space, folder: RunFolder | None = None) -> TrialSchedu
     if experiment.scheduler == "pbt":
         return make_pbt(space)
     if experiment.scheduler not in HALVING:
-        return FIFOScheduler()
+        return fifo_scheduler(experiment)  # its reports in batches where nothing stops a trial at one
     # a function may leave epochs unsaid (None): its searched epochs bound the rungs, as schedule_problems found
     max_t = max_epochs(space.searched, space.trial_defaults().epochs or 0)
     # bohb: asynchronous BOHB, ASHA's one bracket with a model fit on the rungs (search/searching/searcher.py)
@@ -420,6 +422,7 @@ def fit(tuner: tune.Tuner, folder: RunFolder, resume_hint: str):
     light_callback_census()  # Ray's usage census of our callbacks, without importing mlflow
     remembered_trainables()  # one GCS read of the trainable, not three per trial made
     quick_hand_over()  # a reused actor's next trial starts in the reset's task
+    batched_results()  # a FIFO search's trials: their reports in batches (search/searching/fifo.py)
     trials_begin()  # the start's objects frozen, the collector on again (search/execution/collector.py)
     with sigterm_as_sigint(), quick_stop() as stop:
         try:

@@ -459,6 +459,104 @@ def test_a_trainables_next_trial_starts_in_the_reset_task_and_its_train_call_tak
 
 
 
+
+def test_a_fifo_trial_is_asked_for_its_reports_in_batches_and_other_trials_one_a_call(tmp_path, monkeypatch):
+    """Tune asked a trial's actor for one report a call, and its own batching (TUNE_RESULT_BUFFER_LENGTH) is
+    inert in Ray 2.60 (ray_internals.batched_results): a trial of search/searching/fifo.py's BatchingFIFO now
+    gets trainable/adapter.py train_batch, each other scheduler's trial (and a class trainable's) Tune's `train`."""
+    from ray.train._internal.storage import StorageContext
+    from ray.tune.execution.tune_controller import TuneController
+    from ray.tune.experiment import Trial
+    from ray.tune.schedulers import FIFOScheduler
+
+    from search.searching.fifo import BATCH_MOST, BATCH_SECONDS, BatchingFIFO
+    from trainable.adapter import train_batch
+
+    assert "if not isinstance(result, list):" in inspect.getsource(TuneController._on_training_result), \
+        "Tune's handling of a training task no longer takes a batch of reports"
+    ray_internals.batched_results()
+    ray_internals.batched_results()  # twice: patched once
+    monkeypatch.setenv("TUNE_MAX_PENDING_TRIALS_PG", "1")  # else the controller asks a running Ray for its CPUs
+    experiment = StorageContext(storage_path=str(tmp_path), experiment_dir_name="batches")
+    tasks = []
+    asked = []
+    for scheduler, has_execute in ((BatchingFIFO(), True), (FIFOScheduler(), True), (BatchingFIFO(), False)):
+        controller = TuneController(storage=experiment, scheduler=scheduler)
+        monkeypatch.setattr(controller._actor_manager, "schedule_actor_task",
+                            lambda tracked_actor, method_name, args, kwargs, **_: tasks.append((method_name, args)))
+        trial = Trial("__fake", config={}, stub=True, storage=experiment)
+        trial.temporary_state.ray_actor = SimpleNamespace(execute="a method") if has_execute else SimpleNamespace()
+        controller._trial_to_actor[trial] = f"actor of {trial}"
+        controller._schedule_trial_train(trial)
+        asked.append(trial)
+    (batched, (call,)), (plain, plain_args), (of_class, _) = tasks
+    assert batched == "execute" and call.func is train_batch
+    assert call.keywords == {"seconds": BATCH_SECONDS, "most": BATCH_MOST}
+    assert (plain, plain_args) == ("train", ()), "another scheduler's trial: one report a call"
+    assert of_class == "train", "a class trainable (no execute) keeps Tune's train"
+
+
+def test_a_batch_holds_a_trials_reports_to_its_checkpoint_and_keeps_them_when_the_trial_then_fails(ray_local,
+                                                                                                   tmp_path):
+    """The actor's half of batched_results: trainable/adapter.py train_batch returns the reports of one call, a
+    report with a checkpoint in a batch of its own (Tune saves it after it, and after a batch goes on with the
+    answer of its first report: tests/searches/test_scale.py's last checkpoint went unrecorded), and to the
+    trial's end. Tune's train_buffered raised an error that came
+    after some reports of a batch and lost them; train_batch returns them and raises the error at the next call,
+    unless the actor was reset for another trial in between."""
+    import functools
+
+    import ray
+    from ray import tune
+    from ray.train._internal.storage import StorageContext
+    from ray.tune.result import RESULT_DUPLICATE, SHOULD_CHECKPOINT
+    from ray.tune.trainable.function_trainable import wrap_function
+
+    from trainable.adapter import reset_and_start, train_batch
+
+    def epochs(config):
+        for epoch in range(1, 7):
+            checkpoint = None
+            if epoch == 3:
+                (tmp_path / "kept").mkdir(exist_ok=True)
+                checkpoint = tune.Checkpoint.from_directory(str(tmp_path / "kept"))
+            tune.report({"epoch": epoch}, checkpoint=checkpoint)
+            if epoch == 5 and config["fails"]:
+                raise ValueError("the trial's own error")
+
+    def storage(n):
+        return StorageContext(storage_path=str(tmp_path), experiment_dir_name="e", trial_dir_name=f"t{n}")
+
+    def batch(actor, most=100):
+        reports = ray.get(actor.execute.remote(functools.partial(train_batch, seconds=60.0, most=most)), timeout=60)
+        return [r.get("epoch") if not r.get(RESULT_DUPLICATE) else "end" for r in reports], reports
+
+    actor = ray.remote(num_cpus=0)(wrap_function(epochs)).remote(config={"fails": False}, storage=storage(1))
+    try:
+        assert batch(actor, most=1)[0] == [1]
+        assert batch(actor)[0] == [2], "cut before the report with a checkpoint"
+        numbers, reports = batch(actor)
+        assert numbers == [3] and reports[0][SHOULD_CHECKPOINT], "which is a batch of its own, at once"
+        assert batch(actor)[0] == [4, 5, 6, "end"], "the rest, to the function's end"
+
+        assert ray.get(actor.execute.remote(functools.partial(reset_and_start, config={"fails": True},
+                                                              storage=storage(2))), timeout=60)
+        assert batch(actor)[0] == [1, 2] and batch(actor)[0] == [3]
+        assert batch(actor)[0] == [4, 5], "the reports before the error, all returned"
+        with pytest.raises(ray.exceptions.RayTaskError, match="the trial's own error"):
+            batch(actor)  # the error, at the next call
+
+        # a trial that fails in a batch, then is reset for another trial (Tune stopped it instead): the kept
+        # error is that trial's, not the next one's
+        assert ray.get(actor.execute.remote(functools.partial(reset_and_start, config={"fails": True},
+                                                              storage=storage(3))), timeout=60)
+        assert batch(actor)[0] == [1, 2] and batch(actor)[0] == [3] and batch(actor)[0] == [4, 5]
+        assert ray.get(actor.execute.remote(functools.partial(reset_and_start, config={"fails": False},
+                                                              storage=storage(4))), timeout=60)
+        assert batch(actor)[0] == [1, 2] and batch(actor)[0] == [3] and batch(actor)[0] == [4, 5, 6, "end"]
+    finally:
+        ray.kill(actor)
+
 def test_a_requeued_trial_parked_by_its_scheduler_waits_paused_in_tunes_own_books(tmp_path, monkeypatch):
     """Tune starts every PENDING trial it has room for; a reproducible halving scheduler parks a trial requeued with
     a rung undecided as PAUSED (ray_internals.park_requeued_trial), from its on_trial_add, the last call of Tune's
