@@ -123,7 +123,9 @@ def train_batch(trainable: Any, seconds: float, most: int) -> list[dict]:
     from ray.train._internal.session import get_session
     from ray.tune.result import DONE, RESULT_DUPLICATE, SHOULD_CHECKPOINT
 
-    thread = get_session().training_thread  # a new one for each trial a reused actor runs
+    session = get_session()
+    assert session is not None, "train_batch runs on a function trainable's actor, which made its session"
+    thread = session.training_thread  # a new one for each trial a reused actor runs
     kept = getattr(trainable, _KEPT, None)
     if kept is not None:
         setattr(trainable, _KEPT, None)
