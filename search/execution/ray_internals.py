@@ -52,13 +52,13 @@ fails when Ray changes what it relies on, so an upgrade says where to look inste
   shape; docs/performance.md). Tune's own batching, `TUNE_RESULT_BUFFER_LENGTH` (`Trainable.train_buffered`,
   which its controller's `_on_training_result` takes as a list), does nothing in Ray 2.60: the controller
   passes its arguments in the wrong order (`(buffer_length, buffer_time_s)` to `train_buffered(buffer_time_s,
-  max_buffer_length)`, so a batch is full at its first report), an error raised after some reports of a
-  batch loses them all, and a checkpoint after the first report of a batch has its save raced by the next
-  `train` (having handled a batch, Tune goes on with its first report's answer; tests/searches/test_scale.py
-  lost a trial's last checkpoint so). A trial whose scheduler carries `result_batch` (search/searching/fifo.py, `(seconds,
-  most)`) now gets an `execute` task of trainable/adapter.py `train_batch` in place of each `train`: the
-  reports of the next `seconds`, in order, a report with a checkpoint alone, returned before a later call
-  raises the trial's error. Environment
+  max_buffer_length)`, so a batch is full at its first report). Nor would it do what a search needs: an error
+  raised after some reports of a batch loses them all, and a checkpoint after the first report of a batch has
+  its save raced by the next `train` (having handled a batch, Tune goes on with its first report's answer;
+  tests/searches/test_scale.py lost a trial's last checkpoint so). A trial whose scheduler carries
+  `result_batch` (search/searching/fifo.py, `(seconds, most)`) now gets an `execute` task of
+  trainable/adapter.py `train_batch` in place of each `train`: the reports of the next `seconds`, in order, a
+  report with a checkpoint alone, all returned before a later call raises the trial's error. Environment
   variables would also reach Tune's other schedulers and every search of the process; no public API batches.
 - `park_requeued_trial`: Tune starts every PENDING trial it has resources for, whatever the scheduler's
   `choose_trial_to_run` says; only a PAUSED trial waits to be chosen. A reproducible halving scheduler
