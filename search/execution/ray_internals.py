@@ -269,6 +269,12 @@ def continue_held_trial(scheduler_view: Any, trial: Any) -> None:
     controller._schedule_trial_train(trial)
 
 
+def _function_actor(trial: Any) -> bool:
+    """Whether the trial's actor runs a function trainable: its `execute` runs what quick_hand_over and
+    batched_results send (a class trainable has none, and its `train` starts nothing)."""
+    return hasattr(trial.temporary_state.ray_actor, "execute")
+
+
 def quick_hand_over() -> None:
     """Make Tune hand a reused actor its next trial in one task that also starts the trial's function, without
     asking the actor first for the last trial's metrics (idempotent; see the module docstring)."""
@@ -283,8 +289,7 @@ def quick_hand_over() -> None:
 
     @functools.wraps(schedule)
     def _schedule_trial_task(self, trial, method_name, args=None, kwargs=None, *rest, **options):
-        if method_name == "reset" and not trial.latest_checkpoint_result and \
-                hasattr(trial.temporary_state.ray_actor, "execute"):  # a function trainable's (a class has none)
+        if method_name == "reset" and not trial.latest_checkpoint_result and _function_actor(trial):
             config, = args
             method_name, args, kwargs = "execute", (functools.partial(reset_and_start, config=config, **(kwargs or {})),), {}
         return schedule(self, trial, method_name, args, kwargs, *rest, **options)
@@ -325,7 +330,7 @@ def batched_results() -> None:
     @functools.wraps(schedule)
     def _schedule_trial_train(self, trial):
         batch = getattr(self._scheduler_alg, "result_batch", None)
-        if batch is None or not hasattr(trial.temporary_state.ray_actor, "execute"):  # a class trainable's: none
+        if batch is None or not _function_actor(trial):
             return schedule(self, trial)
         seconds, most = batch
         self._schedule_trial_task(trial=trial, method_name="execute",
